@@ -1,0 +1,298 @@
+package header
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"unicode/utf8"
+)
+
+const (
+	minEndpoint = 7  // family, port, IPv4
+	maxEndpoint = 19 // family, port, IPv6
+	helloFixed  = 13 // site, link index, link count, reserved, max payload, window, name length
+)
+
+// EndpointLen is the encoded size of ap: 7 bytes for IPv4 (including
+// IPv4-mapped IPv6, which is sent unmapped) and 19 for IPv6.
+func EndpointLen(ap netip.AddrPort) int {
+	if ap.Addr().Unmap().Is4() || !ap.Addr().IsValid() {
+		return minEndpoint
+	}
+	return maxEndpoint
+}
+
+// PutEndpoint encodes ap into b and returns the bytes written. An invalid
+// (zero) AddrPort is written as 0.0.0.0:0, the "none" endpoint of a negative
+// PEER_REPLY. IPv6 zones are not carried. It returns ErrShort if b is too small.
+func PutEndpoint(b []byte, ap netip.AddrPort) (int, error) {
+	a := ap.Addr().Unmap()
+	n := EndpointLen(ap)
+	if len(b) < n {
+		return 0, fmt.Errorf("%w: endpoint needs %d bytes, have %d", ErrShort, n, len(b))
+	}
+	binary.BigEndian.PutUint16(b[1:3], ap.Port())
+	if n == minEndpoint {
+		b[0] = 4
+		var v4 [4]byte // the zero Addr stays 0.0.0.0
+		if a.IsValid() {
+			v4 = a.As4()
+		}
+		copy(b[3:7], v4[:])
+	} else {
+		b[0] = 6
+		v6 := a.As16()
+		copy(b[3:19], v6[:])
+	}
+	return n, nil
+}
+
+// ParseEndpoint decodes one endpoint at the start of b and returns it with
+// the bytes it used. It does not allocate.
+func ParseEndpoint(b []byte) (netip.AddrPort, int, error) {
+	if len(b) < 1 {
+		return netip.AddrPort{}, 0, fmt.Errorf("%w: empty endpoint", ErrPayload)
+	}
+	switch b[0] {
+	case 4:
+		if len(b) < minEndpoint {
+			return netip.AddrPort{}, 0, fmt.Errorf("%w: IPv4 endpoint of %d bytes (want 7)", ErrPayload, len(b))
+		}
+		a := netip.AddrFrom4([4]byte(b[3:7]))
+		return netip.AddrPortFrom(a, binary.BigEndian.Uint16(b[1:3])), minEndpoint, nil
+	case 6:
+		if len(b) < maxEndpoint {
+			return netip.AddrPort{}, 0, fmt.Errorf("%w: IPv6 endpoint of %d bytes (want 19)", ErrPayload, len(b))
+		}
+		a := netip.AddrFrom16([16]byte(b[3:19]))
+		return netip.AddrPortFrom(a, binary.BigEndian.Uint16(b[1:3])), maxEndpoint, nil
+	}
+	return netip.AddrPort{}, 0, fmt.Errorf("%w: endpoint family %d (want 4 or 6)", ErrPayload, b[0])
+}
+
+// Extension type bits and the types defined in version 1.
+const (
+	ExtCritical uint16 = 1 << 15
+	ExtLabel    uint16 = 1 // OPEN: source process label
+	MaxLabel           = 64
+)
+
+// walkExt calls fn for every extension in b. Unknown critical extensions
+// are rejected by the caller's fn returning ErrCritical; walkExt itself only
+// checks the TLV framing.
+func walkExt(b []byte, fn func(typ uint16, val []byte) error) error {
+	for len(b) > 0 {
+		if len(b) < 4 {
+			return fmt.Errorf("%w: truncated extension header (%d bytes)", ErrPayload, len(b))
+		}
+		typ := binary.BigEndian.Uint16(b[0:2])
+		n := int(binary.BigEndian.Uint16(b[2:4]))
+		if len(b)-4 < n {
+			return fmt.Errorf("%w: extension %#04x of %d bytes, only %d left", ErrPayload, typ, n, len(b)-4)
+		}
+		if err := fn(typ, b[4:4+n]); err != nil {
+			return err
+		}
+		b = b[4+n:]
+	}
+	return nil
+}
+
+func unknownExt(typ uint16) error {
+	if typ&ExtCritical != 0 {
+		return fmt.Errorf("%w: %#04x", ErrCritical, typ)
+	}
+	return nil // skipped, as the spec requires
+}
+
+func appendExt(b []byte, typ uint16, val []byte) []byte {
+	b = binary.BigEndian.AppendUint16(b, typ)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(val)))
+	return append(b, val...)
+}
+
+// Hello is the body of HELLO, the first frame each side of a WAN link sends.
+type Hello struct {
+	SiteID     uint8
+	LinkIndex  uint8  // which of the LinkCount parallel links this is
+	LinkCount  uint8  // --wan-conns of the sender
+	MaxPayload uint32 // largest DATA payload the sender accepts
+	Window     uint32 // initial credit the sender grants on every new stream
+	Name       string // sender's site name, 1..255 bytes
+}
+
+// AppendHello appends the encoded body of h to b.
+func AppendHello(b []byte, h *Hello) ([]byte, error) {
+	if err := h.check(); err != nil {
+		return b, err
+	}
+	b = append(b, h.SiteID, h.LinkIndex, h.LinkCount, 0)
+	b = binary.BigEndian.AppendUint32(b, h.MaxPayload)
+	b = binary.BigEndian.AppendUint32(b, h.Window)
+	b = append(b, byte(len(h.Name)))
+	return append(b, h.Name...), nil
+}
+
+func (h *Hello) check() error {
+	switch {
+	case h.SiteID == 0:
+		return fmt.Errorf("%w: HELLO site id 0", ErrPayload)
+	case h.LinkCount == 0 || h.LinkIndex >= h.LinkCount:
+		return fmt.Errorf("%w: HELLO link %d of %d", ErrPayload, h.LinkIndex, h.LinkCount)
+	case h.MaxPayload == 0 || h.MaxPayload > MaxPayload:
+		return fmt.Errorf("%w: HELLO max payload %d (want 1..%d)", ErrPayload, h.MaxPayload, MaxPayload)
+	case h.Window == 0:
+		return fmt.Errorf("%w: HELLO initial window 0", ErrPayload)
+	case len(h.Name) == 0 || len(h.Name) > 255:
+		return fmt.Errorf("%w: HELLO name of %d bytes (want 1..255)", ErrPayload, len(h.Name))
+	}
+	return nil
+}
+
+// ParseHello decodes and validates a HELLO body.
+func ParseHello(p []byte) (Hello, error) {
+	var h Hello
+	if len(p) < helloFixed {
+		return h, fmt.Errorf("%w: HELLO body of %d bytes (want >= %d)", ErrPayload, len(p), helloFixed)
+	}
+	if p[3] != 0 {
+		return h, fmt.Errorf("%w: HELLO reserved byte %d", ErrPayload, p[3])
+	}
+	h.SiteID, h.LinkIndex, h.LinkCount = p[0], p[1], p[2]
+	h.MaxPayload = binary.BigEndian.Uint32(p[4:8])
+	h.Window = binary.BigEndian.Uint32(p[8:12])
+	n := int(p[12])
+	if len(p)-helloFixed < n {
+		return h, fmt.Errorf("%w: HELLO name of %d bytes, only %d left", ErrPayload, n, len(p)-helloFixed)
+	}
+	h.Name = string(p[helloFixed : helloFixed+n])
+	if err := h.check(); err != nil {
+		return h, err
+	}
+	return h, walkExt(p[helloFixed+n:], func(typ uint16, _ []byte) error { return unknownExt(typ) })
+}
+
+// Open is the body of OPEN.
+type Open struct {
+	Dst   netip.AddrPort // what the application passed to connect()
+	Src   netip.AddrPort // the application's own end
+	Label string         // optional source process label (extension 1)
+}
+
+// AppendOpen appends the encoded body of o to b.
+func AppendOpen(b []byte, o *Open) ([]byte, error) {
+	if !o.Dst.IsValid() || !o.Src.IsValid() {
+		return b, fmt.Errorf("%w: OPEN needs valid endpoints (dst %v, src %v)", ErrPayload, o.Dst, o.Src)
+	}
+	if len(o.Label) > MaxLabel || !utf8.ValidString(o.Label) {
+		return b, fmt.Errorf("%w: OPEN label must be UTF-8 of at most %d bytes", ErrPayload, MaxLabel)
+	}
+	var ep [maxEndpoint]byte
+	n, _ := PutEndpoint(ep[:], o.Dst)
+	b = append(b, ep[:n]...)
+	n, _ = PutEndpoint(ep[:], o.Src)
+	b = append(b, ep[:n]...)
+	if o.Label != "" {
+		b = appendExt(b, ExtLabel, []byte(o.Label))
+	}
+	return b, nil
+}
+
+// ParseOpen decodes an OPEN body. It allocates only for a label.
+func ParseOpen(p []byte) (Open, error) {
+	var o Open
+	dst, n, err := ParseEndpoint(p)
+	if err != nil {
+		return o, fmt.Errorf("OPEN destination: %w", err)
+	}
+	src, m, err := ParseEndpoint(p[n:])
+	if err != nil {
+		return o, fmt.Errorf("OPEN source: %w", err)
+	}
+	o.Dst, o.Src = dst, src
+	err = walkExt(p[n+m:], func(typ uint16, val []byte) error {
+		if typ == ExtLabel {
+			if len(val) > MaxLabel || !utf8.Valid(val) {
+				return fmt.Errorf("%w: OPEN label must be UTF-8 of at most %d bytes", ErrPayload, MaxLabel)
+			}
+			o.Label = string(val)
+			return nil
+		}
+		return unknownExt(typ)
+	})
+	return o, err
+}
+
+// PeerQuery is the body of PEER_QUERY: the connection as the accepting
+// rank sees it.
+type PeerQuery struct {
+	Seen  netip.AddrPort // the peer address accept() returned (a gateway's)
+	Local netip.AddrPort // the rank's own end of that connection
+}
+
+// AppendPeerQuery appends the encoded body of q to b.
+func AppendPeerQuery(b []byte, q *PeerQuery) []byte {
+	var ep [maxEndpoint]byte
+	n, _ := PutEndpoint(ep[:], q.Seen)
+	b = append(b, ep[:n]...)
+	n, _ = PutEndpoint(ep[:], q.Local)
+	return append(b, ep[:n]...)
+}
+
+// ParsePeerQuery decodes a PEER_QUERY body; nothing may follow the two
+// endpoints.
+func ParsePeerQuery(p []byte) (PeerQuery, error) {
+	var q PeerQuery
+	a, n, err := ParseEndpoint(p)
+	if err != nil {
+		return q, fmt.Errorf("PEER_QUERY seen: %w", err)
+	}
+	b, m, err := ParseEndpoint(p[n:])
+	if err != nil {
+		return q, fmt.Errorf("PEER_QUERY local: %w", err)
+	}
+	if n+m != len(p) {
+		return q, fmt.Errorf("%w: PEER_QUERY has %d trailing bytes", ErrPayload, len(p)-n-m)
+	}
+	q.Seen, q.Local = a, b
+	return q, nil
+}
+
+// PeerReply is the body of PEER_REPLY.
+type PeerReply struct {
+	Found  bool
+	SiteID uint8          // site of the true source (0 when not found)
+	Source netip.AddrPort // the true source (0.0.0.0:0 when not found)
+}
+
+// AppendPeerReply appends the encoded body of r to b.
+func AppendPeerReply(b []byte, r *PeerReply) []byte {
+	f := byte(0)
+	if r.Found {
+		f = 1
+	}
+	b = append(b, f, r.SiteID)
+	var ep [maxEndpoint]byte
+	n, _ := PutEndpoint(ep[:], r.Source)
+	return append(b, ep[:n]...)
+}
+
+// ParsePeerReply decodes a PEER_REPLY body.
+func ParsePeerReply(p []byte) (PeerReply, error) {
+	var r PeerReply
+	if len(p) < 2 {
+		return r, fmt.Errorf("%w: PEER_REPLY of %d bytes", ErrPayload, len(p))
+	}
+	if p[0] > 1 {
+		return r, fmt.Errorf("%w: PEER_REPLY found=%d (want 0 or 1)", ErrPayload, p[0])
+	}
+	src, n, err := ParseEndpoint(p[2:])
+	if err != nil {
+		return r, fmt.Errorf("PEER_REPLY source: %w", err)
+	}
+	if 2+n != len(p) {
+		return r, fmt.Errorf("%w: PEER_REPLY has %d trailing bytes", ErrPayload, len(p)-2-n)
+	}
+	r.Found, r.SiteID, r.Source = p[0] == 1, p[1], src
+	return r, nil
+}

@@ -1,0 +1,227 @@
+// Package header is the one implementation of the mpi5k wire format
+// (docs/wire-format.md): the 12-byte frame header shared by the WAN link,
+// the LAN open and the LAN peer query, and the bodies of the control frames.
+//
+// Everything on the data path (Header.Encode, Decode, the u32 bodies and the
+// Reader) works on caller buffers and never allocates, so a gateway can move
+// millions of frames a second without feeding the garbage collector. Every
+// decoder checks bounds before it indexes and rejects malformed input with one
+// of the exported sentinel errors (test with errors.Is).
+package header
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Version is the only frame version this package speaks.
+const Version = 1
+
+// Size is the length of an encoded frame header.
+const Size = 12
+
+// MaxPayload is the largest payload any frame may carry (1 MiB).
+const MaxPayload = 1 << 20
+
+// MaxControl is the largest payload of a control frame (every type but
+// DATA). Control bodies are tens of bytes; the small cap keeps a hostile peer
+// from making a gateway buffer a megabyte per control frame.
+const MaxControl = 4096
+
+// Type is a frame type.
+type Type uint8
+
+// Frame types (docs/wire-format.md).
+const (
+	TypeHello       Type = 1
+	TypeOpen        Type = 2
+	TypeOpenOK      Type = 3
+	TypeOpenRefused Type = 4
+	TypeData        Type = 5
+	TypeHalfClose   Type = 6
+	TypeReset       Type = 7
+	TypeWindow      Type = 8
+	TypePing        Type = 9
+	TypePong        Type = 10
+	TypePeerQuery   Type = 11
+	TypePeerReply   Type = 12
+	maxType         Type = TypePeerReply
+)
+
+var typeNames = [...]string{
+	TypeHello: "HELLO", TypeOpen: "OPEN", TypeOpenOK: "OPEN_OK",
+	TypeOpenRefused: "OPEN_REFUSED", TypeData: "DATA", TypeHalfClose: "HALF_CLOSE",
+	TypeReset: "RESET", TypeWindow: "WINDOW", TypePing: "PING", TypePong: "PONG",
+	TypePeerQuery: "PEER_QUERY", TypePeerReply: "PEER_REPLY",
+}
+
+func (t Type) String() string {
+	if t >= 1 && t <= maxType {
+		return typeNames[t]
+	}
+	return fmt.Sprintf("type(%d)", uint8(t))
+}
+
+// FlagSeq is reserved for WAN resume (version 2); version 1 rejects it like
+// any other flag.
+const FlagSeq uint16 = 1 << 15
+
+// Sentinel errors. Decoders wrap them with detail; compare with errors.Is.
+var (
+	ErrVersion  = errors.New("header: unsupported frame version")
+	ErrType     = errors.New("header: unknown frame type")
+	ErrFlags    = errors.New("header: undefined frame flags set")
+	ErrTooLarge = errors.New("header: frame payload too large")
+	ErrPayload  = errors.New("header: malformed frame payload")
+	ErrCritical = errors.New("header: unknown critical extension")
+	ErrShort    = errors.New("header: buffer too short")
+	ErrStream   = errors.New("header: stream id not allowed for frame type")
+)
+
+// Header is a decoded frame header.
+type Header struct {
+	Type   Type
+	Flags  uint16
+	Stream uint32
+	Length uint32 // payload bytes following the header
+}
+
+// Encode writes h into b[:Size]. It panics if len(b) < Size, like
+// binary.BigEndian.PutUint32: a short buffer is a programming error.
+func (h Header) Encode(b []byte) {
+	_ = b[Size-1] // one bounds check for the whole header
+	b[0] = Version
+	b[1] = byte(h.Type)
+	binary.BigEndian.PutUint16(b[2:4], h.Flags)
+	binary.BigEndian.PutUint32(b[4:8], h.Stream)
+	binary.BigEndian.PutUint32(b[8:12], h.Length)
+}
+
+// payloadBounds gives the smallest and largest payload length of each type,
+// so a frame of the wrong size is refused before its payload is read.
+var payloadBounds = [...][2]uint32{
+	TypeHello:       {helloFixed, MaxControl},
+	TypeOpen:        {2 * minEndpoint, MaxControl},
+	TypeOpenOK:      {0, 0},
+	TypeOpenRefused: {4, 4},
+	TypeData:        {1, MaxPayload},
+	TypeHalfClose:   {0, 0},
+	TypeReset:       {4, 4},
+	TypeWindow:      {4, 4},
+	TypePing:        {8, 8},
+	TypePong:        {8, 8},
+	TypePeerQuery:   {2 * minEndpoint, 2 * maxEndpoint},
+	TypePeerReply:   {2 + minEndpoint, 2 + maxEndpoint},
+}
+
+// Decode parses and validates the header in b[:Size]: version, type, flags,
+// the payload length allowed for the type (ErrTooLarge above MaxPayload or
+// MaxControl, ErrPayload for a size the type cannot have) and the stream id
+// (ErrStream: link frames use 0, stream frames other than OPEN a non-zero id).
+// It never allocates unless it returns an error.
+func Decode(b []byte) (Header, error) {
+	if len(b) < Size {
+		return Header{}, fmt.Errorf("%w: header needs %d bytes, have %d", ErrShort, Size, len(b))
+	}
+	h := Header{
+		Type:   Type(b[1]),
+		Flags:  binary.BigEndian.Uint16(b[2:4]),
+		Stream: binary.BigEndian.Uint32(b[4:8]),
+		Length: binary.BigEndian.Uint32(b[8:12]),
+	}
+	if b[0] != Version {
+		return h, fmt.Errorf("%w: %d (want %d)", ErrVersion, b[0], Version)
+	}
+	if h.Type < 1 || h.Type > maxType {
+		return h, fmt.Errorf("%w: %d", ErrType, uint8(h.Type))
+	}
+	if h.Flags != 0 {
+		return h, fmt.Errorf("%w: %#04x on %v", ErrFlags, h.Flags, h.Type)
+	}
+	lo, hi := payloadBounds[h.Type][0], payloadBounds[h.Type][1]
+	if h.Length > hi {
+		if h.Length > MaxPayload || hi == MaxControl {
+			return h, fmt.Errorf("%w: %v of %d bytes (limit %d)", ErrTooLarge, h.Type, h.Length, hi)
+		}
+		return h, fmt.Errorf("%w: %v of %d bytes (want %d..%d)", ErrPayload, h.Type, h.Length, lo, hi)
+	}
+	if h.Length < lo {
+		return h, fmt.Errorf("%w: %v of %d bytes (want %d..%d)", ErrPayload, h.Type, h.Length, lo, hi)
+	}
+	switch h.Type {
+	case TypeHello, TypePing, TypePong:
+		if h.Stream != 0 {
+			return h, fmt.Errorf("%w: %v on stream %d (want 0)", ErrStream, h.Type, h.Stream)
+		}
+	case TypeOpenOK, TypeOpenRefused, TypeData, TypeHalfClose, TypeReset, TypeWindow:
+		if h.Stream == 0 {
+			return h, fmt.Errorf("%w: %v on stream 0", ErrStream, h.Type)
+		}
+	}
+	return h, nil
+}
+
+// Code is the reason carried by OPEN_REFUSED and RESET.
+type Code uint32
+
+// Reset and refusal codes (docs/wire-format.md).
+const (
+	CodeRefused     Code = 1
+	CodeUnreachable Code = 2
+	CodeTimedOut    Code = 3
+	CodePolicy      Code = 4
+	CodeUnknownDest Code = 5
+	CodeShutdown    Code = 6
+	CodeLinkLost    Code = 7
+	CodeProtocol    Code = 8
+	CodeAppReset    Code = 9
+)
+
+var codeNames = [...]string{
+	CodeRefused: "refused", CodeUnreachable: "unreachable", CodeTimedOut: "timed out",
+	CodePolicy: "not permitted by policy", CodeUnknownDest: "unknown destination",
+	CodeShutdown: "gateway shutting down", CodeLinkLost: "link lost",
+	CodeProtocol: "protocol error", CodeAppReset: "reset by the application",
+}
+
+func (c Code) String() string {
+	if c >= 1 && c <= CodeAppReset {
+		return codeNames[c]
+	}
+	return fmt.Sprintf("code %d", uint32(c))
+}
+
+// PutU32 writes the 4-byte body of OPEN_REFUSED, RESET or WINDOW into b.
+func PutU32(b []byte, v uint32) { binary.BigEndian.PutUint32(b, v) }
+
+// DecodeCode parses the body of OPEN_REFUSED or RESET. Unknown codes are
+// accepted (a newer peer may define more); only the size is checked.
+func DecodeCode(p []byte) (Code, error) {
+	if len(p) != 4 {
+		return 0, fmt.Errorf("%w: code body of %d bytes (want 4)", ErrPayload, len(p))
+	}
+	return Code(binary.BigEndian.Uint32(p)), nil
+}
+
+// DecodeWindow parses the body of WINDOW; a zero increment is malformed.
+func DecodeWindow(p []byte) (uint32, error) {
+	if len(p) != 4 {
+		return 0, fmt.Errorf("%w: WINDOW body of %d bytes (want 4)", ErrPayload, len(p))
+	}
+	v := binary.BigEndian.Uint32(p)
+	if v == 0 {
+		return 0, fmt.Errorf("%w: WINDOW increment 0", ErrPayload)
+	}
+	return v, nil
+}
+
+// AppendFrame appends a header for (t, stream) and payload to b. It is a
+// convenience for control frames and tests; the relay encodes headers into
+// preallocated buffers instead.
+func AppendFrame(b []byte, t Type, stream uint32, payload []byte) []byte {
+	var h [Size]byte
+	Header{Type: t, Stream: stream, Length: uint32(len(payload))}.Encode(h[:])
+	b = append(b, h[:]...)
+	return append(b, payload...)
+}

@@ -1,0 +1,430 @@
+package header
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net/netip"
+	"reflect"
+	"testing"
+	"testing/quick"
+)
+
+func enc(h Header) []byte {
+	b := make([]byte, Size)
+	h.Encode(b)
+	return b
+}
+
+func TestEncodeLayout(t *testing.T) {
+	got := enc(Header{Type: TypeData, Stream: 0x01020304, Length: 0x00010000})
+	want := []byte{1, 5, 0, 0, 1, 2, 3, 4, 0, 1, 0, 0}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("encoded % x, want % x", got, want)
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	cases := []struct {
+		name string
+		b    []byte
+		err  error
+	}{
+		{"short", []byte{1, 5, 0}, ErrShort},
+		{"version 0", []byte{0, 5, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrVersion},
+		{"version 2", []byte{2, 5, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrVersion},
+		{"type 0", []byte{1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
+		{"type 13", []byte{1, 13, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
+		{"seq flag", []byte{1, 5, 0x80, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrFlags},
+		{"low flag", []byte{1, 5, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1}, ErrFlags},
+		{"data too large", enc(Header{Type: TypeData, Stream: 1, Length: MaxPayload + 1}), ErrTooLarge},
+		{"data empty", enc(Header{Type: TypeData, Stream: 1}), ErrPayload},
+		{"open too large", enc(Header{Type: TypeOpen, Stream: 1, Length: MaxControl + 1}), ErrTooLarge},
+		{"window 5 bytes", enc(Header{Type: TypeWindow, Stream: 1, Length: 5}), ErrPayload},
+		{"window huge", enc(Header{Type: TypeWindow, Stream: 1, Length: 1 << 30}), ErrTooLarge},
+		{"half close body", enc(Header{Type: TypeHalfClose, Stream: 1, Length: 1}), ErrPayload},
+		{"ping 7", enc(Header{Type: TypePing, Length: 7}), ErrPayload},
+		{"hello short", enc(Header{Type: TypeHello, Length: 12}), ErrPayload},
+		{"hello on stream", enc(Header{Type: TypeHello, Stream: 3, Length: 20}), ErrStream},
+		{"data on stream 0", enc(Header{Type: TypeData, Length: 20}), ErrStream},
+		{"reset on stream 0", enc(Header{Type: TypeReset, Length: 4}), ErrStream},
+		{"peer query long", enc(Header{Type: TypePeerQuery, Stream: 1, Length: 39}), ErrPayload},
+	}
+	for _, c := range cases {
+		_, err := Decode(c.b)
+		if !errors.Is(err, c.err) {
+			t.Errorf("%s: got %v, want %v", c.name, err, c.err)
+		}
+	}
+}
+
+func TestDecodeAccepts(t *testing.T) {
+	for _, h := range []Header{
+		{Type: TypeOpen, Stream: 0, Length: 14}, // LAN open
+		{Type: TypeOpen, Stream: 7, Length: 38}, // WAN open
+		{Type: TypeOpenOK, Stream: 2},           // empty
+		{Type: TypeData, Stream: 1, Length: 1},  // smallest data
+		{Type: TypeData, Stream: 9, Length: MaxPayload},
+		{Type: TypePing, Length: 8},
+		{Type: TypePeerReply, Stream: 0, Length: 9},
+	} {
+		got, err := Decode(enc(h))
+		if err != nil || got != h {
+			t.Errorf("%+v: got %+v, %v", h, got, err)
+		}
+	}
+}
+
+// randomHeader draws a header that Decode must accept.
+func randomHeader(r *rand.Rand) Header {
+	t := Type(1 + r.IntN(int(maxType)))
+	lo, hi := payloadBounds[t][0], payloadBounds[t][1]
+	h := Header{Type: t, Length: lo + uint32(r.Int64N(int64(hi-lo)+1))}
+	switch t {
+	case TypeHello, TypePing, TypePong:
+	default:
+		h.Stream = 1 + r.Uint32N(1<<31)
+	}
+	return h
+}
+
+// TestRoundTripProperty: every valid header survives Encode/Decode, and
+// every 12-byte string either decodes to a header that re-encodes to the same
+// bytes or is rejected.
+func TestRoundTripProperty(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 100000 {
+		h := randomHeader(r)
+		got, err := Decode(enc(h))
+		if err != nil || got != h {
+			t.Fatalf("%+v: decoded %+v, %v", h, got, err)
+		}
+	}
+	f := func(b [Size]byte) bool {
+		h, err := Decode(b[:])
+		if err != nil {
+			return true
+		}
+		return bytes.Equal(enc(h), b[:])
+	}
+	if err := quick.Check(f, &quick.Config{MaxCount: 100000}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestEndpoints(t *testing.T) {
+	for _, s := range []string{"10.1.2.3:80", "[2001:db8::1]:65535", "0.0.0.0:0"} {
+		ap := netip.MustParseAddrPort(s)
+		var b [19]byte
+		n, err := PutEndpoint(b[:], ap)
+		if err != nil || n != EndpointLen(ap) {
+			t.Fatalf("%s: %d %v", s, n, err)
+		}
+		got, m, err := ParseEndpoint(b[:n])
+		if err != nil || m != n || got != ap {
+			t.Fatalf("%s: got %v %d %v", s, got, m, err)
+		}
+	}
+	// IPv4-mapped IPv6 is sent as IPv4.
+	var b [19]byte
+	n, _ := PutEndpoint(b[:], netip.MustParseAddrPort("[::ffff:10.0.0.1]:5"))
+	if got, _, _ := ParseEndpoint(b[:n]); n != 7 || got.String() != "10.0.0.1:5" {
+		t.Fatalf("mapped: %d %v", n, got)
+	}
+	if _, err := PutEndpoint(b[:6], netip.MustParseAddrPort("1.2.3.4:5")); !errors.Is(err, ErrShort) {
+		t.Fatalf("short put: %v", err)
+	}
+	for _, bad := range [][]byte{{}, {5, 0, 1, 1, 2, 3, 4}, {4, 0, 1, 1, 2, 3}, {6, 0, 1, 1, 2, 3, 4}} {
+		if _, _, err := ParseEndpoint(bad); !errors.Is(err, ErrPayload) {
+			t.Errorf("% x: %v", bad, err)
+		}
+	}
+}
+
+func TestHello(t *testing.T) {
+	h := Hello{SiteID: 3, LinkIndex: 1, LinkCount: 2, MaxPayload: 128 << 10, Window: 4 << 20, Name: "nancy"}
+	b, err := AppendHello(nil, &h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ParseHello(b)
+	if err != nil || got != h {
+		t.Fatalf("got %+v %v", got, err)
+	}
+	// Unknown non-critical extension skipped, critical rejected.
+	if _, err := ParseHello(appendExt(bytes.Clone(b), 77, []byte("x"))); err != nil {
+		t.Fatalf("non-critical: %v", err)
+	}
+	if _, err := ParseHello(appendExt(bytes.Clone(b), ExtCritical|77, nil)); !errors.Is(err, ErrCritical) {
+		t.Fatalf("critical: %v", err)
+	}
+	if _, err := ParseHello(append(bytes.Clone(b), 0, 1, 0)); !errors.Is(err, ErrPayload) {
+		t.Fatalf("truncated ext: %v", err)
+	}
+	for _, bad := range []Hello{
+		{LinkCount: 1, MaxPayload: 1, Window: 1, Name: "a"},
+		{SiteID: 1, LinkIndex: 1, LinkCount: 1, MaxPayload: 1, Window: 1, Name: "a"},
+		{SiteID: 1, LinkCount: 1, MaxPayload: MaxPayload + 1, Window: 1, Name: "a"},
+		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Name: "a"},
+		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Window: 1},
+	} {
+		if _, err := AppendHello(nil, &bad); !errors.Is(err, ErrPayload) {
+			t.Errorf("%+v: %v", bad, err)
+		}
+	}
+	b[12] = 200 // name longer than the body
+	if _, err := ParseHello(b); !errors.Is(err, ErrPayload) {
+		t.Fatalf("long name: %v", err)
+	}
+}
+
+func TestOpen(t *testing.T) {
+	for _, o := range []Open{
+		{Dst: netip.MustParseAddrPort("10.2.0.5:1024"), Src: netip.MustParseAddrPort("10.1.0.7:40000")},
+		{Dst: netip.MustParseAddrPort("[fd00::2]:1"), Src: netip.MustParseAddrPort("10.1.0.7:2"), Label: "rank 3 pid 1234"},
+	} {
+		b, err := AppendOpen(nil, &o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := ParseOpen(b)
+		if err != nil || got != o {
+			t.Fatalf("got %+v %v", got, err)
+		}
+		if _, err := ParseOpen(b[:len(b)-1]); err == nil {
+			t.Fatalf("truncated open accepted")
+		}
+	}
+	long := Open{Dst: netip.MustParseAddrPort("1.1.1.1:1"), Src: netip.MustParseAddrPort("1.1.1.2:1"), Label: string(make([]byte, 65))}
+	if _, err := AppendOpen(nil, &long); !errors.Is(err, ErrPayload) {
+		t.Fatal("long label accepted")
+	}
+	if _, err := AppendOpen(nil, &Open{}); !errors.Is(err, ErrPayload) {
+		t.Fatal("zero endpoints accepted")
+	}
+}
+
+func TestPeerQueryReply(t *testing.T) {
+	q := PeerQuery{Seen: netip.MustParseAddrPort("10.2.0.1:33000"), Local: netip.MustParseAddrPort("10.2.0.5:1024")}
+	b := AppendPeerQuery(nil, &q)
+	if got, err := ParsePeerQuery(b); err != nil || got != q {
+		t.Fatalf("query: %+v %v", got, err)
+	}
+	if _, err := ParsePeerQuery(append(b, 0)); !errors.Is(err, ErrPayload) {
+		t.Fatal("trailing byte accepted")
+	}
+	r := PeerReply{Found: true, SiteID: 1, Source: netip.MustParseAddrPort("10.1.0.7:40000")}
+	b = AppendPeerReply(nil, &r)
+	if got, err := ParsePeerReply(b); err != nil || got != r {
+		t.Fatalf("reply: %+v %v", got, err)
+	}
+	neg := AppendPeerReply(nil, &PeerReply{})
+	if got, err := ParsePeerReply(neg); err != nil || got.Found || got.Source.Port() != 0 {
+		t.Fatalf("negative: %+v %v", got, err)
+	}
+	b[0] = 2
+	if _, err := ParsePeerReply(b); !errors.Is(err, ErrPayload) {
+		t.Fatal("found=2 accepted")
+	}
+}
+
+func TestCodesWindow(t *testing.T) {
+	var b [4]byte
+	PutU32(b[:], uint32(CodeLinkLost))
+	if c, err := DecodeCode(b[:]); err != nil || c != CodeLinkLost || c.String() != "link lost" {
+		t.Fatalf("%v %v", c, err)
+	}
+	if _, err := DecodeCode(b[:3]); !errors.Is(err, ErrPayload) {
+		t.Fatal("3-byte code accepted")
+	}
+	if _, err := DecodeWindow([]byte{0, 0, 0, 0}); !errors.Is(err, ErrPayload) {
+		t.Fatal("zero window accepted")
+	}
+	if w, err := DecodeWindow([]byte{0, 1, 0, 0}); err != nil || w != 65536 {
+		t.Fatalf("%d %v", w, err)
+	}
+}
+
+// oneByteReader returns at most one byte per Read, the worst case for
+// the Reader's buffering.
+type oneByteReader struct{ r io.Reader }
+
+func (o oneByteReader) Read(p []byte) (int, error) {
+	if len(p) > 1 {
+		p = p[:1]
+	}
+	return o.r.Read(p)
+}
+
+func TestReaderFrames(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(3, 4))
+	var stream []byte
+	type fr struct {
+		h Header
+		p []byte
+	}
+	var want []fr
+	for i := range 300 {
+		n := 1 + rnd.IntN(200)
+		if i%10 == 0 {
+			n = 1 + rnd.IntN(300<<10)
+		}
+		p := make([]byte, n)
+		for j := range p {
+			p[j] = byte(rnd.Uint32())
+		}
+		h := Header{Type: TypeData, Stream: uint32(1 + i), Length: uint32(n)}
+		want = append(want, fr{h, p})
+		stream = AppendFrame(stream, TypeData, h.Stream, p)
+		want = append(want, fr{Header{Type: TypeWindow, Stream: 5, Length: 4}, []byte{0, 0, 1, 0}})
+		stream = AppendFrame(stream, TypeWindow, 5, []byte{0, 0, 1, 0})
+	}
+	for _, src := range []func() io.Reader{
+		func() io.Reader { return bytes.NewReader(stream) },
+		func() io.Reader { return oneByteReader{bytes.NewReader(stream)} },
+	} {
+		r := NewReader(src(), 4096)
+		buf := make([]byte, MaxPayload)
+		for i, w := range want {
+			// Read DATA in two parts, as the relay does for a ring buffer.
+			h, err := r.Next()
+			if err != nil || h != w.h {
+				t.Fatalf("frame %d: %+v %v", i, h, err)
+			}
+			half := int(h.Length) / 2
+			n1, err := r.ReadPayload(buf[:half])
+			if err != nil || n1 != half {
+				t.Fatalf("frame %d part 1: %d %v", i, n1, err)
+			}
+			n2, err := r.ReadPayload(buf[half:])
+			if err != nil || n1+n2 != len(w.p) || !bytes.Equal(buf[:len(w.p)], w.p) || r.Remaining() != 0 {
+				t.Fatalf("frame %d part 2: %d %v", i, n2, err)
+			}
+		}
+		if _, err := r.Next(); err != io.EOF {
+			t.Fatalf("end: %v", err)
+		}
+	}
+}
+
+func TestReaderErrors(t *testing.T) {
+	// Skipped payloads keep the stream in sync.
+	s := AppendFrame(nil, TypeData, 1, []byte("hello world"))
+	s = AppendFrame(s, TypePing, 0, []byte("12345678"))
+	r := NewReader(bytes.NewReader(s), 16)
+	if _, err := r.Next(); err != nil {
+		t.Fatal(err)
+	}
+	h, p, err := r.ReadFrame(make([]byte, 8))
+	if err != nil || h.Type != TypePing || string(p) != "12345678" {
+		t.Fatalf("after skip: %+v %q %v", h, p, err)
+	}
+	// Too small a buffer for ReadFrame.
+	r = NewReader(bytes.NewReader(s), 0)
+	if _, _, err := r.ReadFrame(make([]byte, 4)); !errors.Is(err, ErrShort) {
+		t.Fatalf("small buffer: %v", err)
+	}
+	if h, _, err := r.ReadFrame(make([]byte, 8)); err != nil || h.Type != TypePing {
+		t.Fatalf("resync: %v", err)
+	}
+	// Truncation inside header and payload.
+	for _, cut := range []int{5, Size + 3} {
+		r = NewReader(bytes.NewReader(s[:cut]), 0)
+		_, _, err := r.ReadFrame(make([]byte, 64))
+		if err != io.ErrUnexpectedEOF {
+			t.Errorf("cut %d: %v", cut, err)
+		}
+	}
+	// Announced limit.
+	r = NewReader(bytes.NewReader(s), 0)
+	r.SetMaxPayload(4)
+	if _, err := r.Next(); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("limit: %v", err)
+	}
+	// A reader that makes no progress.
+	r = NewReader(emptyReader{}, 0)
+	if _, err := r.Next(); err != io.ErrNoProgress {
+		t.Fatalf("no progress: %v", err)
+	}
+}
+
+type emptyReader struct{}
+
+func (emptyReader) Read([]byte) (int, error) { return 0, nil }
+
+func TestDecodeNoAlloc(t *testing.T) {
+	b := enc(Header{Type: TypeData, Stream: 3, Length: 100})
+	var h Header
+	n := testing.AllocsPerRun(1000, func() {
+		h, _ = Decode(b)
+		h.Encode(b)
+		PutU32(b[8:], 100)
+	})
+	if n != 0 {
+		t.Fatalf("%v allocations per encode+decode", n)
+	}
+	// The Reader's steady state does not allocate either.
+	var s []byte
+	for range 100 {
+		s = AppendFrame(s, TypeData, 1, make([]byte, 1000))
+	}
+	br := bytes.NewReader(s)
+	r := NewReader(br, 0)
+	buf := make([]byte, 1000)
+	n = testing.AllocsPerRun(100, func() {
+		if _, _, err := r.ReadFrame(buf); err == io.EOF {
+			br.Reset(s)
+		}
+	})
+	if n != 0 {
+		t.Fatalf("%v allocations per ReadFrame", n)
+	}
+}
+
+func TestStrings(t *testing.T) {
+	if TypeData.String() != "DATA" || Type(99).String() != "type(99)" || Code(42).String() != "code 42" {
+		t.Fatal("names")
+	}
+	_ = reflect.TypeOf(Header{})
+}
+
+func BenchmarkEncode(b *testing.B) {
+	buf := make([]byte, Size)
+	h := Header{Type: TypeData, Stream: 7, Length: 128 << 10}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		h.Stream = uint32(i)
+		h.Encode(buf)
+	}
+}
+
+func BenchmarkDecode(b *testing.B) {
+	buf := enc(Header{Type: TypeData, Stream: 7, Length: 128 << 10})
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Decode(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkReaderSmallFrames measures the frame reader on a stream of
+// 64-byte DATA frames (the control/small-message path).
+func BenchmarkReaderSmallFrames(b *testing.B) {
+	var s []byte
+	for range 1000 {
+		s = AppendFrame(s, TypeData, 1, make([]byte, 64))
+	}
+	br := bytes.NewReader(s)
+	r := NewReader(br, 0)
+	buf := make([]byte, 64)
+	b.ReportAllocs()
+	b.SetBytes(64 + Size)
+	for b.Loop() {
+		if _, _, err := r.ReadFrame(buf); err == io.EOF {
+			br.Reset(s)
+			r.ReadFrame(buf)
+		}
+	}
+}

@@ -1,0 +1,194 @@
+package header
+
+import (
+	"fmt"
+	"io"
+)
+
+// DefaultReaderBuffer is the Reader's buffer size when NewReader gets 0. It
+// holds many small frames, so a burst of control frames and small DATA costs
+// one read system call, while large payloads bypass it.
+const DefaultReaderBuffer = 64 << 10
+
+// Reader reads frames from a byte stream (a WAN link or a LAN connection).
+// Headers and small payloads come through an internal buffer; the part of a
+// payload not yet buffered is read straight into the caller's buffer, so
+// bulk DATA lands in its stream's buffer without an extra copy.
+//
+// A Reader is not safe for concurrent use. It never reads a payload larger
+// than its limit: an oversized length fails in Next before any of it is read.
+type Reader struct {
+	r        io.Reader
+	buf      []byte
+	off, end int    // buffered bytes are buf[off:end]
+	pending  uint32 // payload bytes of the current frame not yet consumed
+	max      uint32
+	hdr      Header
+}
+
+// NewReader returns a Reader on r with a buffer of size bytes (at least
+// Size; 0 means DefaultReaderBuffer) and a payload limit of MaxPayload.
+func NewReader(r io.Reader, size int) *Reader {
+	if size == 0 {
+		size = DefaultReaderBuffer
+	}
+	if size < Size {
+		size = Size
+	}
+	return &Reader{r: r, buf: make([]byte, size), max: MaxPayload}
+}
+
+// SetMaxPayload lowers the largest DATA payload accepted (what this side
+// announced in its HELLO). Values outside 1..MaxPayload mean MaxPayload.
+func (r *Reader) SetMaxPayload(n uint32) {
+	if n == 0 || n > MaxPayload {
+		n = MaxPayload
+	}
+	r.max = n
+}
+
+// Buffered reports how many bytes are buffered beyond the current frame's
+// unread payload; a relay uses it to decide whether to flush before blocking.
+func (r *Reader) Buffered() int {
+	n := r.end - r.off - int(r.pending)
+	if n < 0 {
+		return 0
+	}
+	return n
+}
+
+const maxEmptyReads = 100
+
+// fill reads until at least need bytes are buffered. It compacts the buffer
+// first when the tail is too short.
+func (r *Reader) fill(need int) error {
+	if r.off > 0 && len(r.buf)-r.off < need {
+		r.end = copy(r.buf, r.buf[r.off:r.end])
+		r.off = 0
+	}
+	empty := 0
+	for r.end-r.off < need {
+		n, err := r.r.Read(r.buf[r.end:])
+		r.end += n
+		if r.end-r.off >= need {
+			return nil
+		}
+		if err != nil {
+			if err == io.EOF && r.end-r.off > 0 {
+				return io.ErrUnexpectedEOF
+			}
+			return err
+		}
+		if n == 0 {
+			if empty++; empty >= maxEmptyReads {
+				return io.ErrNoProgress
+			}
+		}
+	}
+	return nil
+}
+
+// Next discards whatever is left of the current frame's payload, then reads
+// and validates the next header. io.EOF means the stream ended cleanly
+// between frames; io.ErrUnexpectedEOF means it ended inside one.
+func (r *Reader) Next() (Header, error) {
+	if r.pending > 0 {
+		if err := r.Discard(); err != nil {
+			return Header{}, err
+		}
+	}
+	if err := r.fill(Size); err != nil {
+		return Header{}, err
+	}
+	h, err := Decode(r.buf[r.off : r.off+Size])
+	if err != nil {
+		return h, err
+	}
+	if h.Type == TypeData && h.Length > r.max {
+		return h, fmt.Errorf("%w: DATA of %d bytes (announced limit %d)", ErrTooLarge, h.Length, r.max)
+	}
+	r.off += Size
+	r.pending = h.Length
+	r.hdr = h
+	return h, nil
+}
+
+// Remaining is the number of payload bytes of the current frame not yet read.
+func (r *Reader) Remaining() int { return int(r.pending) }
+
+// ReadPayload reads min(len(dst), Remaining()) payload bytes of the current
+// frame into dst and returns how many. Call it again (e.g. for the second part
+// of a ring buffer) until Remaining is 0.
+func (r *Reader) ReadPayload(dst []byte) (int, error) {
+	want := min(len(dst), int(r.pending))
+	dst = dst[:want]
+	got := copy(dst, r.buf[r.off:r.end])
+	r.off += got
+	if got == want {
+		r.pending -= uint32(got)
+		return got, nil
+	}
+	// The rest is not buffered. Read a large remainder straight into dst;
+	// refill the buffer for a small one so the following headers arrive in
+	// the same system call.
+	rest := want - got
+	if rest >= len(r.buf)/2 {
+		n, err := io.ReadFull(r.r, dst[got:])
+		got += n
+		r.pending -= uint32(got)
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return got, err
+	}
+	r.off, r.end = 0, 0
+	if err := r.fill(rest); err != nil {
+		r.pending -= uint32(got)
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return got, err
+	}
+	copy(dst[got:], r.buf[:rest])
+	r.off = rest
+	r.pending -= uint32(want)
+	return want, nil
+}
+
+// Discard skips the rest of the current frame's payload.
+func (r *Reader) Discard() error {
+	for r.pending > 0 {
+		n := min(int(r.pending), r.end-r.off)
+		r.off += n
+		r.pending -= uint32(n)
+		if r.pending == 0 {
+			break
+		}
+		r.off, r.end = 0, 0
+		if err := r.fill(1); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// ReadFrame reads the next frame whole: its header and its payload into
+// buf[:h.Length]. A payload that does not fit buf fails with ErrShort (the
+// payload is skipped so the stream stays in sync).
+func (r *Reader) ReadFrame(buf []byte) (Header, []byte, error) {
+	h, err := r.Next()
+	if err != nil {
+		return h, nil, err
+	}
+	if int(h.Length) > len(buf) {
+		if err := r.Discard(); err != nil {
+			return h, nil, err
+		}
+		return h, nil, fmt.Errorf("%w: %v payload of %d bytes, buffer %d", ErrShort, h.Type, h.Length, len(buf))
+	}
+	n, err := r.ReadPayload(buf[:h.Length])
+	return h, buf[:n], err
+}
