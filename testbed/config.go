@@ -1,0 +1,261 @@
+// Package testbed builds and drives the emulated multi-site grid ("the
+// lab"): network namespaces as hosts, one bridge per site, and a WAN whose
+// delay, rate, queue, loss and jitter are emulated in user space over TUN
+// devices by a daemon of bin/mpi5k. Nothing is changed in the machine's own
+// network namespace or /etc: everything lives in namespaces and under
+// /run/mpi5k/<lab>/.
+package testbed
+
+import (
+	"fmt"
+	"math"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config describes a lab. Zero values take the defaults noted per field
+// (see Normalize).
+type Config struct {
+	Name        string        // lab name, default "mpi5k"; prefixes every namespace
+	Sites       []string      // site names, default site1, site2
+	Nodes       int           // compute hosts per site, default 2
+	RTT         time.Duration // round-trip time between sites (both directions' delay)
+	Jitter      time.Duration // +- added to each packet's one-way delay, never reordering
+	WANRate     uint64        // bit/s per direction, 0 = unlimited
+	LANRate     uint64        // bit/s per LAN link (TBF on veths), 0 = unlimited
+	Loss        float64       // random loss probability per packet and direction, 0..1
+	Queue       int           // WAN drop-tail queue in bytes, 0 = 1 BDP
+	MTU         int           // default 1500
+	GatewayNICs int           // 1 (LAN leg only, default) or 2 (LAN + WAN leg)
+}
+
+// DefaultName is the lab name used when none is given.
+const DefaultName = "mpi5k"
+
+// Limits that keep names valid as interface/file names and address plans
+// inside a /24.
+const (
+	maxSites = 50
+	maxNodes = 80
+	// minQueue keeps the queue able to hold a few packets even when the BDP is
+	// tiny (zero delay would otherwise drop every packet).
+	minQueueFloor = 64 * 1024
+)
+
+var (
+	labNameRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,23}$`)
+	siteNameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,11}$`)
+)
+
+// Normalize fills defaults and validates; the returned error names the field.
+func (c *Config) Normalize() error {
+	if c.Name == "" {
+		c.Name = DefaultName
+	}
+	if err := ValidName(c.Name); err != nil {
+		return err
+	}
+	if len(c.Sites) == 0 {
+		c.Sites = []string{"site1", "site2"}
+	}
+	if len(c.Sites) < 2 || len(c.Sites) > maxSites {
+		return fmt.Errorf("sites: need 2..%d sites, got %d", maxSites, len(c.Sites))
+	}
+	seen := map[string]bool{}
+	for _, s := range c.Sites {
+		if !siteNameRE.MatchString(s) {
+			return fmt.Errorf("sites: bad site name %q (lower-case letter then letters/digits, at most 12)", s)
+		}
+		if seen[s] {
+			return fmt.Errorf("sites: site %q given twice", s)
+		}
+		seen[s] = true
+	}
+	if c.Nodes == 0 {
+		c.Nodes = 2
+	}
+	if c.Nodes < 1 || c.Nodes > maxNodes {
+		return fmt.Errorf("nodes: need 1..%d nodes per site, got %d", maxNodes, c.Nodes)
+	}
+	if c.RTT < 0 || c.RTT > 10*time.Second {
+		return fmt.Errorf("rtt: %v out of range 0..10s", c.RTT)
+	}
+	if c.Jitter < 0 || c.Jitter > time.Second {
+		return fmt.Errorf("jitter: %v out of range 0..1s", c.Jitter)
+	}
+	if c.Loss < 0 || c.Loss > 1 || math.IsNaN(c.Loss) {
+		return fmt.Errorf("loss: %v out of range 0..1", c.Loss)
+	}
+	if c.Queue < 0 {
+		return fmt.Errorf("queue: negative size %d", c.Queue)
+	}
+	if c.MTU == 0 {
+		c.MTU = 1500
+	}
+	if c.MTU < 576 || c.MTU > 9000 {
+		return fmt.Errorf("mtu: %d out of range 576..9000", c.MTU)
+	}
+	if c.GatewayNICs == 0 {
+		c.GatewayNICs = 1
+	}
+	if c.GatewayNICs != 1 && c.GatewayNICs != 2 {
+		return fmt.Errorf("gateway-nics: must be 1 or 2, got %d", c.GatewayNICs)
+	}
+	if c.Queue == 0 {
+		c.Queue = BDPQueue(c.WANRate, c.RTT, c.MTU)
+	}
+	if c.Queue < 2*c.MTU {
+		return fmt.Errorf("queue: %d bytes cannot hold two %d-byte packets", c.Queue, c.MTU)
+	}
+	return nil
+}
+
+// ValidName checks a lab name (it prefixes namespace and directory names).
+func ValidName(name string) error {
+	if !labNameRE.MatchString(name) {
+		return fmt.Errorf("name: bad lab name %q (letters, digits, '_', '-', at most 24, no '.')", name)
+	}
+	return nil
+}
+
+// BDPQueue is the default queue: one bandwidth-delay product, never below
+// minQueueFloor (a zero RTT must not drop everything) nor a few MTUs. An
+// unlimited rate gets a large fixed queue because nothing builds up anyway.
+func BDPQueue(rate uint64, rtt time.Duration, mtu int) int {
+	if rate == 0 {
+		return 16 << 20
+	}
+	bdp := float64(rate) / 8 * rtt.Seconds()
+	q := int(bdp)
+	if q < minQueueFloor {
+		q = minQueueFloor
+	}
+	if q < 4*mtu {
+		q = 4 * mtu
+	}
+	return q
+}
+
+// ParseRate parses "200mbit", "1gbit", "500kbit", "1000000" (bit/s),
+// "100mbps" (bytes/s, as tc) and "0"/"unlimited". flag names the flag for the
+// error message.
+func ParseRate(flag, s string) (uint64, error) {
+	v := strings.ToLower(strings.TrimSpace(s))
+	if v == "0" || v == "unlimited" || v == "none" {
+		return 0, nil
+	}
+	units := []struct {
+		suffix string
+		mult   float64
+	}{
+		{"gbit", 1e9}, {"mbit", 1e6}, {"kbit", 1e3}, {"bit", 1},
+		{"gbps", 8e9}, {"mbps", 8e6}, {"kbps", 8e3}, {"bps", 8},
+		{"g", 1e9}, {"m", 1e6}, {"k", 1e3},
+	}
+	mult := 1.0
+	for _, u := range units {
+		if strings.HasSuffix(v, u.suffix) {
+			v = strings.TrimSuffix(v, u.suffix)
+			mult = u.mult
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
+		return 0, fmt.Errorf("--%s: bad rate %q (examples: 200mbit, 1gbit, 500kbit)", flag, s)
+	}
+	r := f * mult
+	if r > 0 && r < 8000 {
+		return 0, fmt.Errorf("--%s: rate %q below 8kbit", flag, s)
+	}
+	if r > 400e9 {
+		return 0, fmt.Errorf("--%s: rate %q above 400gbit", flag, s)
+	}
+	return uint64(r), nil
+}
+
+// ParseLoss parses "0.1%", "1%" or a fraction "0.01".
+func ParseLoss(s string) (float64, error) {
+	v := strings.TrimSpace(s)
+	pct := strings.HasSuffix(v, "%")
+	v = strings.TrimSuffix(v, "%")
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || math.IsNaN(f) {
+		return 0, fmt.Errorf("--loss: bad value %q (examples: 0.1%%, 1%%, 0.01)", s)
+	}
+	if pct {
+		f /= 100
+	}
+	if f < 0 || f > 1 {
+		return 0, fmt.Errorf("--loss: %q out of range 0..100%%", s)
+	}
+	return f, nil
+}
+
+// ParseQueue parses "1bdp", "0.5bdp" (resolved against rate and RTT) or a
+// byte size "256k", "1m", "65536". "" or "0" means the default (1 BDP).
+func ParseQueue(s string, rate uint64, rtt time.Duration, mtu int) (int, error) {
+	v := strings.ToLower(strings.TrimSpace(s))
+	if v == "" || v == "0" {
+		return 0, nil
+	}
+	if strings.HasSuffix(v, "bdp") {
+		f, err := strconv.ParseFloat(strings.TrimSuffix(v, "bdp"), 64)
+		if err != nil || !(f > 0) || f > 1000 {
+			return 0, fmt.Errorf("--queue: bad BDP multiple %q (examples: 1bdp, 0.5bdp)", s)
+		}
+		if rate == 0 {
+			return 0, nil // no rate, no BDP: the default (large) queue
+		}
+		if mtu == 0 {
+			mtu = 1500
+		}
+		q := int(f * float64(BDPQueue(rate, rtt, mtu)))
+		return q, nil
+	}
+	mult := 1.0
+	for _, u := range []struct {
+		suffix string
+		m      float64
+	}{{"kb", 1024}, {"mb", 1 << 20}, {"k", 1024}, {"m", 1 << 20}, {"b", 1}} {
+		if strings.HasSuffix(v, u.suffix) {
+			v = strings.TrimSuffix(v, u.suffix)
+			mult = u.m
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || !(f > 0) || f*mult > 1<<30 {
+		return 0, fmt.Errorf("--queue: bad size %q (examples: 1bdp, 256k, 1m, 65536)", s)
+	}
+	return int(f * mult), nil
+}
+
+// ParseSites parses "lyon,rennes" or a count "3" (site1..site3).
+func ParseSites(s string) ([]string, error) {
+	v := strings.TrimSpace(s)
+	if n, err := strconv.Atoi(v); err == nil {
+		if n < 2 || n > maxSites {
+			return nil, fmt.Errorf("--sites: need 2..%d sites, got %d", maxSites, n)
+		}
+		out := make([]string, n)
+		for i := range out {
+			out[i] = fmt.Sprintf("site%d", i+1)
+		}
+		return out, nil
+	}
+	var out []string
+	for _, p := range strings.Split(v, ",") {
+		p = strings.TrimSpace(p)
+		if !siteNameRE.MatchString(p) {
+			return nil, fmt.Errorf("--sites: bad site name %q (lower-case letter then letters/digits, at most 12)", p)
+		}
+		out = append(out, p)
+	}
+	if len(out) < 2 {
+		return nil, fmt.Errorf("--sites: need at least 2 sites, got %q", s)
+	}
+	return out, nil
+}

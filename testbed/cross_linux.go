@@ -1,0 +1,123 @@
+package testbed
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// CrossLogDir holds the iperf3 logs of `lab cross`.
+func (l *Lab) CrossLogDir() string { return filepath.Join(l.dir, "cross") }
+
+// Cross starts flows competing iperf3 TCP flows from the traffic host of
+// site from to the one of site to (never the MPI nodes), each with its own
+// one-shot server (`iperf3 -s -1`: a daemonized server kept answering
+// "busy"). They run detached for dur; StopCross ends them earlier.
+func (l *Lab) Cross(from, to string, flows int, dur time.Duration) error {
+	if !slices.Contains(l.st.Config.Sites, from) {
+		return fmt.Errorf("--from: no site %q in lab %s", from, l.name)
+	}
+	if !slices.Contains(l.st.Config.Sites, to) {
+		return fmt.Errorf("--to: no site %q in lab %s", to, l.name)
+	}
+	if from == to {
+		return fmt.Errorf("--from and --to are the same site %q: cross traffic must cross the WAN", from)
+	}
+	if flows < 1 || flows > 64 {
+		return fmt.Errorf("--flows: need 1..64, got %d", flows)
+	}
+	if dur < time.Second {
+		return fmt.Errorf("--duration: at least 1s, got %v", dur)
+	}
+	src, dst := l.ExtraHosts(from)[0], l.ExtraHosts(to)[0]
+	dir := l.CrossLogDir()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	// Ports are never reused within a lab so concurrent runs do not clash.
+	next := 5201
+	if b, err := os.ReadFile(filepath.Join(dir, "next-port")); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			next = n
+		}
+	}
+	if next+flows > 65000 {
+		next = 5201
+	}
+	if err := os.WriteFile(filepath.Join(dir, "next-port"), []byte(strconv.Itoa(next+flows)), 0o644); err != nil {
+		return err
+	}
+	secs := strconv.Itoa(int((dur + time.Second - 1) / time.Second))
+	for i := 0; i < flows; i++ {
+		port := strconv.Itoa(next + i)
+		if err := l.spawn(dst, filepath.Join(dir, port+".server.log"), "iperf3", "-s", "-1", "-B", l.Addr(dst).String(), "-p", port); err != nil {
+			return err
+		}
+		if err := l.waitListen(dst, next+i, 3*time.Second); err != nil {
+			return err
+		}
+		if err := l.spawn(src, filepath.Join(dir, port+".client.log"), "iperf3", "-c", l.Addr(dst).String(),
+			"-p", port, "-t", secs, "-i", "0"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// spawn starts a detached command inside host with output to logPath.
+func (l *Lab) spawn(host, logPath, name string, args ...string) error {
+	f, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	cmd := l.Command(host, name, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s on %s: %w", name, host, err)
+	}
+	go func() { _ = cmd.Wait() }() // reap if we live long enough
+	return nil
+}
+
+// waitListen polls the host's TCP table until port is listening.
+func (l *Lab) waitListen(host string, port int, timeout time.Duration) error {
+	want := fmt.Sprintf(":%04X 00000000:0000 0A", port)
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		var tab []byte
+		_ = l.Do(host, func() error {
+			var err error
+			tab, err = os.ReadFile("/proc/thread-self/net/tcp")
+			return err
+		})
+		if strings.Contains(string(tab), want) {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("iperf3 server on %s port %d not listening after %v", host, port, timeout)
+}
+
+// StopCross kills every process running in the lab's traffic hosts and
+// returns how many there were.
+func (l *Lab) StopCross() (int, error) {
+	var inodes [][2]uint64
+	for _, h := range l.ExtraHosts("") {
+		if dev, ino, ok := nsInode(l.NetNSPath(h)); ok {
+			inodes = append(inodes, [2]uint64{dev, ino})
+		}
+	}
+	pids := pidsInNamespaces(inodes)
+	if len(pids) > 0 {
+		killAndWait(pids)
+	}
+	return len(pids), nil
+}

@@ -1,0 +1,113 @@
+package testbed
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Stats are the WAN link counters of a lab, one entry per direction.
+type Stats struct {
+	Lab   string      `json:"lab"`
+	Links []LinkStats `json:"links"`
+}
+
+// LinkStats counts one direction of the emulated WAN (site From to site To).
+// Packets/Bytes entered the link; Delivered* left it; drops are split into
+// drop-tail queue drops and random (--loss) drops.
+type LinkStats struct {
+	From             string        `json:"from"`
+	To               string        `json:"to"`
+	Rate             uint64        `json:"rate_bps"`
+	Queue            int           `json:"queue_bytes"`
+	OneWay           time.Duration `json:"oneway_ns"`
+	Jitter           time.Duration `json:"jitter_ns"`
+	Loss             float64       `json:"loss"`
+	Packets          uint64        `json:"packets"`
+	Bytes            uint64        `json:"bytes"`
+	DeliveredPackets uint64        `json:"delivered_packets"`
+	DeliveredBytes   uint64        `json:"delivered_bytes"`
+	QueueDrops       uint64        `json:"queue_drops"`
+	RandomDrops      uint64        `json:"random_drops"`
+	// QueueDelay is the time packets waited behind others before being
+	// serialized; Late is how much later than scheduled they were written
+	// out (the emulator's own error: grows when the CPU saturates).
+	QueueDelay Percentiles `json:"queue_delay"`
+	Late       Percentiles `json:"late"`
+	Flows      []FlowStats `json:"flows"`
+	// OtherFlows aggregates flows beyond the per-link flow table limit.
+	OtherFlows *FlowStats `json:"other_flows,omitempty"`
+}
+
+// FlowStats is one direction of one flow (5-tuple) on a link.
+type FlowStats struct {
+	Proto       string `json:"proto"` // tcp, udp, icmp or a protocol number
+	Src         string `json:"src"`   // ip:port (ip for portless protocols)
+	Dst         string `json:"dst"`
+	Packets     uint64 `json:"packets"`
+	Bytes       uint64 `json:"bytes"`
+	QueueDrops  uint64 `json:"queue_drops"`
+	RandomDrops uint64 `json:"random_drops"`
+	// Retrans counts TCP segments repeating sequence space already seen on
+	// this link (retransmissions as seen on the wire).
+	Retrans uint64 `json:"retrans"`
+}
+
+// Link returns the stats of direction from->to, or nil.
+func (s *Stats) Link(from, to string) *LinkStats {
+	for i := range s.Links {
+		if s.Links[i].From == from && s.Links[i].To == to {
+			return &s.Links[i]
+		}
+	}
+	return nil
+}
+
+// Flow returns a link's flow whose src and dst start with the given
+// prefixes ("10.77.1.11:" or an exact ip:port), or nil.
+func (ls *LinkStats) Flow(proto, srcPrefix, dstPrefix string) *FlowStats {
+	for i := range ls.Flows {
+		f := &ls.Flows[i]
+		if f.Proto == proto && strings.HasPrefix(f.Src, srcPrefix) && strings.HasPrefix(f.Dst, dstPrefix) {
+			return f
+		}
+	}
+	return nil
+}
+
+func fmtDur(d time.Duration) string {
+	return fmt.Sprintf("%.3fms", float64(d)/1e6)
+}
+
+// WriteText prints stats for people: one block per direction, flows sorted by
+// bytes.
+func (s *Stats) WriteText(w io.Writer) {
+	fmt.Fprintf(w, "lab %s\n", s.Lab)
+	for _, l := range s.Links {
+		rate := "unlimited"
+		if l.Rate > 0 {
+			rate = fmt.Sprintf("%.1f Mbit/s", float64(l.Rate)/1e6)
+		}
+		fmt.Fprintf(w, "\n%s -> %s  rate %s  one-way %s  jitter %s  loss %.3f%%  queue %d B\n",
+			l.From, l.To, rate, fmtDur(l.OneWay), fmtDur(l.Jitter), l.Loss*100, l.Queue)
+		fmt.Fprintf(w, "  packets %d  bytes %d  delivered %d/%d B  queue drops %d  random drops %d\n",
+			l.Packets, l.Bytes, l.DeliveredPackets, l.DeliveredBytes, l.QueueDrops, l.RandomDrops)
+		fmt.Fprintf(w, "  queue delay p50 %s p90 %s p99 %s max %s\n",
+			fmtDur(l.QueueDelay.P50), fmtDur(l.QueueDelay.P90), fmtDur(l.QueueDelay.P99), fmtDur(l.QueueDelay.Max))
+		fmt.Fprintf(w, "  late        p50 %s p90 %s p99 %s max %s\n",
+			fmtDur(l.Late.P50), fmtDur(l.Late.P90), fmtDur(l.Late.P99), fmtDur(l.Late.Max))
+		flows := append([]FlowStats(nil), l.Flows...)
+		sort.Slice(flows, func(i, j int) bool { return flows[i].Bytes > flows[j].Bytes })
+		if len(flows) > 0 {
+			fmt.Fprintf(w, "  %-5s %-21s %-21s %10s %12s %8s %8s %8s\n", "proto", "src", "dst", "packets", "bytes", "qdrops", "rdrops", "retrans")
+		}
+		for _, f := range flows {
+			fmt.Fprintf(w, "  %-5s %-21s %-21s %10d %12d %8d %8d %8d\n", f.Proto, f.Src, f.Dst, f.Packets, f.Bytes, f.QueueDrops, f.RandomDrops, f.Retrans)
+		}
+		if o := l.OtherFlows; o != nil {
+			fmt.Fprintf(w, "  (other flows) %10d packets %12d bytes %8d retrans\n", o.Packets, o.Bytes, o.Retrans)
+		}
+	}
+}
