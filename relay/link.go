@@ -1,0 +1,688 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mpi5k/mpi5k/header"
+)
+
+// Conn is the local (LAN) end of a stream. The gateway's LAN transport
+// provides it; the relay never needs to know what carries the bytes.
+type Conn interface {
+	io.Reader
+	io.Writer
+	// CloseWrite ends the direction toward the application (TCP FIN).
+	CloseWrite() error
+	// Abort drops the connection with a reset (SO_LINGER 0 + close), so the
+	// application sees ECONNRESET.
+	Abort() error
+	Close() error
+}
+
+// BuffersWriter is implemented by a Conn that can write several buffers in
+// one system call (writev); the relay then delivers a stream's queued
+// payloads with one write.
+type BuffersWriter interface {
+	WriteBuffers(b *net.Buffers) (int64, error)
+}
+
+// Handler receives the streams a peer opens. Open runs on the link's reader
+// goroutine and must not block: start the connect elsewhere, then call
+// s.Accept or s.Refuse.
+type Handler interface {
+	Open(s *Stream, o *header.Open)
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(s *Stream, o *header.Open)
+
+// Open calls f.
+func (f HandlerFunc) Open(s *Stream, o *header.Open) { f(s, o) }
+
+// Config tunes a link. Zero fields take the defaults.
+type Config struct {
+	Chunk      int    // largest DATA payload sent (default 128 KiB, clamped to the peer's max payload)
+	Window     uint32 // credit granted to the peer on every new stream (default 1 MiB)
+	SmallFrame int    // DATA up to this many bytes is scheduled ahead of bulk (default 16 KiB)
+	MaxBatch   int    // most frames per writev (default 64)
+	// Pipeline is how many chunks of one stream may wait for the link
+	// writer (default 2): with two, a stream reads chunk B from its
+	// application while the writer sends chunk A (double buffering), and no
+	// stream can hog the writer's queue.
+	Pipeline     int
+	PingInterval time.Duration // keepalive period (default 1 s)
+	DeadAfter    time.Duration // a link silent this long is dead (default 4 × PingInterval)
+	Logger       *slog.Logger
+}
+
+func (c *Config) fill() {
+	if c.Chunk <= 0 {
+		c.Chunk = 128 << 10
+	}
+	c.Chunk = min(c.Chunk, header.MaxPayload)
+	if c.Window == 0 {
+		c.Window = 1 << 20
+	}
+	if c.SmallFrame <= 0 {
+		c.SmallFrame = 16 << 10
+	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = 64
+	}
+	if c.Pipeline <= 0 {
+		c.Pipeline = 2
+	}
+	if c.PingInterval <= 0 {
+		c.PingInterval = time.Second
+	}
+	if c.DeadAfter <= 0 {
+		c.DeadAfter = 4 * c.PingInterval
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Hello returns the HELLO a side with this configuration sends.
+func (c Config) Hello(site uint8, name string, index, count uint8) header.Hello {
+	c.fill()
+	return header.Hello{SiteID: site, LinkIndex: index, LinkCount: count,
+		MaxPayload: header.MaxPayload, Window: c.Window, Name: name}
+}
+
+// Handshake sends our HELLO and reads the peer's, both before ctx's
+// deadline. The caller checks the peer's identity before NewLink.
+func Handshake(ctx context.Context, conn net.Conn, local header.Hello) (header.Hello, error) {
+	body, err := header.AppendHello(nil, &local)
+	if err != nil {
+		return header.Hello{}, err
+	}
+	if d, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(d)
+		defer conn.SetDeadline(time.Time{})
+	}
+	errc := make(chan error, 1)
+	go func() { _, err := conn.Write(header.AppendFrame(nil, header.TypeHello, 0, body)); errc <- err }()
+	var buf [header.MaxControl]byte
+	h, p, err := readOne(conn, buf[:])
+	if err == nil && h.Type != header.TypeHello {
+		err = fmt.Errorf("relay: first frame is %v, want HELLO", h.Type)
+	}
+	var peer header.Hello
+	if err == nil {
+		peer, err = header.ParseHello(p)
+	}
+	if werr := <-errc; err == nil && werr != nil {
+		err = werr
+	}
+	if err != nil {
+		return peer, fmt.Errorf("relay: hello with %v: %w", conn.RemoteAddr(), err)
+	}
+	return peer, nil
+}
+
+// readOne reads exactly one frame without read-ahead (the link's Reader
+// takes over the connection afterwards).
+func readOne(r io.Reader, buf []byte) (header.Header, []byte, error) {
+	var hb [header.Size]byte
+	if _, err := io.ReadFull(r, hb[:]); err != nil {
+		return header.Header{}, nil, err
+	}
+	h, err := header.Decode(hb[:])
+	if err != nil {
+		return h, nil, err
+	}
+	if int(h.Length) > len(buf) {
+		return h, nil, fmt.Errorf("%w: %v of %d bytes", header.ErrTooLarge, h.Type, h.Length)
+	}
+	_, err = io.ReadFull(r, buf[:h.Length])
+	return h, buf[:h.Length], err
+}
+
+// Stats are a link's counters, read atomically by the metrics exporter.
+type Stats struct {
+	BytesSent, BytesRecv   atomic.Uint64 // DATA payload bytes
+	FramesSent, FramesRecv atomic.Uint64
+	Writes                 atomic.Uint64 // writev calls on the link socket
+	WindowStalls           atomic.Uint64 // times a stream waited for credit
+	StreamsOpened          atomic.Uint64
+	RTT                    atomic.Int64 // last PING round trip, ns
+}
+
+// frame is one queued outgoing frame.
+type frame struct {
+	h    header.Header
+	ctl  [8]byte // u32 and PING/PONG bodies
+	body []byte  // DATA payload or OPEN body (else ctl[:h.Length])
+	buf  *[]byte // pooled DATA buffer, released once written
+	s    *Stream // owner of DATA: gets its token back once written
+	done chan struct{}
+}
+
+// Link multiplexes streams over one connection to a peer gateway.
+type Link struct {
+	conn    net.Conn
+	cfg     Config
+	peer    header.Hello
+	handler Handler
+	chunk   int
+	log     *slog.Logger
+	Stats   Stats
+
+	mu        sync.Mutex // queues and closing
+	urgent    []frame
+	bulk      []frame
+	ui, bi    int
+	writing   bool
+	wake      chan struct{}
+	closed    bool
+	err       error
+	done      chan struct{}
+	onClose   []func(error)
+	closeOnce sync.Once
+
+	smu     sync.Mutex // streams
+	streams map[uint32]*Stream
+	nextID  uint32
+
+	lastRecv atomic.Int64
+}
+
+// NewLink starts multiplexing on conn after a successful Handshake. dialer
+// tells which side allocates odd stream ids. handler may be nil (incoming
+// OPENs are then refused).
+func NewLink(conn net.Conn, cfg Config, peer header.Hello, dialer bool, handler Handler) *Link {
+	cfg.fill()
+	l := &Link{conn: conn, cfg: cfg, peer: peer, handler: handler,
+		chunk: min(cfg.Chunk, int(peer.MaxPayload)), log: cfg.Logger,
+		wake: make(chan struct{}, 1), done: make(chan struct{}),
+		streams: make(map[uint32]*Stream), nextID: 2}
+	if dialer {
+		l.nextID = 1
+	}
+	l.lastRecv.Store(time.Now().UnixNano())
+	go l.writeLoop()
+	go l.readLoop()
+	go l.keepalive()
+	return l
+}
+
+// Peer is the peer's HELLO.
+func (l *Link) Peer() header.Hello { return l.peer }
+
+// Conn is the link's connection (for socket statistics).
+func (l *Link) Conn() net.Conn { return l.conn }
+
+// Done is closed when the link has failed or been closed.
+func (l *Link) Done() <-chan struct{} { return l.done }
+
+// Err is why the link ended (nil while it runs).
+func (l *Link) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// OnClose registers f to run once when the link ends.
+func (l *Link) OnClose(f func(error)) {
+	l.mu.Lock()
+	if !l.closed {
+		l.onClose = append(l.onClose, f)
+		l.mu.Unlock()
+		return
+	}
+	err := l.err
+	l.mu.Unlock()
+	f(err)
+}
+
+// NumStreams is the number of live streams (used to spread new streams
+// over parallel links).
+func (l *Link) NumStreams() int {
+	l.smu.Lock()
+	defer l.smu.Unlock()
+	return len(l.streams)
+}
+
+// ErrLinkClosed is returned by Open on a link that has ended.
+var ErrLinkClosed = errors.New("relay: link closed")
+
+// Open starts a stream to the peer for conn. OPEN goes out at once and
+// data read from conn follows without waiting for OPEN_OK (up to the peer's
+// initial window), so connect() costs no WAN round trip.
+func (l *Link) Open(o *header.Open, conn Conn) (*Stream, error) {
+	body, err := header.AppendOpen(nil, o)
+	if err != nil {
+		return nil, err
+	}
+	l.smu.Lock()
+	if l.isClosed() {
+		l.smu.Unlock()
+		return nil, ErrLinkClosed
+	}
+	id := l.nextID
+	l.nextID += 2
+	s := newStream(l, id)
+	l.streams[id] = s
+	l.smu.Unlock()
+	l.Stats.StreamsOpened.Add(1)
+	l.enqueue(frame{h: header.Header{Type: header.TypeOpen, Stream: id, Length: uint32(len(body))}, body: body}, nil)
+	s.attach(conn)
+	return s, nil
+}
+
+func (l *Link) isClosed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
+}
+
+func (l *Link) remove(s *Stream) {
+	l.smu.Lock()
+	if l.streams[s.id] == s {
+		delete(l.streams, s.id)
+	}
+	l.smu.Unlock()
+}
+
+// enqueue schedules f. Control frames go to the urgent queue; DATA of more
+// than SmallFrame bytes goes to the bulk queue, and so does every later frame
+// of a stream while it has bulk frames waiting, so a stream's bytes and its
+// HALF_CLOSE never overtake each other.
+func (l *Link) enqueue(f frame, s *Stream) bool { return l.send(f, s, false) }
+
+// send is enqueue with an inline fast path: when inline is set, the frame is
+// small and nobody is writing or waiting, the caller writes it to the socket
+// itself. That saves the hand-off to the writer goroutine (a thread wake-up,
+// several microseconds) on the latency-critical small-message path. Only
+// stream pumps pass inline: the link reader must never block on a write, or
+// two gateways could deadlock each waiting for the other to read.
+func (l *Link) send(f frame, s *Stream, inline bool) bool {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return false
+	}
+	if inline && !l.writing && l.ui == len(l.urgent) && l.bi == len(l.bulk) && int(f.h.Length) <= l.cfg.SmallFrame {
+		l.writing = true
+		l.mu.Unlock()
+		var hb [header.Size]byte
+		f.h.Encode(hb[:])
+		iov := net.Buffers{hb[:], f.payload()}
+		_, err := iov.WriteTo(l.conn)
+		l.Stats.Writes.Add(1)
+		l.sent(&f)
+		l.mu.Lock()
+		l.writing = false
+		pending := l.ui < len(l.urgent) || l.bi < len(l.bulk)
+		l.mu.Unlock()
+		if err != nil {
+			l.fail(fmt.Errorf("relay: write to %v: %w", l.conn.RemoteAddr(), err))
+		} else if pending {
+			kick(l.wake)
+		}
+		return true
+	}
+	bulk := s != nil && (s.bulkQueued > 0 || f.h.Type == header.TypeData && int(f.h.Length) > l.cfg.SmallFrame)
+	if bulk {
+		f.s = s // take decrements its bulkQueued
+		s.bulkQueued++
+		l.bulk = append(l.bulk, f)
+	} else {
+		l.urgent = append(l.urgent, f)
+	}
+	idle := !l.writing
+	l.mu.Unlock()
+	if idle {
+		kick(l.wake)
+	}
+	return true
+}
+
+func (f *frame) payload() []byte {
+	if f.body != nil {
+		return f.body
+	}
+	return f.ctl[:f.h.Length]
+}
+
+// sent does the bookkeeping once f is on the socket (or the link failed).
+func (l *Link) sent(f *frame) {
+	l.Stats.FramesSent.Add(1)
+	if f.h.Type == header.TypeData {
+		l.Stats.BytesSent.Add(uint64(f.h.Length))
+		putBuf(f.buf)
+		f.s.returnToken()
+	}
+	if f.done != nil {
+		close(f.done)
+	}
+}
+
+// take moves the next batch into batch: every urgent frame first, then bulk
+// frames up to about one chunk so a small frame arriving now waits behind at
+// most one chunk in user space.
+func (l *Link) take(batch []frame) []frame {
+	for l.ui < len(l.urgent) && len(batch) < l.cfg.MaxBatch {
+		batch = append(batch, l.urgent[l.ui])
+		l.urgent[l.ui] = frame{}
+		l.ui++
+	}
+	if l.ui == len(l.urgent) {
+		l.urgent, l.ui = l.urgent[:0], 0
+	}
+	n := 0
+	for l.bi < len(l.bulk) && len(batch) < l.cfg.MaxBatch && (n == 0 || n+int(l.bulk[l.bi].h.Length) <= l.chunk) {
+		f := l.bulk[l.bi]
+		l.bulk[l.bi] = frame{}
+		l.bi++
+		f.s.bulkQueued--
+		n += int(f.h.Length)
+		batch = append(batch, f)
+	}
+	if l.bi == len(l.bulk) {
+		l.bulk, l.bi = l.bulk[:0], 0
+	}
+	return batch
+}
+
+// writeLoop owns the socket whenever the queues are non-empty and no
+// inline writer holds it (l.writing), and writes them in batches.
+func (l *Link) writeLoop() {
+	batch := make([]frame, 0, l.cfg.MaxBatch)
+	hdrs := make([]byte, header.Size*l.cfg.MaxBatch)
+	iov := make(net.Buffers, 0, 2*l.cfg.MaxBatch)
+	l.mu.Lock()
+	for {
+		if l.closed {
+			l.mu.Unlock()
+			return
+		}
+		if l.writing || l.ui == len(l.urgent) && l.bi == len(l.bulk) {
+			l.mu.Unlock()
+			select {
+			case <-l.wake:
+			case <-l.done:
+			}
+			l.mu.Lock()
+			continue
+		}
+		l.writing = true
+		batch = l.take(batch[:0])
+		l.mu.Unlock()
+
+		iov = iov[:0]
+		for i := range batch {
+			f := &batch[i]
+			hb := hdrs[i*header.Size : (i+1)*header.Size]
+			f.h.Encode(hb)
+			iov = append(iov, hb)
+			if f.h.Length > 0 {
+				iov = append(iov, f.payload())
+			}
+		}
+		// WriteTo consumes its receiver; keep iov's backing array for reuse.
+		w := iov
+		_, err := w.WriteTo(l.conn)
+		l.Stats.Writes.Add(1)
+		for i := range batch {
+			l.sent(&batch[i])
+			batch[i] = frame{}
+		}
+		if err != nil {
+			l.fail(fmt.Errorf("relay: write to %v: %w", l.conn.RemoteAddr(), err))
+			return
+		}
+		l.mu.Lock()
+		l.writing = false
+	}
+}
+
+func (l *Link) readLoop() {
+	r := header.NewReader(l.conn, 0)
+	var ctl [header.MaxControl]byte
+	for {
+		h, err := r.Next()
+		if err != nil {
+			if err == io.EOF {
+				err = errors.New("relay: peer closed the link")
+			}
+			l.fail(err)
+			return
+		}
+		l.lastRecv.Store(time.Now().UnixNano())
+		l.Stats.FramesRecv.Add(1)
+		if h.Type == header.TypeData {
+			if err := l.recvData(r, h); err != nil {
+				l.fail(err)
+				return
+			}
+			continue
+		}
+		p := ctl[:h.Length]
+		if _, err := io.ReadFull(payloadReader{r}, p); err != nil {
+			l.fail(err)
+			return
+		}
+		if err := l.dispatch(h, p); err != nil {
+			l.fail(fmt.Errorf("relay: protocol error from %v: %w", l.conn.RemoteAddr(), err))
+			return
+		}
+	}
+}
+
+type payloadReader struct{ r *header.Reader }
+
+func (p payloadReader) Read(b []byte) (int, error) {
+	if p.r.Remaining() == 0 {
+		return 0, io.ErrUnexpectedEOF
+	}
+	return p.r.ReadPayload(b)
+}
+
+func (l *Link) lookup(id uint32) *Stream {
+	l.smu.Lock()
+	s := l.streams[id]
+	l.smu.Unlock()
+	return s
+}
+
+// recvData reads a DATA payload straight into a buffer that then belongs to
+// the stream's receive queue.
+func (l *Link) recvData(r *header.Reader, h header.Header) error {
+	s := l.lookup(h.Stream)
+	if s == nil {
+		return r.Discard() // the stream was reset; its data in flight is dropped
+	}
+	if !s.reserve(int(h.Length)) {
+		return fmt.Errorf("relay: protocol error from %v: stream %d sent %d bytes beyond its window", l.conn.RemoteAddr(), h.Stream, h.Length)
+	}
+	p := getBuf(int(h.Length))
+	if _, err := io.ReadFull(payloadReader{r}, *p); err != nil {
+		putBuf(p)
+		return err
+	}
+	l.Stats.BytesRecv.Add(uint64(h.Length))
+	s.push(p)
+	return nil
+}
+
+func (l *Link) dispatch(h header.Header, p []byte) error {
+	switch h.Type {
+	case header.TypeOpen:
+		if h.Stream == 0 || h.Stream&1 == l.nextID&1 {
+			return fmt.Errorf("OPEN with stream id %d of the wrong parity", h.Stream)
+		}
+		o, err := header.ParseOpen(p)
+		if err != nil {
+			return err
+		}
+		s := newStream(l, h.Stream)
+		l.smu.Lock()
+		_, dup := l.streams[h.Stream]
+		if !dup {
+			l.streams[h.Stream] = s
+		}
+		l.smu.Unlock()
+		if dup {
+			return fmt.Errorf("OPEN of stream %d, which is open", h.Stream)
+		}
+		l.Stats.StreamsOpened.Add(1)
+		if l.handler == nil {
+			s.Refuse(header.CodePolicy)
+			return nil
+		}
+		l.handler.Open(s, &o)
+	case header.TypeOpenOK:
+		// The opener already streams; nothing to do.
+	case header.TypeOpenRefused, header.TypeReset:
+		code, err := header.DecodeCode(p)
+		if err != nil {
+			return err
+		}
+		if s := l.lookup(h.Stream); s != nil {
+			s.remoteReset(header.Code(code))
+		}
+	case header.TypeHalfClose:
+		if s := l.lookup(h.Stream); s != nil {
+			s.pushEOF()
+		}
+	case header.TypeWindow:
+		n, err := header.DecodeWindow(p)
+		if err != nil {
+			return err
+		}
+		if s := l.lookup(h.Stream); s != nil {
+			s.addCredit(int64(n))
+		}
+	case header.TypePing:
+		f := frame{h: header.Header{Type: header.TypePong, Length: 8}}
+		copy(f.ctl[:], p)
+		l.enqueue(f, nil)
+	case header.TypePong:
+		var t int64
+		for _, b := range p {
+			t = t<<8 | int64(b)
+		}
+		if rtt := time.Now().UnixNano() - t; t != 0 && rtt > 0 { // t is 0 for flush markers
+			l.Stats.RTT.Store(rtt)
+		}
+	default:
+		return fmt.Errorf("unexpected %v on a WAN link", h.Type)
+	}
+	return nil
+}
+
+func (l *Link) keepalive() {
+	t := time.NewTicker(l.cfg.PingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.done:
+			return
+		case now := <-t.C:
+			if silent := now.Sub(time.Unix(0, l.lastRecv.Load())); silent > l.cfg.DeadAfter {
+				l.fail(fmt.Errorf("relay: peer %v silent for %v", l.conn.RemoteAddr(), silent.Round(time.Millisecond)))
+				return
+			}
+			f := frame{h: header.Header{Type: header.TypePing, Length: 8}}
+			header.PutU32(f.ctl[:4], uint32(uint64(now.UnixNano())>>32))
+			header.PutU32(f.ctl[4:], uint32(now.UnixNano()))
+			l.enqueue(f, nil)
+		}
+	}
+}
+
+// fail ends the link: the connection is closed and every stream is reset
+// toward its application (code 7, link lost); the peer sees the
+// connection drop and does the same on its side.
+func (l *Link) fail(err error) {
+	l.closeOnce.Do(func() {
+		l.mu.Lock()
+		l.closed = true
+		l.err = err
+		cbs := l.onClose
+		l.onClose = nil
+		for i := l.bi; i < len(l.bulk); i++ {
+			putBuf(l.bulk[i].buf)
+		}
+		l.urgent, l.bulk, l.ui, l.bi = nil, nil, 0, 0
+		l.mu.Unlock()
+		close(l.done)
+		if tc, ok := l.conn.(*net.TCPConn); ok {
+			tc.SetLinger(0) // the peer learns at once, even with data queued
+		}
+		l.conn.Close()
+		l.smu.Lock()
+		ss := make([]*Stream, 0, len(l.streams))
+		for _, s := range l.streams {
+			ss = append(ss, s)
+		}
+		l.streams = map[uint32]*Stream{}
+		l.smu.Unlock()
+		for _, s := range ss {
+			s.remoteReset(header.CodeLinkLost)
+		}
+		l.log.Info("link down", "peer", l.peer.Name, "remote", l.conn.RemoteAddr().String(), "streams_reset", len(ss), "err", err)
+		for _, f := range cbs {
+			f(err)
+		}
+	})
+}
+
+// Close ends the link at once (streams are reset with "link lost").
+func (l *Link) Close() error {
+	l.fail(ErrLinkClosed)
+	return nil
+}
+
+// Drain waits until the link has no streams or ctx ends, then resets what is
+// left with code 6 (gateway shutting down), lets the writer flush, and
+// closes the link.
+func (l *Link) Drain(ctx context.Context) {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for l.NumStreams() > 0 {
+		select {
+		case <-ctx.Done():
+			l.smu.Lock()
+			ss := make([]*Stream, 0, len(l.streams))
+			for _, s := range l.streams {
+				ss = append(ss, s)
+			}
+			l.smu.Unlock()
+			for _, s := range ss {
+				s.Reset(header.CodeShutdown)
+			}
+			l.flush(200 * time.Millisecond)
+			l.Close()
+			return
+		case <-t.C:
+		case <-l.done:
+			return
+		}
+	}
+	l.flush(200 * time.Millisecond)
+	l.Close()
+}
+
+// flush waits (bounded) until everything queued has been written.
+func (l *Link) flush(limit time.Duration) {
+	d := make(chan struct{})
+	if !l.enqueue(frame{h: header.Header{Type: header.TypePing, Length: 8}, done: d}, nil) {
+		return
+	}
+	select {
+	case <-d:
+	case <-time.After(limit):
+	case <-l.done:
+	}
+}

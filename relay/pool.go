@@ -1,0 +1,46 @@
+package relay
+
+import (
+	"math/bits"
+	"sync"
+)
+
+// Payload buffers come from power-of-two size classes (512 B .. 1 MiB) so a
+// 40-byte MPI message does not pin a 128 KiB chunk while it waits in a
+// stream's receive queue. Pointers to slices are pooled so Put does not
+// allocate.
+const (
+	minClassShift = 9
+	maxClassShift = 20
+)
+
+var pools [maxClassShift - minClassShift + 1]sync.Pool
+
+func class(n int) int {
+	if n <= 1<<minClassShift {
+		return 0
+	}
+	return bits.Len(uint(n-1)) - minClassShift
+}
+
+// getBuf returns a pooled buffer of at least n bytes (n ≤ 1 MiB), sliced to n.
+func getBuf(n int) *[]byte {
+	c := class(n)
+	if p, _ := pools[c].Get().(*[]byte); p != nil {
+		*p = (*p)[:n]
+		return p
+	}
+	b := make([]byte, n, 1<<(c+minClassShift))
+	return &b
+}
+
+func putBuf(p *[]byte) {
+	if p == nil {
+		return
+	}
+	c := class(cap(*p))
+	if cap(*p) != 1<<(c+minClassShift) {
+		return // not one of ours
+	}
+	pools[c].Put(p)
+}

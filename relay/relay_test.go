@@ -1,0 +1,468 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpi5k/mpi5k/header"
+)
+
+// pair connects two links over loopback TCP. The acceptor side (b) dials
+// the OPEN's destination and accepts the stream, as a far gateway does.
+func pair(t testing.TB, cfg Config) (a, b *Link) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() { c, err := ln.Accept(); ch <- res{c, err} }()
+	ca, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	cb := r.c
+	if cfg.PingInterval == 0 {
+		// Dead after 20 s: under -race, hundreds of busy goroutines in this
+		// one process can keep a link's reader off the CPU for seconds.
+		cfg.PingInterval = 5 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var hb header.Hello
+	var herr error
+	done := make(chan struct{})
+	go func() {
+		hb, herr = Handshake(ctx, cb, cfg.Hello(2, "b", 0, 1))
+		close(done)
+	}()
+	ha, err := Handshake(ctx, ca, cfg.Hello(1, "a", 0, 1))
+	<-done
+	if err != nil || herr != nil {
+		t.Fatal(err, herr)
+	}
+	if ha.Name != "b" || hb.Name != "a" {
+		t.Fatalf("hello names %q %q", ha.Name, hb.Name)
+	}
+	a = NewLink(ca, cfg, ha, true, HandlerFunc(dialHandler))
+	b = NewLink(cb, cfg, hb, false, HandlerFunc(dialHandler))
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+func dialHandler(s *Stream, o *header.Open) {
+	go func() {
+		c, err := net.DialTimeout("tcp", o.Dst.String(), 10*time.Second)
+		if err != nil {
+			s.Refuse(header.CodeRefused)
+			return
+		}
+		if s.Accept(WrapTCP(c.(*net.TCPConn))) != nil {
+			c.Close()
+		}
+	}()
+}
+
+// openVia creates a loopback connection whose server end is handed to link
+// l as a stream toward dst; it returns the application's end.
+func openVia(t testing.TB, l *Link, dst netip.AddrPort) (*net.TCPConn, *Stream) {
+	t.Helper()
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	app, err := net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := ln.AcceptTCP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := header.Open{Dst: dst, Src: app.LocalAddr().(*net.TCPAddr).AddrPort()}
+	s, err := l.Open(&o, WrapTCP(gw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return app, s
+}
+
+// server accepts connections and runs f on each.
+func server(t testing.TB, f func(c *net.TCPConn)) netip.AddrPort {
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.AcceptTCP()
+			if err != nil {
+				return
+			}
+			go f(c)
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).AddrPort()
+}
+
+// sumServer reads everything, then writes the SHA-256 of it and closes.
+func sumServer(c *net.TCPConn) {
+	defer c.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, c); err != nil {
+		return
+	}
+	c.Write(h.Sum(nil))
+}
+
+func TestHalfClose(t *testing.T) {
+	a, _ := pair(t, Config{Chunk: 16 << 10, Window: 64 << 10})
+	dst := server(t, sumServer)
+	app, s := openVia(t, a, dst)
+	defer app.Close()
+	data := make([]byte, 1<<20+7)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	if _, err := app.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	// Our shutdown(SHUT_WR) must reach the server as EOF while the reverse
+	// direction still works: the server only answers after EOF.
+	app.CloseWrite()
+	got, err := io.ReadAll(app)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sha256.Sum256(data)
+	if !bytes.Equal(got, want[:]) {
+		t.Fatalf("checksum mismatch: got %x", got)
+	}
+	select {
+	case <-s.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("stream did not finish after both half-closes")
+	}
+	if s.Code() != 0 {
+		t.Fatalf("clean close ended with code %v", s.Code())
+	}
+	waitStreams(t, a, 0)
+}
+
+func waitStreams(t testing.TB, l *Link, n int) {
+	t.Helper()
+	for i := 0; l.NumStreams() != n; i++ {
+		if i > 500 {
+			t.Fatalf("link still has %d streams, want %d", l.NumStreams(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func isReset(err error) bool { return errors.Is(err, syscall.ECONNRESET) }
+
+func TestResetFromDestination(t *testing.T) {
+	a, b := pair(t, Config{})
+	dst := server(t, func(c *net.TCPConn) {
+		buf := make([]byte, 5)
+		io.ReadFull(c, buf)
+		c.SetLinger(0)
+		c.Close() // RST
+	})
+	app, _ := openVia(t, a, dst)
+	defer app.Close()
+	app.Write([]byte("hello"))
+	app.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := app.Read(make([]byte, 10))
+	if !isReset(err) {
+		t.Fatalf("application read: %v, want ECONNRESET", err)
+	}
+	waitStreams(t, a, 0)
+	waitStreams(t, b, 0)
+}
+
+func TestResetFromSource(t *testing.T) {
+	a, b := pair(t, Config{})
+	got := make(chan error, 1)
+	dst := server(t, func(c *net.TCPConn) {
+		_, err := io.Copy(io.Discard, c)
+		got <- err
+	})
+	app, _ := openVia(t, a, dst)
+	app.Write([]byte("x"))
+	time.Sleep(50 * time.Millisecond)
+	app.SetLinger(0)
+	app.Close()
+	select {
+	case err := <-got:
+		if !isReset(err) {
+			t.Fatalf("destination saw %v, want ECONNRESET", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("reset did not reach the destination")
+	}
+	waitStreams(t, a, 0)
+	waitStreams(t, b, 0)
+}
+
+func TestRefused(t *testing.T) {
+	a, _ := pair(t, Config{})
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	dst := ln.Addr().(*net.TCPAddr).AddrPort()
+	ln.Close() // nothing listens there now
+	app, s := openVia(t, a, dst)
+	defer app.Close()
+	app.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := app.Read(make([]byte, 1))
+	if !isReset(err) {
+		t.Fatalf("read: %v, want ECONNRESET", err)
+	}
+	if s.Code() != header.CodeRefused {
+		t.Fatalf("code %v, want refused", s.Code())
+	}
+}
+
+// TestManyStreams runs concurrent streams of random sizes through the pair
+// with end-to-end checksums (the gateway test does the 1000-stream version).
+func TestManyStreams(t *testing.T) {
+	a, _ := pair(t, Config{Chunk: 32 << 10, Window: 128 << 10})
+	dst := server(t, sumServer)
+	runStreams(t, a, dst, 200, 1<<20, 1)
+}
+
+func runStreams(t testing.TB, l *Link, dst netip.AddrPort, n, maxSize int, seed uint64) int64 {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var total int64
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(seed, uint64(i)))
+			size := r.IntN(maxSize + 1)
+			app, st := openVia(t, l, dst)
+			defer app.Close()
+			h := sha256.New()
+			buf := make([]byte, 64<<10)
+			for left := size; left > 0; {
+				k := min(left, len(buf))
+				for j := range buf[:k] {
+					buf[j] = byte(r.Uint32())
+				}
+				h.Write(buf[:k])
+				if _, err := app.Write(buf[:k]); err != nil {
+					errs <- err
+					return
+				}
+				left -= k
+			}
+			app.CloseWrite()
+			app.SetReadDeadline(time.Now().Add(60 * time.Second))
+			got, err := io.ReadAll(app)
+			if err != nil || !bytes.Equal(got, h.Sum(nil)) {
+				errs <- fmt.Errorf("stream %d of %d bytes: checksum %x, read error %v, stream code %v, link err %v", i, size, got, err, st.Code(), l.Err())
+				return
+			}
+			mu.Lock()
+			total += int64(size)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return total
+}
+
+// TestStalledReceiver: a destination that never reads stalls only its own
+// stream; others keep flowing and the gateway buffers at most a window.
+func TestStalledReceiver(t *testing.T) {
+	const window = 256 << 10
+	a, b := pair(t, Config{Chunk: 64 << 10, Window: window})
+	block := make(chan struct{})
+	stuck := server(t, func(c *net.TCPConn) { <-block; c.Close() })
+	defer close(block)
+	app, s := openVia(t, a, stuck)
+	defer app.Close()
+	wrote := make(chan int64, 1)
+	go func() {
+		app.SetWriteDeadline(time.Now().Add(2 * time.Second))
+		n, _ := io.Copy(app, io.LimitReader(zeroReader{}, 64<<20))
+		wrote <- n
+	}()
+	dst := server(t, sumServer)
+	runStreams(t, a, dst, 20, 4<<20, 2)
+	n := <-wrote
+	// The stuck stream got as far as the kernel buffers plus one window.
+	if n >= 64<<20 {
+		t.Fatalf("stalled stream accepted all %d bytes", n)
+	}
+	bs := b.lookup(s.id)
+	if bs == nil {
+		t.Fatal("stalled stream vanished on the far side")
+	}
+	bs.mu.Lock()
+	queued := int64(window) - bs.recvAvail
+	bs.mu.Unlock()
+	if queued > window {
+		t.Fatalf("far side holds %d bytes for the stalled stream, window is %d", queued, window)
+	}
+	if a.Stats.WindowStalls.Load() == 0 {
+		t.Fatal("no window stall recorded")
+	}
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+// TestLinkLoss: killing the link resets every stream's application on both
+// sides at once.
+func TestLinkLoss(t *testing.T) {
+	a, b := pair(t, Config{})
+	farErr := make(chan error, 5)
+	dst := server(t, func(c *net.TCPConn) {
+		_, err := io.Copy(io.Discard, c)
+		farErr <- err
+	})
+	var apps []*net.TCPConn
+	for range 5 {
+		app, _ := openVia(t, a, dst)
+		app.Write([]byte("x"))
+		apps = append(apps, app)
+	}
+	waitStreams(t, b, 5)
+	start := time.Now()
+	b.Conn().(*net.TCPConn).SetLinger(0)
+	b.Conn().Close() // the WAN connection dies under the far gateway
+	for _, app := range apps {
+		app.SetReadDeadline(time.Now().Add(3 * time.Second))
+		if _, err := app.Read(make([]byte, 1)); !isReset(err) {
+			t.Fatalf("application read after link loss: %v", err)
+		}
+		app.Close()
+	}
+	for range 5 {
+		select {
+		case err := <-farErr:
+			if !isReset(err) {
+				t.Fatalf("destination read after link loss: %v", err)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatal("destination not reset after link loss")
+		}
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("streams failed after %v", d)
+	}
+	<-a.Done()
+	<-b.Done()
+}
+
+// TestHostilePeer feeds garbage and protocol violations to a link: it must
+// close the link with an error, never panic or hang.
+func TestHostilePeer(t *testing.T) {
+	cases := map[string][]byte{
+		"garbage":      bytes.Repeat([]byte{0xff}, 100),
+		"data unknown": header.AppendFrame(nil, header.TypeData, 99, []byte("abc")),
+		"bad parity":   header.AppendFrame(nil, header.TypeOpen, 2, make([]byte, 14)),
+		"open garbage": header.AppendFrame(nil, header.TypeOpen, 1, bytes.Repeat([]byte{9}, 14)),
+		"hello again":  header.AppendFrame(nil, header.TypeHello, 0, make([]byte, 13)),
+		"truncated":    header.AppendFrame(nil, header.TypeData, 1, []byte("abc"))[:13],
+	}
+	for name, in := range cases {
+		t.Run(name, func(t *testing.T) { hostile(t, in, true) })
+	}
+}
+
+func hostile(t testing.TB, in []byte, wantClosed bool) {
+	c1, c2 := net.Pipe()
+	l := NewLink(c1, Config{PingInterval: time.Hour}, header.Hello{SiteID: 9, LinkCount: 1, MaxPayload: header.MaxPayload, Window: 1 << 16, Name: "evil"}, false,
+		HandlerFunc(func(s *Stream, o *header.Open) { s.Refuse(header.CodePolicy) }))
+	go io.Copy(io.Discard, c2)
+	c2.Write(in)
+	c2.Close()
+	select {
+	case <-l.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("link did not end")
+	}
+	if l.Err() == nil {
+		t.Fatal("link ended without an error")
+	}
+}
+
+func FuzzLinkReader(f *testing.F) {
+	var s []byte
+	o, _ := header.AppendOpen(nil, &header.Open{Dst: netip.MustParseAddrPort("10.0.0.1:1"), Src: netip.MustParseAddrPort("10.0.0.2:2")})
+	s = header.AppendFrame(s, header.TypeOpen, 1, o)
+	s = header.AppendFrame(s, header.TypeData, 1, []byte("abc"))
+	s = header.AppendFrame(s, header.TypeWindow, 1, []byte{0, 0, 1, 0})
+	s = header.AppendFrame(s, header.TypeHalfClose, 1, nil)
+	s = header.AppendFrame(s, header.TypeReset, 1, []byte{0, 0, 0, 7})
+	s = header.AppendFrame(s, header.TypePing, 0, []byte("12345678"))
+	f.Add(s)
+	f.Add(s[:30])
+	f.Fuzz(func(t *testing.T, in []byte) { hostile(t, in, true) })
+}
+
+func TestPool(t *testing.T) {
+	for _, n := range []int{1, 512, 513, 4096, 128 << 10, 1 << 20} {
+		p := getBuf(n)
+		if len(*p) != n || cap(*p) < n {
+			t.Fatalf("getBuf(%d): len %d cap %d", n, len(*p), cap(*p))
+		}
+		putBuf(p)
+	}
+}
+
+// BenchmarkStream: one bulk stream through a link pair on loopback (source
+// -> link a -> link b -> sink), with one or two chunks in flight per stream
+// (single vs double buffering).
+func BenchmarkStream(b *testing.B) {
+	for _, depth := range []int{1, 2, 4} {
+		b.Run(fmt.Sprintf("pipeline=%d", depth), func(b *testing.B) {
+			a, _ := pair(b, Config{Pipeline: depth})
+			done := make(chan int64, 1)
+			dst := server(b, func(c *net.TCPConn) { n, _ := io.Copy(io.Discard, c); done <- n })
+			app, _ := openVia(b, a, dst)
+			buf := make([]byte, 1<<20)
+			b.SetBytes(int64(len(buf)))
+			c0 := cpu()
+			for b.Loop() {
+				if _, err := app.Write(buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+			app.CloseWrite()
+			<-done
+			app.Close()
+			b.ReportMetric(float64((cpu()-c0).Milliseconds())/(float64(b.N)*float64(len(buf))/1e9), "cpu-ms/GB")
+		})
+	}
+}

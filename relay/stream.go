@@ -1,0 +1,406 @@
+package relay
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+
+	"github.com/mpi5k/mpi5k/header"
+)
+
+// TryWriter is implemented by a Conn that can attempt a non-blocking write.
+// The link reader then delivers a small payload straight to the
+// application when the stream has nothing queued, instead of waking the
+// stream's pump goroutine.
+type TryWriter interface {
+	TryWrite(p []byte) (int, error)
+}
+
+// Stream is one relayed connection on a Link.
+type Stream struct {
+	l          *Link
+	id         uint32
+	bulkQueued int // frames in the link's bulk queue; guarded by l.mu
+
+	tokens chan struct{} // free pipeline slots
+
+	mu         sync.Mutex
+	conn       Conn
+	credit     int64 // bytes we may still send
+	creditc    chan struct{}
+	recvq      []*[]byte
+	recvAvail  int64 // bytes the peer may still send
+	recvEOF    bool
+	recvc      chan struct{}
+	tw         TryWriter // conn's non-blocking write, if it has one
+	delivering bool      // someone (pumpIn or the link reader) is writing to conn
+	owed       int64     // credit written to conn but not yet returned
+	sentFin    bool
+	recvDone   bool
+	ended      bool
+	code       header.Code // why it ended (0: both directions closed cleanly)
+	done       chan struct{}
+}
+
+func newStream(l *Link, id uint32) *Stream {
+	s := &Stream{l: l, id: id, tokens: make(chan struct{}, l.cfg.Pipeline),
+		credit: int64(l.peer.Window), recvAvail: int64(l.cfg.Window),
+		creditc: make(chan struct{}, 1), recvc: make(chan struct{}, 1), done: make(chan struct{})}
+	for range l.cfg.Pipeline {
+		s.tokens <- struct{}{}
+	}
+	return s
+}
+
+// ID is the stream id on its link.
+func (s *Stream) ID() uint32 { return s.id }
+
+// Link is the link carrying the stream.
+func (s *Stream) Link() *Link { return s.l }
+
+// Done is closed when the stream has ended (cleanly or by a reset).
+func (s *Stream) Done() <-chan struct{} { return s.done }
+
+// Code is why the stream ended: 0 when both directions closed cleanly, else
+// the reset or refusal code.
+func (s *Stream) Code() header.Code {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.code
+}
+
+// ErrStreamEnded is returned by Accept on a stream the peer has already
+// reset.
+var ErrStreamEnded = errors.New("relay: stream already ended")
+
+// Accept completes an incoming stream with the connection to its
+// destination: OPEN_OK goes out and bytes start to flow both ways (data the
+// peer pipelined behind its OPEN is delivered first). On error the caller
+// still owns conn.
+func (s *Stream) Accept(conn Conn) error {
+	s.mu.Lock()
+	ended := s.ended
+	s.mu.Unlock()
+	if ended {
+		return ErrStreamEnded
+	}
+	s.l.enqueue(frame{h: header.Header{Type: header.TypeOpenOK, Stream: s.id}}, s)
+	s.attach(conn)
+	return nil
+}
+
+// Refuse answers an incoming OPEN with OPEN_REFUSED.
+func (s *Stream) Refuse(code header.Code) {
+	if s.end(code) {
+		f := frame{h: header.Header{Type: header.TypeOpenRefused, Stream: s.id, Length: 4}}
+		header.PutU32(f.ctl[:4], uint32(code))
+		s.l.enqueue(f, nil)
+	}
+}
+
+// Reset ends the stream in both directions: RESET goes to the peer and the
+// local connection is reset.
+func (s *Stream) Reset(code header.Code) {
+	if s.end(code) {
+		f := frame{h: header.Header{Type: header.TypeReset, Stream: s.id, Length: 4}}
+		header.PutU32(f.ctl[:4], uint32(code))
+		s.l.enqueue(f, nil)
+	}
+}
+
+// remoteReset ends the stream because the peer (or the link) did.
+func (s *Stream) remoteReset(code header.Code) { s.end(code) }
+
+// end marks the stream ended with code and resets the local connection. It
+// reports whether this call ended it.
+func (s *Stream) end(code header.Code) bool {
+	s.mu.Lock()
+	if s.ended {
+		s.mu.Unlock()
+		return false
+	}
+	s.ended, s.code = true, code
+	conn := s.conn
+	q := s.recvq
+	s.recvq = nil
+	s.mu.Unlock()
+	close(s.done)
+	if conn != nil {
+		conn.Abort()
+	}
+	if conn == nil { // no pump owns the queue: recycle it here
+		for _, p := range q {
+			putBuf(p)
+		}
+	}
+	s.l.remove(s)
+	return true
+}
+
+// maybeFinish closes the stream once both directions are closed.
+func (s *Stream) maybeFinish() {
+	s.mu.Lock()
+	if s.ended || !s.sentFin || !s.recvDone {
+		s.mu.Unlock()
+		return
+	}
+	s.ended = true
+	conn := s.conn
+	s.mu.Unlock()
+	close(s.done)
+	conn.Close()
+	s.l.remove(s)
+}
+
+func (s *Stream) attach(conn Conn) {
+	s.mu.Lock()
+	if s.ended {
+		s.mu.Unlock()
+		conn.Abort()
+		return
+	}
+	s.conn = conn
+	s.tw, _ = conn.(TryWriter)
+	s.mu.Unlock()
+	go s.pumpOut(conn)
+	go s.pumpIn(conn)
+}
+
+func kick(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Stream) returnToken() {
+	select {
+	case s.tokens <- struct{}{}:
+	default:
+	}
+}
+
+// reserve accounts n received bytes against the window the peer was given.
+func (s *Stream) reserve(n int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.recvEOF || int64(n) > s.recvAvail {
+		return false
+	}
+	s.recvAvail -= int64(n)
+	return true
+}
+
+func (s *Stream) push(p *[]byte) {
+	s.mu.Lock()
+	if s.ended {
+		s.mu.Unlock()
+		putBuf(p)
+		return
+	}
+	if s.tw != nil && len(s.recvq) == 0 && !s.delivering && len(*p) <= s.l.cfg.SmallFrame {
+		// Fast path: nothing queued and nobody writing, so order is kept.
+		s.delivering = true
+		s.mu.Unlock()
+		n, err := s.tw.TryWrite(*p)
+		s.mu.Lock()
+		s.delivering = false
+		if err != nil {
+			s.mu.Unlock()
+			putBuf(p)
+			s.Reset(header.CodeAppReset)
+			return
+		}
+		w := s.credited(int64(n))
+		if n == len(*p) {
+			s.mu.Unlock()
+			putBuf(p)
+			s.sendWindow(w)
+			return
+		}
+		// Partial write: queue the rest for pumpIn.
+		rest := getBuf(len(*p) - n)
+		copy(*rest, (*p)[n:])
+		putBuf(p)
+		p = rest
+		s.recvq = append(s.recvq, p)
+		s.mu.Unlock()
+		s.sendWindow(w)
+		kick(s.recvc)
+		return
+	}
+	s.recvq = append(s.recvq, p)
+	s.mu.Unlock()
+	kick(s.recvc)
+}
+
+// credited records n bytes written to the application and returns the
+// credit to send back now (0: keep batching). Credit goes back in batches
+// of Window/8: a sender only stalls once a whole window is unreturned, and
+// then owed reaches the threshold as soon as those bytes are written, so
+// batching cannot deadlock. After HALF_CLOSE no credit is needed. Called
+// with s.mu held.
+func (s *Stream) credited(n int64) uint32 {
+	s.owed += n
+	if s.recvEOF || s.owed < max(int64(s.l.cfg.Window)/8, 1) {
+		return 0
+	}
+	w := s.owed
+	s.owed = 0
+	s.recvAvail += w // before the WINDOW can reach the peer
+	return uint32(w)
+}
+
+func (s *Stream) sendWindow(w uint32) {
+	if w == 0 {
+		return
+	}
+	f := frame{h: header.Header{Type: header.TypeWindow, Stream: s.id, Length: 4}}
+	header.PutU32(f.ctl[:4], w)
+	s.l.enqueue(f, nil)
+}
+
+func (s *Stream) pushEOF() {
+	s.mu.Lock()
+	s.recvEOF = true
+	s.mu.Unlock()
+	kick(s.recvc)
+}
+
+func (s *Stream) addCredit(n int64) {
+	s.mu.Lock()
+	s.credit += n
+	s.mu.Unlock()
+	kick(s.creditc)
+}
+
+// pumpOut moves bytes from the application to the link: read at most
+// min(chunk, credit) into a pooled buffer, hand it to the link writer, and
+// read the next while it is written.
+func (s *Stream) pumpOut(conn Conn) {
+	l := s.l
+	for {
+		select {
+		case <-s.tokens:
+		case <-s.done:
+			return
+		}
+		s.mu.Lock()
+		if s.credit <= 0 && !s.ended {
+			l.Stats.WindowStalls.Add(1)
+		}
+		for s.credit <= 0 && !s.ended {
+			s.mu.Unlock()
+			select {
+			case <-s.creditc:
+			case <-s.done:
+			}
+			s.mu.Lock()
+		}
+		n := int(min(int64(l.chunk), s.credit))
+		ended := s.ended
+		s.mu.Unlock()
+		if ended {
+			return
+		}
+		p := getBuf(n)
+		k, err := conn.Read(*p)
+		if k > 0 {
+			s.mu.Lock()
+			s.credit -= int64(k)
+			s.mu.Unlock()
+			*p = (*p)[:k]
+			f := frame{h: header.Header{Type: header.TypeData, Stream: s.id, Length: uint32(k)}, body: *p, buf: p, s: s}
+			if !l.send(f, s, true) {
+				putBuf(p)
+				return
+			}
+		} else {
+			putBuf(p)
+			s.returnToken()
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				l.send(frame{h: header.Header{Type: header.TypeHalfClose, Stream: s.id}}, s, true)
+				s.mu.Lock()
+				s.sentFin = true
+				s.mu.Unlock()
+				s.maybeFinish()
+			} else {
+				s.Reset(header.CodeAppReset) // no-op when the stream ended first
+			}
+			return
+		}
+	}
+}
+
+// pumpIn delivers received payloads to the application, several per
+// writev, and returns their credit to the peer once written.
+func (s *Stream) pumpIn(conn Conn) {
+	bw, _ := conn.(BuffersWriter)
+	var bufs []*[]byte
+	var iov net.Buffers
+	for {
+		s.mu.Lock()
+		for !s.ended && (s.delivering || len(s.recvq) == 0 && !s.recvEOF) {
+			s.mu.Unlock()
+			select {
+			case <-s.recvc:
+			case <-s.done:
+			}
+			s.mu.Lock()
+		}
+		if s.ended {
+			s.mu.Unlock()
+			return
+		}
+		bufs = append(bufs[:0], s.recvq...)
+		clear(s.recvq)
+		s.recvq = s.recvq[:0]
+		if len(bufs) == 0 { // EOF with everything delivered
+			s.mu.Unlock()
+			conn.CloseWrite()
+			s.mu.Lock()
+			s.recvDone = true
+			s.mu.Unlock()
+			s.maybeFinish()
+			return
+		}
+		s.delivering = true
+		s.mu.Unlock()
+
+		var total int64
+		var err error
+		if bw != nil && len(bufs) > 1 {
+			iov = iov[:0]
+			for _, p := range bufs {
+				iov = append(iov, *p)
+			}
+			w := iov
+			total, err = bw.WriteBuffers(&w)
+		} else {
+			for _, p := range bufs {
+				var n int
+				n, err = conn.Write(*p)
+				total += int64(n)
+				if err != nil {
+					break
+				}
+			}
+		}
+		for i, p := range bufs {
+			putBuf(p)
+			bufs[i] = nil
+		}
+		s.mu.Lock()
+		s.delivering = false
+		w := s.credited(total)
+		s.mu.Unlock()
+		if err != nil {
+			s.Reset(header.CodeAppReset)
+			return
+		}
+		s.sendWindow(w)
+	}
+}
