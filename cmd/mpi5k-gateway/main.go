@@ -1,0 +1,130 @@
+// Command mpi5k-gateway is the per-site gateway daemon: it relays the
+// site's inter-site connections over one aggregated WAN connection per site
+// pair. All logic lives in package gateway; this file parses flags.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/pflag"
+
+	"github.com/mpi5k/mpi5k/gateway"
+	"github.com/mpi5k/mpi5k/sitemap"
+)
+
+var version = "dev"
+
+func main() { os.Exit(run(os.Args[1:])) }
+
+func run(args []string) int {
+	fs := pflag.NewFlagSet("mpi5k-gateway", pflag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "usage: mpi5k-gateway --map FILE --site NAME [flags]\n\n%s", fs.FlagUsages())
+	}
+	mapPath := fs.String("map", "", "site map file (required)")
+	site := fs.String("site", "", "this gateway's site name in the map (required)")
+	lanCC := fs.String("lan-cc", "", "TCP congestion control on LAN sockets (e.g. cubic; default: system)")
+	wanCC := fs.String("wan-cc", "", "TCP congestion control on WAN sockets (default: bbr if the kernel has it, else the system default)")
+	lanSnd := fs.String("lan-sndbuf", "0", "SO_SNDBUF of LAN sockets (0: autotune; accepts KiB/MiB)")
+	lanRcv := fs.String("lan-rcvbuf", "0", "SO_RCVBUF of LAN sockets")
+	wanSnd := fs.String("wan-sndbuf", "0", "SO_SNDBUF of WAN sockets")
+	wanRcv := fs.String("wan-rcvbuf", "0", "SO_RCVBUF of WAN sockets")
+	lowat := fs.String("wan-notsent-lowat", "128KiB", "TCP_NOTSENT_LOWAT of WAN sockets")
+	chunk := fs.String("chunk", "128KiB", "largest DATA frame on the WAN (≤ 1MiB)")
+	window := fs.String("window", "4MiB", "per-stream receive window granted to peers (far-side memory bound: streams x window)")
+	wanConns := fs.Int("wan-conns", 1, "parallel WAN connections per site pair (same on every gateway)")
+	ready := fs.String("ready-file", "", "file written once every WAN link is up")
+	metrics := fs.String("metrics", "", "listen address of the HTTP server for /metrics and /ready (e.g. :9105)")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	stdinEOF := fs.Bool("exit-on-stdin-eof", false, "drain and exit when standard input closes (set by mpirun-wrap: a gateway started through ssh then dies with its launcher)")
+	if err := fs.Parse(args); err != nil {
+		if err == pflag.ErrHelp {
+			return 0
+		}
+		return 2
+	}
+	if *showVersion {
+		fmt.Println("mpi5k-gateway", version)
+		return 0
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "mpi5k-gateway: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if *mapPath == "" || *site == "" {
+		fmt.Fprintln(os.Stderr, "mpi5k-gateway: --map and --site are required")
+		fs.Usage()
+		return 2
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(os.Stderr, "mpi5k-gateway: --log-level %q: want debug, info, warn or error\n", *logLevel)
+		return 2
+	}
+	sizes := map[string]*string{"lan-sndbuf": lanSnd, "lan-rcvbuf": lanRcv, "wan-sndbuf": wanSnd,
+		"wan-rcvbuf": wanRcv, "wan-notsent-lowat": lowat, "chunk": chunk, "window": window}
+	n := map[string]int{}
+	for name, v := range sizes {
+		x, err := gateway.ParseSize(*v)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "mpi5k-gateway: --%s: %v\n", name, err)
+			return 2
+		}
+		n[name] = x
+	}
+	if n["window"] < 1 || n["window"] > 1<<30 {
+		fmt.Fprintf(os.Stderr, "mpi5k-gateway: --window %s out of range 1..1GiB\n", *window)
+		return 2
+	}
+	m, err := sitemap.Load(*mapPath)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "mpi5k-gateway: %v\n", err)
+		return 1
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	g, err := gateway.New(gateway.Config{
+		Map: m, Site: *site,
+		LAN:         gateway.SockOpts{CC: *lanCC, SndBuf: n["lan-sndbuf"], RcvBuf: n["lan-rcvbuf"]},
+		WAN:         gateway.SockOpts{CC: *wanCC, SndBuf: n["wan-sndbuf"], RcvBuf: n["wan-rcvbuf"], NotSentLowat: n["wan-notsent-lowat"]},
+		Chunk:       n["chunk"],
+		Window:      uint32(n["window"]),
+		WANConns:    *wanConns,
+		ReadyFile:   *ready,
+		MetricsAddr: *metrics,
+		Logger:      log,
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "mpi5k-gateway: %v\n", err)
+		return 1
+	}
+	// SIGTERM/SIGINT: stop accepting, let streams drain, then exit.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if *stdinEOF {
+		// ssh gives a remote command no SIGHUP without a tty, but closes its
+		// stdin when the local ssh ends: that is the launcher's last word.
+		ctx = stopOnStdinEOF(ctx, log)
+	}
+	if err := g.Run(ctx); err != nil {
+		log.Error("gateway failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func stopOnStdinEOF(parent context.Context, log *slog.Logger) context.Context {
+	ctx, cancel := context.WithCancel(parent)
+	go func() {
+		io.Copy(io.Discard, os.Stdin)
+		log.Info("standard input closed: draining and exiting")
+		cancel()
+	}()
+	return ctx
+}

@@ -1,0 +1,378 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpi5k/mpi5k/sitemap"
+)
+
+// The benchmarks run each gateway in its own process (this test binary
+// re-executed with MPI5K_GW_CHILD set), as in production, so that its CPU
+// time can be read from /proc and it does not share a Go scheduler with the
+// load generator.
+
+func TestMain(m *testing.M) {
+	if spec := os.Getenv("MPI5K_GW_CHILD"); spec != "" {
+		os.Exit(childGateway(spec))
+	}
+	if spec := os.Getenv("MPI5K_COPY_CHILD"); spec != "" {
+		// A minimal Go forwarder process: "listen,to".
+		f := strings.Split(spec, ",")
+		ln, err := net.Listen("tcp", f[0])
+		if err != nil {
+			os.Exit(1)
+		}
+		serveCopy(ln.(*net.TCPListener), netip.MustParseAddrPort(f[1]))
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// childGateway runs one gateway: spec is "mapfile,site,readyfile".
+func childGateway(spec string) int {
+	f := strings.Split(spec, ",")
+	m, err := sitemap.Load(f[0])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	cfg := Config{Map: m, Site: f[1], ReadyFile: f[2],
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	if v := os.Getenv("MPI5K_GW_CHUNK"); v != "" {
+		cfg.Chunk, _ = ParseSize(v)
+	}
+	if v := os.Getenv("MPI5K_GW_WINDOW"); v != "" {
+		w, _ := ParseSize(v)
+		cfg.Window = uint32(w)
+	}
+	if v := os.Getenv("MPI5K_GW_LOWAT"); v != "" {
+		cfg.WAN.NotSentLowat, _ = ParseSize(v)
+	}
+	g, err := New(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	g.Run(ctx)
+	return 0
+}
+
+type childPair struct {
+	m    *sitemap.Map
+	a, b *exec.Cmd
+}
+
+func startChildren(b testing.TB, env ...string) *childPair {
+	if v := os.Getenv("MPI5K_GW_ENV"); v != "" {
+		env = append(env, strings.Fields(v)...)
+	}
+	b.Helper()
+	dir := b.TempDir()
+	m := testMap(b)
+	mp := filepath.Join(dir, "sites.conf")
+	f, _ := os.Create(mp)
+	m.WriteTo(f)
+	f.Close()
+	cp := &childPair{m: m}
+	for _, site := range []string{"a", "b"} {
+		c := exec.Command(os.Args[0], "-test.run=^$")
+		c.Env = append(append(os.Environ(), "MPI5K_GW_CHILD="+mp+","+site+","+filepath.Join(dir, site+".ready")), env...)
+		c.Stderr = os.Stderr
+		if err := c.Start(); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { c.Process.Signal(syscall.SIGTERM); c.Wait() })
+		if site == "a" {
+			cp.a = c
+		} else {
+			cp.b = c
+		}
+	}
+	for _, site := range []string{"a", "b"} {
+		for i := 0; ; i++ {
+			if _, err := os.Stat(filepath.Join(dir, site+".ready")); err == nil {
+				break
+			}
+			if i > 500 {
+				b.Fatal("child gateways did not become ready")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return cp
+}
+
+func (cp *childPair) lan(site string) netip.AddrPort {
+	s, _ := cp.m.Site(site)
+	return s.LAN
+}
+
+// cpuTime is the user+system time of process pid.
+func cpuTime(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	s, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+s) * 10 * time.Millisecond // USER_HZ = 100
+}
+
+func echoServer(c *net.TCPConn) {
+	defer c.Close()
+	io.Copy(c, c)
+}
+
+// socatChain starts two socat relays (one per "site gateway") in front of
+// dst and returns the first one's address.
+func socatChain(b testing.TB, dst netip.AddrPort) netip.AddrPort {
+	if _, err := exec.LookPath("socat"); err != nil {
+		b.Skip("socat not installed")
+	}
+	p2 := netip.AddrPortFrom(gwB, freePort(b, gwB))
+	p1 := netip.AddrPortFrom(gwA, freePort(b, gwA))
+	for _, hop := range [][2]netip.AddrPort{{p2, dst}, {p1, p2}} {
+		c := exec.Command("socat", fmt.Sprintf("TCP-LISTEN:%d,bind=%s,reuseaddr,fork,nodelay", hop[0].Port(), hop[0].Addr()),
+			fmt.Sprintf("TCP:%s,nodelay", hop[1]))
+		if err := c.Start(); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { c.Process.Kill(); c.Wait() })
+		for i := 0; ; i++ {
+			if c, err := net.Dial("tcp", hop[0].String()); err == nil {
+				c.Close()
+				break
+			}
+			if i > 200 {
+				b.Fatal("socat did not start")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return p1
+}
+
+func pingPong(b *testing.B, c *net.TCPConn) {
+	buf := make([]byte, 1)
+	c.SetNoDelay(true)
+	// Warm up (connection setup, first OPEN, page faults).
+	for range 100 {
+		c.Write(buf)
+		io.ReadFull(c, buf)
+	}
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for b.Loop() {
+		t := time.Now()
+		if _, err := c.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(t))
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-us")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-us")
+}
+
+// BenchmarkPingPong: 1-byte round trip (a) directly, through the gateway
+// pair, and through a chain of two socat relays, on the same loopback path.
+func BenchmarkPingPong(b *testing.B) {
+	dst := serve(b, nodeB, echoServer)
+	b.Run("direct", func(b *testing.B) {
+		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: nodeA.AsSlice()}, net.TCPAddrFromAddrPort(dst))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		pingPong(b, c)
+	})
+	b.Run("gateway", func(b *testing.B) {
+		cp := startChildren(b)
+		c, err := lanOpen(cp.lan("a"), nodeA, dst)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		pingPong(b, c)
+	})
+	b.Run("gateway-inproc", func(b *testing.B) {
+		_, a, _ := startPair(b, nil)
+		c, err := lanOpen(a.LANAddr(), nodeA, dst)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		pingPong(b, c)
+	})
+	b.Run("go-copy-chain-inproc", func(b *testing.B) {
+		// Floor of a Go relay: two plain read/write forwarders (a goroutine
+		// per direction), no framing, no multiplexing, in this process.
+		p := goChain(b, dst, false)
+		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: nodeA.AsSlice()}, net.TCPAddrFromAddrPort(p))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		pingPong(b, c)
+	})
+	b.Run("go-copy-chain", func(b *testing.B) {
+		// The same two forwarders, each in its own process.
+		p := goChain(b, dst, true)
+		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: nodeA.AsSlice()}, net.TCPAddrFromAddrPort(p))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		pingPong(b, c)
+	})
+	b.Run("socat", func(b *testing.B) {
+		p := socatChain(b, dst)
+		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: nodeA.AsSlice()}, net.TCPAddrFromAddrPort(p))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		pingPong(b, c)
+	})
+}
+
+// BenchmarkForward: (c) one bulk stream through the pair, unthrottled;
+// reports the rate per CPU-second of gateway a (the sender side) and b.
+func BenchmarkForward(b *testing.B) {
+	for _, chunk := range []string{"64KiB", "128KiB", "256KiB"} {
+		b.Run("chunk="+chunk, func(b *testing.B) {
+			cp := startChildren(b, "MPI5K_GW_CHUNK="+chunk)
+			done := make(chan int64, 1)
+			dst := serve(b, nodeB, func(c *net.TCPConn) { n, _ := io.Copy(io.Discard, c); done <- n })
+			c, err := lanOpen(cp.lan("a"), nodeA, dst)
+			if err != nil {
+				b.Fatal(err)
+			}
+			buf := make([]byte, 1<<20)
+			b.SetBytes(int64(len(buf)))
+			ca, cb := cpuTime(cp.a.Process.Pid), cpuTime(cp.b.Process.Pid)
+			start := time.Now()
+			for b.Loop() {
+				if _, err := c.Write(buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+			c.CloseWrite()
+			n := <-done
+			el := time.Since(start)
+			c.Close()
+			da, db := cpuTime(cp.a.Process.Pid)-ca, cpuTime(cp.b.Process.Pid)-cb
+			b.ReportMetric(float64(n)*8/el.Seconds()/1e9, "Gbit/s")
+			if da > 0 && db > 0 {
+				b.ReportMetric(float64(n)*8/da.Seconds()/1e9, "Gbit/s-per-core-a")
+				b.ReportMetric(float64(n)*8/db.Seconds()/1e9, "Gbit/s-per-core-b")
+			}
+		})
+	}
+	b.Run("direct", func(b *testing.B) {
+		done := make(chan int64, 1)
+		dst := serve(b, nodeB, func(c *net.TCPConn) { n, _ := io.Copy(io.Discard, c); done <- n })
+		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: nodeA.AsSlice()}, net.TCPAddrFromAddrPort(dst))
+		if err != nil {
+			b.Fatal(err)
+		}
+		buf := make([]byte, 1<<20)
+		b.SetBytes(int64(len(buf)))
+		start := time.Now()
+		for b.Loop() {
+			c.Write(buf)
+		}
+		c.CloseWrite()
+		n := <-done
+		c.Close()
+		b.ReportMetric(float64(n)*8/time.Since(start).Seconds()/1e9, "Gbit/s")
+	})
+}
+
+// goChain starts two minimal forwarders in front of dst, in this process or
+// (separate) each in its own process like the gateways and socat.
+func goChain(b testing.TB, dst netip.AddrPort, separate bool) netip.AddrPort {
+	next := dst
+	for _, a := range []netip.Addr{gwB, gwA} {
+		if separate {
+			p := netip.AddrPortFrom(a, freePort(b, a))
+			c := exec.Command(os.Args[0], "-test.run=^$")
+			c.Env = append(os.Environ(), "MPI5K_COPY_CHILD="+p.String()+","+next.String())
+			if err := c.Start(); err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { c.Process.Kill(); c.Wait() })
+			for i := 0; ; i++ {
+				if c, err := net.Dial("tcp", p.String()); err == nil {
+					c.Close()
+					break
+				}
+				if i > 200 {
+					b.Fatal("copy child did not start")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			next = p
+			continue
+		}
+		ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: a.AsSlice()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { ln.Close() })
+		go serveCopy(ln, next)
+		next = ln.Addr().(*net.TCPAddr).AddrPort()
+	}
+	return next
+}
+
+func serveCopy(ln *net.TCPListener, to netip.AddrPort) {
+	for {
+		c, err := ln.AcceptTCP()
+		if err != nil {
+			return
+		}
+		d, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(to))
+		if err != nil {
+			c.Close()
+			continue
+		}
+		pump := func(dst, src *net.TCPConn) {
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := src.Read(buf)
+				if err != nil {
+					dst.CloseWrite()
+					return
+				}
+				if _, err := dst.Write(buf[:n]); err != nil {
+					return
+				}
+			}
+		}
+		go pump(d, c)
+		go pump(c, d)
+	}
+}

@@ -1,0 +1,739 @@
+// Package gateway is the mpi5k site gateway: it accepts the site's nodes on
+// the LAN (shims open relayed connections with one OPEN frame, or ask who
+// stands behind a relayed connection with PEER_QUERY), keeps a full mesh of
+// WAN links (package relay) to every other site's gateway, and applies the
+// policy that makes it never an open relay. cmd/mpi5k-gateway is a thin main
+// around Gateway.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/relay"
+	"github.com/mpi5k/mpi5k/sitemap"
+)
+
+// Config configures a gateway. Zero fields take defaults.
+type Config struct {
+	Map  *sitemap.Map
+	Site string // this gateway's site
+
+	LAN SockOpts // options of LAN sockets
+	WAN SockOpts // options of WAN sockets (NotSentLowat defaults to 128 KiB, CC to bbr when available)
+
+	Chunk    int    // DATA chunk (default 128 KiB)
+	Window   uint32 // per-stream receive window (default 4 MiB)
+	WANConns int    // parallel links per site pair (default 1)
+
+	ReadyFile   string // written once every WAN link is up
+	MetricsAddr string // HTTP listener for /metrics and /ready ("" = none)
+
+	DialTimeout  time.Duration // LAN connect to a destination (default 10 s)
+	OpenTimeout  time.Duration // how long an OPEN waits for a WAN link (default 2 s)
+	PingInterval time.Duration // WAN keepalive (default 1 s)
+	DeadAfter    time.Duration // a link silent this long is dead; also TCP_USER_TIMEOUT (default 10 × PingInterval)
+	DrainTimeout time.Duration // SIGTERM: how long streams may finish (default 10 s)
+	FirstFrame   time.Duration // how long a LAN connection may take to send OPEN/PEER_QUERY (default 10 s)
+
+	Transport LANTransport // nil = kernel TCP with the LAN options
+	Logger    *slog.Logger
+}
+
+// Gateway is one site's gateway.
+type Gateway struct {
+	cfg   Config
+	site  *sitemap.Site
+	log   *slog.Logger
+	rcfg  relay.Config
+	lan   LANTransport
+	peers map[uint8]*peer // by site id
+
+	lanLn LANListener
+	wanLn *net.TCPListener
+
+	peersMu sync.Mutex // guards peer.links and readiness
+	ready   bool
+	readyc  chan struct{}
+
+	records  peerTable
+	m        *metrics
+	draining atomic.Bool // SIGTERM: refuse new streams from peers
+
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	lanWG   sync.WaitGroup
+	stopped chan struct{}
+}
+
+// peer is another site and our links to it.
+type peer struct {
+	site   *sitemap.Site
+	dialer bool          // we dial (our id is lower)
+	links  []*relay.Link // by link index; nil while down
+}
+
+// New validates cfg and opens the LAN and WAN listeners (so a test can
+// read the bound addresses before Run).
+func New(cfg Config) (*Gateway, error) {
+	if cfg.Map == nil {
+		return nil, errors.New("gateway: no site map")
+	}
+	site, ok := cfg.Map.Site(cfg.Site)
+	if !ok {
+		return nil, fmt.Errorf("gateway: site %q is not in the site map", cfg.Site)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Chunk == 0 {
+		cfg.Chunk = 128 << 10
+	}
+	if cfg.Chunk < 1 || cfg.Chunk > header.MaxPayload {
+		return nil, fmt.Errorf("gateway: chunk %d out of range 1..%d", cfg.Chunk, header.MaxPayload)
+	}
+	if cfg.Window == 0 {
+		// One stream must be able to fill the WAN: 4 MiB covers 1 Gbit/s at
+		// 30 ms RTT. Memory is only used while a destination reads slower
+		// than the WAN delivers (bound: streams x window).
+		cfg.Window = 4 << 20
+	}
+	if cfg.WANConns == 0 {
+		cfg.WANConns = 1
+	}
+	if cfg.WANConns < 1 || cfg.WANConns > 64 {
+		return nil, fmt.Errorf("gateway: --wan-conns %d out of range 1..64", cfg.WANConns)
+	}
+	if cfg.WAN.NotSentLowat == 0 {
+		cfg.WAN.NotSentLowat = 128 << 10
+	}
+	if cfg.WAN.CC == "" && CheckCC("bbr") == nil {
+		// BBR keeps the bottleneck queue short (small messages behind bulk
+		// wait less) and, unlike CUBIC, kept the aggregated link near line
+		// rate in the lab with TCP_NOTSENT_LOWAT (200 Mbit/s, 20 ms:
+		// 97-101 % of direct vs 63 % with CUBIC on shared cores).
+		cfg.WAN.CC = "bbr"
+	}
+	for _, cc := range []string{cfg.LAN.CC, cfg.WAN.CC} {
+		if err := CheckCC(cc); err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = 10 * time.Second
+	}
+	if cfg.OpenTimeout == 0 {
+		cfg.OpenTimeout = 2 * time.Second
+	}
+	if cfg.PingInterval == 0 {
+		cfg.PingInterval = time.Second
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = 10 * time.Second
+	}
+	if cfg.FirstFrame == 0 {
+		cfg.FirstFrame = 10 * time.Second
+	}
+	if cfg.DeadAfter == 0 {
+		// Long enough that a WAN hiccup (or a starved emulator) does not kill
+		// every stream of a long MPI job; a connection that is reset fails
+		// its streams at once regardless.
+		cfg.DeadAfter = 10 * cfg.PingInterval
+	}
+	cfg.WAN.ThinLinear = true
+	if cfg.WAN.UserTimeout == 0 {
+		// A link whose data stays unacknowledged this long is dead even if
+		// keepalives are stuck behind it.
+		cfg.WAN.UserTimeout = cfg.DeadAfter
+	}
+	g := &Gateway{cfg: cfg, site: site, log: cfg.Logger.With("site", site.Name),
+		peers: map[uint8]*peer{}, readyc: make(chan struct{}), stopped: make(chan struct{})}
+	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log}
+	g.lan = cfg.Transport
+	if g.lan == nil {
+		g.lan = &TCPTransport{Opts: cfg.LAN}
+	}
+	for _, s := range cfg.Map.Sites() {
+		if s.ID != site.ID {
+			g.peers[s.ID] = &peer{site: s, dialer: site.ID < s.ID, links: make([]*relay.Link, cfg.WANConns)}
+		}
+	}
+	g.records.m = map[recordKey]record{}
+	g.m = newMetrics(g)
+	var err error
+	if g.lanLn, err = g.lan.Listen(site.LAN); err != nil {
+		return nil, fmt.Errorf("gateway: LAN listener %v: %w", site.LAN, err)
+	}
+	lc := net.ListenConfig{Control: cfg.WAN.control(nil)}
+	wl, err := lc.Listen(context.Background(), "tcp", site.WAN.String())
+	if err != nil {
+		g.lanLn.Close()
+		return nil, fmt.Errorf("gateway: WAN listener %v: %w", site.WAN, err)
+	}
+	g.wanLn = wl.(*net.TCPListener)
+	if len(g.peers) == 0 {
+		g.setReady()
+	}
+	return g, nil
+}
+
+// Ready is closed once every WAN link has been up at the same time.
+func (g *Gateway) Ready() <-chan struct{} { return g.readyc }
+
+// Run serves until ctx ends, then drains: the LAN listener closes, streams
+// get DrainTimeout to finish, the rest are reset (code 6) and links close.
+func (g *Gateway) Run(ctx context.Context) error {
+	g.ctx, g.cancel = context.WithCancel(context.Background())
+	defer close(g.stopped)
+	var srv *http.Server
+	if g.cfg.MetricsAddr != "" {
+		ln, err := net.Listen("tcp", g.cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("gateway: metrics listener: %w", err)
+		}
+		srv = &http.Server{Handler: g.m.handler(), ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(ln)
+	}
+	g.log.Info("gateway up", "id", g.site.ID, "lan", g.lanLn.Addr().String(), "wan", g.wanLn.Addr().String(),
+		"peers", len(g.peers), "wan_conns", g.cfg.WANConns, "chunk", g.cfg.Chunk, "window", g.cfg.Window)
+	g.wg.Add(3)
+	go g.serveLAN()
+	go g.serveWAN()
+	go g.sampleWAN()
+	for _, p := range g.peers {
+		if p.dialer {
+			for i := range p.links {
+				g.wg.Add(1)
+				go g.dialLoop(p, i)
+			}
+		}
+	}
+	<-ctx.Done()
+	g.log.Info("draining", "timeout", g.cfg.DrainTimeout.String())
+	g.draining.Store(true)
+	g.lanLn.Close()
+	g.wanLn.Close()
+	dctx, dcancel := context.WithTimeout(context.Background(), g.cfg.DrainTimeout)
+	defer dcancel()
+	var dw sync.WaitGroup
+	for _, l := range g.allLinks() {
+		dw.Add(1)
+		go func() { defer dw.Done(); l.Drain(dctx) }()
+	}
+	dw.Wait()
+	g.cancel()
+	for _, l := range g.allLinks() {
+		l.Close()
+	}
+	g.wg.Wait()
+	if srv != nil {
+		srv.Close()
+	}
+	g.log.Info("gateway stopped")
+	return nil
+}
+
+func (g *Gateway) allLinks() []*relay.Link {
+	g.peersMu.Lock()
+	defer g.peersMu.Unlock()
+	var ls []*relay.Link
+	for _, p := range g.peers {
+		for _, l := range p.links {
+			if l != nil {
+				ls = append(ls, l)
+			}
+		}
+	}
+	return ls
+}
+
+// LANAddr and WANAddr are the bound listener addresses.
+func (g *Gateway) LANAddr() netip.AddrPort { return g.lanLn.Addr() }
+
+// WANAddr is the bound WAN listener address.
+func (g *Gateway) WANAddr() netip.AddrPort {
+	return unmapAP(g.wanLn.Addr().(*net.TCPAddr).AddrPort())
+}
+
+// ---- WAN mesh ----
+
+func (g *Gateway) setLink(p *peer, i int, l *relay.Link) {
+	g.peersMu.Lock()
+	old := p.links[i]
+	p.links[i] = l
+	all := true
+	for _, q := range g.peers {
+		for _, x := range q.links {
+			if x == nil {
+				all = false
+			}
+		}
+	}
+	g.peersMu.Unlock()
+	if old != nil && old != l {
+		old.Close()
+	}
+	if all {
+		g.setReady()
+	}
+	l.OnClose(func(err error) {
+		g.peersMu.Lock()
+		if p.links[i] == l {
+			p.links[i] = nil
+		}
+		g.peersMu.Unlock()
+	})
+}
+
+func (g *Gateway) setReady() {
+	g.peersMu.Lock()
+	first := !g.ready
+	g.ready = true
+	g.peersMu.Unlock()
+	if !first {
+		return
+	}
+	if g.cfg.ReadyFile != "" {
+		if err := os.WriteFile(g.cfg.ReadyFile, []byte(fmt.Sprintf("ready %s %d\n", g.site.Name, os.Getpid())), 0o644); err != nil {
+			g.log.Error("cannot write ready file", "path", g.cfg.ReadyFile, "err", err)
+		}
+	}
+	close(g.readyc) // after the file, so whoever waits on Ready can read it
+	g.log.Info("ready: every WAN link is up")
+}
+
+// allUp reports whether every link is currently up (the /ready endpoint).
+func (g *Gateway) allUp() bool {
+	g.peersMu.Lock()
+	defer g.peersMu.Unlock()
+	for _, p := range g.peers {
+		for _, l := range p.links {
+			if l == nil {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func (g *Gateway) hello(i int) header.Hello {
+	return g.rcfg.Hello(g.site.ID, g.site.Name, uint8(i), uint8(g.cfg.WANConns))
+}
+
+// dialLoop keeps link i to p up: dial, handshake, run until it dies,
+// reconnect with capped exponential backoff plus jitter.
+func (g *Gateway) dialLoop(p *peer, i int) {
+	defer g.wg.Done()
+	backoff := 50 * time.Millisecond
+	log := g.log.With("peer", p.site.Name, "link", i)
+	for g.ctx.Err() == nil {
+		l, err := g.dialOnce(p, i)
+		if err != nil {
+			// The first failures are normal while peers start up.
+			lvl := slog.LevelDebug
+			if backoff >= 400*time.Millisecond {
+				lvl = slog.LevelWarn
+			}
+			log.Log(g.ctx, lvl, "WAN dial failed", "addr", p.site.WAN.String(), "err", err, "retry_in", backoff.String())
+			g.m.wanDialFailures.Inc()
+			select {
+			case <-time.After(backoff + rand.N(backoff/2+1)):
+			case <-g.ctx.Done():
+				return
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		log.Info("WAN link up", "remote", l.Conn().RemoteAddr().String())
+		select {
+		case <-l.Done():
+			if g.draining.Load() {
+				return
+			}
+			log.Warn("WAN link lost; reconnecting", "err", l.Err())
+		case <-g.ctx.Done():
+			return
+		}
+	}
+}
+
+func (g *Gateway) dialOnce(p *peer, i int) (*relay.Link, error) {
+	d := net.Dialer{Timeout: 5 * time.Second, Control: g.cfg.WAN.control(nil),
+		LocalAddr: &net.TCPAddr{IP: g.site.WAN.Addr().AsSlice()}} // the acceptor checks our source address
+	c, err := d.DialContext(g.ctx, "tcp", p.site.WAN.String())
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
+	defer cancel()
+	ph, err := relay.Handshake(ctx, c, g.hello(i))
+	if err == nil {
+		// The acceptor answers before it knows our index: only the
+		// dialer's index is meaningful.
+		err = g.checkHello(ph, p, -1)
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	l := relay.NewLink(c, g.rcfg, ph, true, relay.HandlerFunc(g.openFromWAN))
+	g.setLink(p, i, l)
+	return l, nil
+}
+
+func (g *Gateway) checkHello(h header.Hello, p *peer, i int) error {
+	switch {
+	case h.SiteID != p.site.ID:
+		return fmt.Errorf("peer says it is site id %d, want %d", h.SiteID, p.site.ID)
+	case h.Name != p.site.Name:
+		return fmt.Errorf("peer says it is site %q, want %q", h.Name, p.site.Name)
+	case int(h.LinkCount) != g.cfg.WANConns:
+		return fmt.Errorf("peer has %d links per site pair, we have %d (use the same --wan-conns on every gateway)", h.LinkCount, g.cfg.WANConns)
+	case i >= 0 && int(h.LinkIndex) != i:
+		return fmt.Errorf("peer link index %d, want %d", h.LinkIndex, i)
+	}
+	return nil
+}
+
+func (g *Gateway) serveWAN() {
+	defer g.wg.Done()
+	for {
+		c, err := g.wanLn.AcceptTCP()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			g.log.Warn("WAN accept", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		go g.acceptWAN(c)
+	}
+}
+
+// acceptWAN admits a peer gateway: its source address must be the WAN
+// address of a site with a higher id than ours, and its HELLO must name
+// that site.
+func (g *Gateway) acceptWAN(c *net.TCPConn) {
+	remote := unmapAP(c.RemoteAddr().(*net.TCPAddr).AddrPort())
+	var cands []*peer
+	for _, p := range g.peers {
+		if !p.dialer && p.site.WAN.Addr() == remote.Addr() {
+			cands = append(cands, p)
+		}
+	}
+	if len(cands) == 0 {
+		g.log.Warn("WAN connection refused: source is no peer gateway in the site map", "remote", remote.String())
+		g.m.wanRefused.Inc()
+		c.SetLinger(0)
+		c.Close()
+		return
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
+	defer cancel()
+	ph, err := relay.Handshake(ctx, c, g.hello(0))
+	var p *peer
+	if err == nil {
+		for _, q := range cands {
+			if q.site.ID == ph.SiteID {
+				p = q
+			}
+		}
+		switch {
+		case p == nil:
+			err = fmt.Errorf("HELLO claims site id %d, which does not have WAN address %v", ph.SiteID, remote.Addr())
+		case int(ph.LinkIndex) >= g.cfg.WANConns:
+			err = fmt.Errorf("link index %d with --wan-conns %d", ph.LinkIndex, g.cfg.WANConns)
+		default:
+			err = g.checkHello(ph, p, int(ph.LinkIndex))
+		}
+	}
+	if err != nil {
+		g.log.Warn("WAN connection refused", "remote", remote.String(), "err", err)
+		g.m.wanRefused.Inc()
+		c.SetLinger(0)
+		c.Close()
+		return
+	}
+	// Our HELLO went out with index 0 before we knew theirs; only the
+	// dialer's index matters (the acceptor's fields are informational).
+	l := relay.NewLink(c, g.rcfg, ph, false, relay.HandlerFunc(g.openFromWAN))
+	g.setLink(p, int(ph.LinkIndex), l)
+	g.log.Info("WAN link up", "peer", p.site.Name, "link", ph.LinkIndex, "remote", remote.String())
+}
+
+// pickLink returns the up link to site with the fewest streams, waiting up
+// to OpenTimeout for one to come up.
+func (g *Gateway) pickLink(p *peer) *relay.Link {
+	deadline := time.Now().Add(g.cfg.OpenTimeout)
+	for {
+		var best *relay.Link
+		bestN := 0
+		g.peersMu.Lock()
+		for _, l := range p.links {
+			if l == nil {
+				continue
+			}
+			if n := l.NumStreams(); best == nil || n < bestN {
+				best, bestN = l, n
+			}
+		}
+		g.peersMu.Unlock()
+		if best != nil || time.Now().After(deadline) {
+			return best
+		}
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-g.ctx.Done():
+			return nil
+		}
+	}
+}
+
+// ---- LAN side ----
+
+func (g *Gateway) serveLAN() {
+	defer g.wg.Done()
+	for {
+		c, err := g.lanLn.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			g.log.Warn("LAN accept", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		go g.handleLAN(c)
+	}
+}
+
+func (g *Gateway) refuseLAN(c LANConn, reason string, args ...any) {
+	g.log.Warn("LAN connection refused: "+reason, append([]any{"remote", c.Remote().String()}, args...)...)
+	g.m.lanRefused.Inc()
+	c.Abort()
+}
+
+// handleLAN reads the first frame of a node's connection: OPEN (then raw
+// bytes both ways) or PEER_QUERY (a control connection).
+func (g *Gateway) handleLAN(c LANConn) {
+	if s, ok := g.cfg.Map.Lookup(c.Remote().Addr()); !ok || s.ID != g.site.ID {
+		g.refuseLAN(c, "source is not a node of this site")
+		return
+	}
+	dl, _ := c.(interface{ SetReadDeadline(time.Time) error })
+	if dl != nil {
+		dl.SetReadDeadline(time.Now().Add(g.cfg.FirstFrame))
+	}
+	// Read the first frame exactly (no read-ahead): after OPEN come the
+	// application's own bytes, which belong to the stream.
+	var hb [header.Size]byte
+	if _, err := io.ReadFull(c, hb[:]); err != nil {
+		g.refuseLAN(c, "no first frame", "err", err)
+		return
+	}
+	h, err := header.Decode(hb[:])
+	if err != nil {
+		g.refuseLAN(c, "bad first frame", "err", err)
+		return
+	}
+	body := make([]byte, h.Length)
+	if _, err := io.ReadFull(c, body); err != nil {
+		g.refuseLAN(c, "truncated first frame", "err", err)
+		return
+	}
+	if dl != nil {
+		dl.SetReadDeadline(time.Time{})
+	}
+	switch h.Type {
+	case header.TypeOpen:
+		g.openFromLAN(c, h, body)
+	case header.TypePeerQuery:
+		g.serveQueries(c, h, body)
+	default:
+		g.refuseLAN(c, "first frame must be OPEN or PEER_QUERY", "type", h.Type.String())
+	}
+}
+
+func (g *Gateway) openFromLAN(c LANConn, h header.Header, body []byte) {
+	if h.Stream != 0 {
+		g.refuseLAN(c, "LAN OPEN must use stream 0", "stream", h.Stream)
+		return
+	}
+	o, err := header.ParseOpen(body)
+	if err != nil {
+		g.refuseLAN(c, "bad OPEN", "err", err)
+		return
+	}
+	o.Dst = unmapAP(o.Dst)
+	o.Src = unmapAP(o.Src)
+	if o.Src.Addr() != c.Remote().Addr() {
+		g.refuseLAN(c, "OPEN source differs from the connection's source", "src", o.Src.String())
+		return
+	}
+	dsite, ok := g.cfg.Map.Lookup(o.Dst.Addr())
+	if !ok || dsite.ID == g.site.ID {
+		g.refuseLAN(c, "destination is not in another site of the map", "dst", o.Dst.String())
+		return
+	}
+	p := g.peers[dsite.ID]
+	l := g.pickLink(p)
+	if l == nil {
+		g.refuseLAN(c, "no WAN link to the destination's site", "dst", o.Dst.String(), "peer", dsite.Name)
+		return
+	}
+	s, err := l.Open(&o, c)
+	if err != nil {
+		g.refuseLAN(c, "open on WAN link failed", "err", err)
+		return
+	}
+	g.m.streamsOpened.WithLabelValues(dsite.Name, "out").Inc()
+	g.log.Debug("stream open", "dir", "out", "peer", dsite.Name, "stream", s.ID(), "src", o.Src.String(), "dst", o.Dst.String())
+}
+
+// openFromWAN handles a peer's OPEN: the destination must be a node of our
+// site and the source a node of the peer's site. The connect runs on its own
+// goroutine; DATA the peer pipelined waits in the stream's window meanwhile.
+func (g *Gateway) openFromWAN(s *relay.Stream, o *header.Open) {
+	peerID := s.Link().Peer().SiteID
+	psite, _ := g.cfg.Map.SiteByID(peerID)
+	if g.draining.Load() {
+		s.Refuse(header.CodeShutdown)
+		return
+	}
+	o.Dst, o.Src = unmapAP(o.Dst), unmapAP(o.Src)
+	if d, ok := g.cfg.Map.Lookup(o.Dst.Addr()); !ok || d.ID != g.site.ID {
+		g.log.Warn("WAN OPEN refused: destination not in this site", "peer", psite.Name, "dst", o.Dst.String())
+		s.Refuse(header.CodePolicy)
+		return
+	}
+	if src, ok := g.cfg.Map.Lookup(o.Src.Addr()); !ok || src.ID != peerID {
+		g.log.Warn("WAN OPEN refused: source not in the peer's site", "peer", psite.Name, "src", o.Src.String())
+		s.Refuse(header.CodePolicy)
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(g.ctx, g.cfg.DialTimeout)
+		defer cancel()
+		var key recordKey
+		c, err := g.lan.Dial(ctx, g.site.LAN.Addr(), o.Dst, func(local netip.AddrPort) {
+			key = recordKey{local, o.Dst}
+			g.records.put(key, record{src: o.Src, site: peerID})
+		})
+		if err != nil {
+			if key.local.IsValid() {
+				g.records.del(key)
+			}
+			code := dialCode(err)
+			g.log.Info("destination connect failed", "dst", o.Dst.String(), "code", code.String(), "err", err)
+			s.Refuse(code)
+			return
+		}
+		if err := s.Accept(c); err != nil {
+			c.Abort()
+			g.records.del(key)
+			return
+		}
+		g.m.streamsOpened.WithLabelValues(psite.Name, "in").Inc()
+		<-s.Done()
+		g.records.del(key)
+	}()
+}
+
+func dialCode(err error) header.Code {
+	var ne net.Error
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return header.CodeRefused
+	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
+		return header.CodeUnreachable
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return header.CodeTimedOut
+	case errors.Is(err, context.Canceled):
+		return header.CodeShutdown
+	}
+	return header.CodeUnreachable
+}
+
+// serveQueries answers PEER_QUERY frames on a control connection until the
+// node closes it.
+func (g *Gateway) serveQueries(c LANConn, h header.Header, body []byte) {
+	defer c.Close()
+	r := header.NewReader(c, 4096)
+	var buf [64]byte
+	out := make([]byte, 0, header.Size+32)
+	for {
+		if h.Type != header.TypePeerQuery {
+			g.refuseLAN(c, "control connection carries only PEER_QUERY", "type", h.Type.String())
+			return
+		}
+		q, err := header.ParsePeerQuery(body)
+		if err != nil {
+			g.refuseLAN(c, "bad PEER_QUERY", "err", err)
+			return
+		}
+		rec, found := g.records.get(recordKey{unmapAP(q.Seen), unmapAP(q.Local)})
+		rep := header.PeerReply{Found: found, SiteID: rec.site, Source: rec.src}
+		out = header.AppendPeerReply(out[:header.Size], &rep)
+		header.Header{Type: header.TypePeerReply, Stream: h.Stream, Length: uint32(len(out) - header.Size)}.Encode(out)
+		if _, err := c.Write(out); err != nil {
+			return
+		}
+		g.m.peerQueries.WithLabelValues(fmt.Sprint(found)).Inc()
+		h, body, err = r.ReadFrame(buf[:])
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				g.refuseLAN(c, "control connection", "err", err)
+			}
+			return
+		}
+	}
+}
+
+// ---- true-source records for PEER_QUERY ----
+
+type recordKey struct{ local, dst netip.AddrPort }
+
+type record struct {
+	src  netip.AddrPort
+	site uint8
+}
+
+type peerTable struct {
+	mu sync.Mutex
+	m  map[recordKey]record
+}
+
+func (t *peerTable) put(k recordKey, r record) {
+	t.mu.Lock()
+	t.m[k] = r
+	t.mu.Unlock()
+}
+
+func (t *peerTable) del(k recordKey) {
+	t.mu.Lock()
+	delete(t.m, k)
+	t.mu.Unlock()
+}
+
+func (t *peerTable) get(k recordKey) (record, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r, ok := t.m[k]
+	return r, ok
+}

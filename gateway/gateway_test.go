@@ -1,0 +1,636 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/sitemap"
+)
+
+// Two sites on loopback addresses: site a is 127.1.0.0/16, site b
+// 127.2.0.0/16; each gateway listens on x.x.0.1. Linux routes all of
+// 127/8 to lo, so no namespace is needed.
+var (
+	gwA   = netip.MustParseAddr("127.1.0.1")
+	gwB   = netip.MustParseAddr("127.2.0.1")
+	nodeA = netip.MustParseAddr("127.1.0.10")
+	nodeB = netip.MustParseAddr("127.2.0.10")
+)
+
+func freePort(t testing.TB, a netip.Addr) uint16 {
+	t.Helper()
+	ln, err := net.Listen("tcp", netip.AddrPortFrom(a, 0).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return uint16(ln.Addr().(*net.TCPAddr).Port)
+}
+
+func testMap(t testing.TB) *sitemap.Map {
+	m, err := sitemap.NewBuilder().
+		AddSite("a", 1, netip.AddrPortFrom(gwA, freePort(t, gwA)), netip.AddrPortFrom(gwA, freePort(t, gwA))).
+		AddSite("b", 2, netip.AddrPortFrom(gwB, freePort(t, gwB)), netip.AddrPortFrom(gwB, freePort(t, gwB))).
+		AddNet("a", netip.MustParsePrefix("127.1.0.0/16")).
+		AddNet("b", netip.MustParsePrefix("127.2.0.0/16")).
+		Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+type testGW struct {
+	*Gateway
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+func startGW(t testing.TB, m *sitemap.Map, site string, tweak func(*Config)) *testGW {
+	t.Helper()
+	lvl := slog.LevelWarn
+	if os.Getenv("MPI5K_TEST_LOG") != "" {
+		lvl = slog.LevelDebug
+	}
+	// Keepalive at 5 s (dead after 20 s) and a minute for the first LAN
+	// frame: these tests run clients, servers and both gateways in one
+	// process, where 2000 busy goroutines (more so under -race) can keep a
+	// gateway goroutine off the CPU for seconds.
+	cfg := Config{Map: m, Site: site, Chunk: 64 << 10, Window: 256 << 10,
+		DrainTimeout: time.Second, PingInterval: 5 * time.Second, FirstFrame: time.Minute,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	g, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tg := &testGW{Gateway: g, stop: cancel, done: make(chan struct{})}
+	go func() { g.Run(ctx); close(tg.done) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-tg.done:
+		case <-time.After(10 * time.Second):
+			t.Error("gateway did not stop")
+		}
+	})
+	return tg
+}
+
+func startPair(t testing.TB, tweak func(*Config)) (*sitemap.Map, *testGW, *testGW) {
+	m := testMap(t)
+	a := startGW(t, m, "a", tweak)
+	b := startGW(t, m, "b", tweak)
+	for _, g := range []*testGW{a, b} {
+		select {
+		case <-g.Ready():
+		case <-time.After(10 * time.Second):
+			t.Fatal("mesh did not come up")
+		}
+	}
+	return m, a, b
+}
+
+// lanOpen does what the shim does: connect from src to the site gateway's
+// LAN address, send OPEN with the destination and our own endpoint, then
+// use the connection for raw bytes.
+func lanOpen(gw netip.AddrPort, src netip.Addr, dst netip.AddrPort) (*net.TCPConn, error) {
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: src.AsSlice()}}
+	c, err := d.Dial("tcp", gw.String())
+	if err != nil {
+		return nil, err
+	}
+	tc := c.(*net.TCPConn)
+	o := header.Open{Dst: dst, Src: tc.LocalAddr().(*net.TCPAddr).AddrPort(), Label: "test"}
+	body, err := header.AppendOpen(nil, &o)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tc.Write(header.AppendFrame(nil, header.TypeOpen, 0, body)); err != nil {
+		tc.Close()
+		return nil, err
+	}
+	return tc, nil
+}
+
+func serve(t testing.TB, addr netip.Addr, f func(c *net.TCPConn)) netip.AddrPort {
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: addr.AsSlice()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.AcceptTCP()
+			if err != nil {
+				return
+			}
+			go f(c)
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).AddrPort()
+}
+
+// cpuWork gates the tests' own CPU-heavy steps (generating and hashing
+// data): the streams stay concurrent, but at most two goroutines burn CPU at
+// once, so the gateways sharing this process are not starved for seconds by
+// 2000 runnable goroutines (Go time-slices them 10 ms at a time).
+var cpuWork = make(chan struct{}, 2)
+
+func sumServer(c *net.TCPConn) {
+	defer c.Close()
+	h := sha256.New()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := c.Read(buf)
+		cpuWork <- struct{}{}
+		h.Write(buf[:n])
+		<-cpuWork
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return
+		}
+	}
+	c.Write(h.Sum(nil))
+}
+
+// streamSize draws a size in 0..max: log-uniform by default, so the sizes
+// cover every order of magnitude up to max while the total stays small
+// enough for two shared cores; uniform with MPI5K_FULL=1.
+func streamSize(r *rand.Rand, max int) int {
+	if os.Getenv("MPI5K_FULL") != "" {
+		return r.IntN(max + 1)
+	}
+	return int(math.Exp(r.Float64()*math.Log(float64(max)+1))) - 1
+}
+
+// fill writes pseudo-random bytes (8 at a time: cheap enough to push
+// gigabytes).
+func fill(r *rand.Rand, b []byte) {
+	i := 0
+	for ; i+8 <= len(b); i += 8 {
+		v := r.Uint64()
+		b[i], b[i+1], b[i+2], b[i+3], b[i+4], b[i+5], b[i+6], b[i+7] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24), byte(v>>32), byte(v>>40), byte(v>>48), byte(v>>56)
+	}
+	for ; i < len(b); i++ {
+		b[i] = byte(r.Uint32())
+	}
+}
+
+// sendAndCheck sends size random bytes on c, half-closes, and checks the
+// SHA-256 the destination sends back.
+func sendAndCheck(c *net.TCPConn, r *rand.Rand, size int) error {
+	h := sha256.New()
+	buf := make([]byte, 64<<10)
+	for left := size; left > 0; {
+		k := min(left, len(buf))
+		cpuWork <- struct{}{}
+		fill(r, buf[:k])
+		h.Write(buf[:k])
+		<-cpuWork
+		if _, err := c.Write(buf[:k]); err != nil {
+			return fmt.Errorf("write after %d of %d bytes: %w", size-left, size, err)
+		}
+		left -= k
+	}
+	if err := c.CloseWrite(); err != nil {
+		return err
+	}
+	c.SetReadDeadline(time.Now().Add(90 * time.Second))
+	got, err := io.ReadAll(c)
+	if err != nil {
+		return fmt.Errorf("reading checksum: %w", err)
+	}
+	if !bytes.Equal(got, h.Sum(nil)) {
+		return fmt.Errorf("checksum mismatch for %d bytes: got %x", size, got)
+	}
+	return nil
+}
+
+// TestThousandStreams: 1000 concurrent streams of random sizes 0..8 MiB
+// through two gateways, end-to-end SHA-256 per stream: nothing lost or
+// corrupted. (Under -race the sizes are capped at 1 MiB.)
+func TestThousandStreams(t *testing.T) {
+	_, a, _ := startPair(t, nil)
+	dst := serve(t, nodeB, sumServer)
+	maxSize := 8 << 20
+	if raceEnabled {
+		maxSize = 1 << 20
+	}
+	const n = 1000
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	var mu sync.Mutex
+	var total int64
+	start := time.Now()
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(42, uint64(i)))
+			size := streamSize(r, maxSize)
+			c, err := lanOpen(a.LANAddr(), nodeA, dst)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			if err := sendAndCheck(c, r, size); err != nil {
+				errs <- fmt.Errorf("stream %d: %w", i, err)
+				return
+			}
+			mu.Lock()
+			total += int64(size)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	d := time.Since(start)
+	t.Logf("%d streams, %d bytes in %v (%.0f Mbit/s)", n, total, d.Round(time.Millisecond), float64(total)*8/d.Seconds()/1e6)
+}
+
+func TestHalfCloseAndReset(t *testing.T) {
+	_, a, _ := startPair(t, nil)
+	// Half-close: the server answers only after our EOF.
+	dst := serve(t, nodeB, sumServer)
+	c, err := lanOpen(a.LANAddr(), nodeA, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sendAndCheck(c, rand.New(rand.NewPCG(1, 1)), 300<<10); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+
+	// Reset by the destination reaches the source as ECONNRESET.
+	rst := serve(t, nodeB, func(c *net.TCPConn) {
+		io.ReadFull(c, make([]byte, 3))
+		c.SetLinger(0)
+		c.Close()
+	})
+	c, err = lanOpen(a.LANAddr(), nodeA, rst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write([]byte("abc"))
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("source after destination reset: %v", err)
+	}
+	c.Close()
+
+	// Reset by the source reaches the destination.
+	got := make(chan error, 1)
+	sink := serve(t, nodeB, func(c *net.TCPConn) { _, err := io.Copy(io.Discard, c); got <- err })
+	c, err = lanOpen(a.LANAddr(), nodeA, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write([]byte("abc"))
+	time.Sleep(50 * time.Millisecond)
+	c.SetLinger(0)
+	c.Close()
+	select {
+	case err := <-got:
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("destination after source reset: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("reset did not reach the destination")
+	}
+
+	// Connecting to a closed port: the source sees a reset.
+	closed := netip.AddrPortFrom(nodeB, freePort(t, nodeB))
+	c, err = lanOpen(a.LANAddr(), nodeA, closed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("open to a closed port: %v", err)
+	}
+}
+
+// refused checks that a connection attempt was dropped by the gateway:
+// the drop may already show in the dial or the first write (the gateway
+// resets as soon as it has decided), or in the first read.
+func refused(t *testing.T, c *net.TCPConn, err error, what string) {
+	t.Helper()
+	if err != nil {
+		if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+			t.Fatalf("%s: %v, want the connection dropped", what, err)
+		}
+		return
+	}
+	expectReset(t, c, what)
+}
+
+func expectReset(t *testing.T, c *net.TCPConn, what string) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := c.Read(make([]byte, 1))
+	if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, io.EOF) {
+		t.Fatalf("%s: %v, want the connection dropped", what, err)
+	}
+	c.Close()
+}
+
+// TestPolicy: the gateway is never an open relay.
+func TestPolicy(t *testing.T) {
+	_, a, b := startPair(t, nil)
+	dst := serve(t, nodeB, sumServer)
+	// A node of another site may not use gateway a.
+	c, err := lanOpen(a.LANAddr(), nodeB, dst)
+	refused(t, c, err, "LAN connection from outside the site")
+	// An address in no site at all.
+	c, err = lanOpen(a.LANAddr(), netip.MustParseAddr("127.3.0.1"), dst)
+	refused(t, c, err, "LAN connection from an unknown address")
+	// A destination in our own site or outside the map.
+	for _, d := range []netip.AddrPort{netip.AddrPortFrom(nodeA, 9), netip.MustParseAddrPort("127.3.0.1:9")} {
+		c, err = lanOpen(a.LANAddr(), nodeA, d)
+		refused(t, c, err, "OPEN to "+d.String())
+	}
+	// Garbage instead of OPEN.
+	raw, err := net.DialTCP("tcp", &net.TCPAddr{IP: nodeA.AsSlice()}, net.TCPAddrFromAddrPort(a.LANAddr()))
+	if err == nil {
+		_, err = raw.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
+	}
+	refused(t, raw, err, "garbage first frame")
+	if n := counter(t, a, "mpi5k_lan_refused_total"); n != 5 {
+		t.Fatalf("lan refused counter %v, want 5", n)
+	}
+
+	// A WAN peer not in the map is refused.
+	hb, _ := header.AppendHello(nil, &header.Hello{SiteID: 1, LinkCount: 1, MaxPayload: 1 << 20, Window: 1 << 20, Name: "a"})
+	wan, err := net.DialTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 3, 0, 1)}, net.TCPAddrFromAddrPort(b.WANAddr()))
+	if err == nil {
+		_, err = wan.Write(header.AppendFrame(nil, header.TypeHello, 0, hb))
+	}
+	refused(t, wan, err, "WAN connection from outside the map")
+	// Right address, wrong identity: site a's address claiming to be site 3.
+	wan, err = net.DialTCP("tcp", &net.TCPAddr{IP: gwA.AsSlice()}, net.TCPAddrFromAddrPort(b.WANAddr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb, _ = header.AppendHello(nil, &header.Hello{SiteID: 3, LinkCount: 1, MaxPayload: 1 << 20, Window: 1 << 20, Name: "c"})
+	wan.Write(header.AppendFrame(nil, header.TypeHello, 0, hb))
+	io.ReadFull(wan, make([]byte, header.Size+13+1)) // b's own HELLO
+	expectReset(t, wan, "WAN HELLO with a foreign site id")
+	if n := counter(t, b, "mpi5k_wan_refused_total"); n != 2 {
+		t.Fatalf("wan refused counter %v, want 2", n)
+	}
+}
+
+// counter reads a metric through the registry.
+func counter(t *testing.T, g *testGW, name string) float64 {
+	mfs, err := g.m.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			var v float64
+			for _, m := range mf.GetMetric() {
+				v += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			}
+			return v
+		}
+	}
+	return 0
+}
+
+// TestPeerQuery: the destination's shim learns the true source of a
+// relayed connection from its gateway.
+func TestPeerQuery(t *testing.T) {
+	_, a, b := startPair(t, nil)
+	type seen struct{ remote, local netip.AddrPort }
+	ch := make(chan seen, 1)
+	dst := serve(t, nodeB, func(c *net.TCPConn) {
+		ch <- seen{c.RemoteAddr().(*net.TCPAddr).AddrPort(), c.LocalAddr().(*net.TCPAddr).AddrPort()}
+		io.Copy(io.Discard, c)
+	})
+	c, err := lanOpen(a.LANAddr(), nodeA, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := <-ch
+	if s.remote.Addr() != gwB {
+		t.Fatalf("destination sees %v, want the gateway's LAN address", s.remote)
+	}
+	q, err := net.DialTCP("tcp", &net.TCPAddr{IP: nodeB.AsSlice()}, net.TCPAddrFromAddrPort(b.LANAddr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	r := header.NewReader(q, 0)
+	buf := make([]byte, 64)
+	for i, qq := range []header.PeerQuery{{Seen: s.remote, Local: s.local}, {Seen: s.remote, Local: netip.AddrPortFrom(nodeB, 1)}} {
+		q.Write(header.AppendFrame(nil, header.TypePeerQuery, uint32(7+i), header.AppendPeerQuery(nil, &qq)))
+		h, p, err := r.ReadFrame(buf)
+		if err != nil || h.Type != header.TypePeerReply || h.Stream != uint32(7+i) {
+			t.Fatalf("reply %d: %+v %v", i, h, err)
+		}
+		rep, err := header.ParsePeerReply(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := header.PeerReply{Source: netip.MustParseAddrPort("0.0.0.0:0")}
+		if i == 0 {
+			want = header.PeerReply{Found: true, SiteID: 1, Source: c.LocalAddr().(*net.TCPAddr).AddrPort()}
+		}
+		if rep != want {
+			t.Fatalf("reply %d: %+v, want %+v", i, rep, want)
+		}
+	}
+}
+
+// TestLinkLossAndReform: killing the WAN connection resets every stream on
+// both sites within a second, and the mesh comes back.
+func TestLinkLossAndReform(t *testing.T) {
+	_, a, b := startPair(t, nil)
+	farErr := make(chan error, 10)
+	dst := serve(t, nodeB, func(c *net.TCPConn) { _, err := io.Copy(io.Discard, c); farErr <- err })
+	var cs []*net.TCPConn
+	for range 10 {
+		c, err := lanOpen(a.LANAddr(), nodeA, dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("x"))
+		cs = append(cs, c)
+	}
+	for b.allLinks()[0].NumStreams() != 10 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	old := a.allLinks()[0]
+	start := time.Now()
+	old.Conn().Close() // the WAN connection dies under gateway a
+	for _, c := range cs {
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("source after link loss: %v", err)
+		}
+		c.Close()
+	}
+	for range 10 {
+		select {
+		case err := <-farErr:
+			if !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("destination after link loss: %v", err)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatal("destination not reset")
+		}
+	}
+	failed := time.Since(start)
+	for !a.allUp() || !b.allUp() || a.allLinks()[0] == old {
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("mesh did not re-form")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("streams failed on both sites in %v, mesh re-formed in %v", failed.Round(time.Microsecond), time.Since(start).Round(time.Millisecond))
+	sum := serve(t, nodeB, sumServer)
+	c, err := lanOpen(a.LANAddr(), nodeA, sum)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := sendAndCheck(c, rand.New(rand.NewPCG(5, 5)), 100<<10); err != nil {
+		t.Fatalf("after re-forming: %v", err)
+	}
+}
+
+// TestWANConns: with K links per pair, streams spread over all of them.
+func TestWANConns(t *testing.T) {
+	_, a, _ := startPair(t, func(c *Config) { c.WANConns = 3 })
+	if n := len(a.allLinks()); n != 3 {
+		t.Fatalf("%d links up, want 3", n)
+	}
+	hold := make(chan struct{})
+	defer close(hold)
+	dst := serve(t, nodeB, func(c *net.TCPConn) { <-hold; c.Close() })
+	for range 9 {
+		c, err := lanOpen(a.LANAddr(), nodeA, dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		time.Sleep(5 * time.Millisecond) // let the stream register before the next pick
+	}
+	for _, l := range a.allLinks() {
+		if n := l.NumStreams(); n != 3 {
+			t.Fatalf("link has %d streams, want 3 each", n)
+		}
+	}
+}
+
+// TestDrain: on shutdown, open streams get the drain timeout, then reset.
+func TestDrainAndReadyFile(t *testing.T) {
+	dir := t.TempDir()
+	m := testMap(t)
+	maddr := netip.AddrPortFrom(gwA, freePort(t, gwA)).String()
+	a := startGW(t, m, "a", func(c *Config) {
+		c.ReadyFile = dir + "/ready"
+		c.DrainTimeout = 300 * time.Millisecond
+		c.MetricsAddr = maddr
+	})
+	get := func(path string) (int, string) {
+		for i := 0; ; i++ {
+			r, err := http.Get("http://" + maddr + path)
+			if err == nil {
+				b, _ := io.ReadAll(r.Body)
+				r.Body.Close()
+				return r.StatusCode, string(b)
+			}
+			if i > 100 {
+				t.Fatal(err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if code, _ := get("/ready"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/ready before the peer is up: %d", code)
+	}
+	startGW(t, m, "b", nil)
+	<-a.Ready()
+	if b, err := os.ReadFile(dir + "/ready"); err != nil || !strings.HasPrefix(string(b), "ready a") {
+		t.Fatalf("ready file: %q %v", b, err)
+	}
+	if code, _ := get("/ready"); code != http.StatusOK {
+		t.Fatalf("/ready with the mesh up: %d", code)
+	}
+	_, body := get("/metrics")
+	for _, want := range []string{`mpi5k_wan_link_up{link="0",peer="b",site="a"} 1`, "mpi5k_wan_tcp_cwnd_segments", "mpi5k_window_stalls_total", "mpi5k_lan_refused_total 0"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	dst := serve(t, nodeB, func(c *net.TCPConn) { io.Copy(io.Discard, c) })
+	c, err := lanOpen(a.LANAddr(), nodeA, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write([]byte("x"))
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	a.stop()
+	expectReset(t, c, "stream at shutdown")
+	select {
+	case <-a.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("gateway did not stop")
+	}
+	if d := time.Since(start); d < 250*time.Millisecond || d > 3*time.Second {
+		t.Fatalf("stopped after %v, want about the drain timeout", d)
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int{"131072": 131072, "128KiB": 128 << 10, "4MiB": 4 << 20, "1G": 1 << 30, " 64 kb ": 64 << 10, "0": 0} {
+		if got, err := ParseSize(in); err != nil || got != want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "x", "-1", "1.5MiB", "12TiB", "99999999999999GiB"} {
+		if _, err := ParseSize(bad); err == nil {
+			t.Errorf("ParseSize(%q) accepted", bad)
+		}
+	}
+	if err := CheckCC("no-such-cc"); err == nil || !strings.Contains(err.Error(), "kernel offers") {
+		t.Errorf("CheckCC: %v", err)
+	}
+	if _, err := New(Config{Map: testMap(t), Site: "nowhere"}); err == nil {
+		t.Error("unknown site accepted")
+	}
+	if _, err := New(Config{Map: testMap(t), Site: "a", Chunk: 2 << 20}); err == nil {
+		t.Error("chunk above 1 MiB accepted")
+	}
+}

@@ -1,0 +1,140 @@
+package gateway
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/mpi5k/mpi5k/relay"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metrics exports the gateway in Prometheus text format. Link counters
+// live in relay.Stats (atomics on the hot path); a custom collector reads
+// them at scrape time, so forwarding never touches a Prometheus object.
+type metrics struct {
+	g   *Gateway
+	reg *prometheus.Registry
+
+	lanRefused      prometheus.Counter
+	wanRefused      prometheus.Counter
+	wanDialFailures prometheus.Counter
+	streamsOpened   *prometheus.CounterVec
+	peerQueries     *prometheus.CounterVec
+
+	bytes, frames, writes, stalls, streams, up, rtt *prometheus.Desc
+	cwnd, srtt, retrans, lost, notsent              *prometheus.Desc
+	// Derived from periodic TCP_INFO samples (tcpevents.go).
+	ev                                      wanEvents
+	samples, rtxFast, rtxRTO, rtos, idleRst *prometheus.Desc
+}
+
+func newMetrics(g *Gateway) *metrics {
+	m := &metrics{g: g, reg: prometheus.NewRegistry()}
+	m.lanRefused = prometheus.NewCounter(prometheus.CounterOpts{Name: "mpi5k_lan_refused_total",
+		Help: "LAN connections reset by policy or protocol errors."})
+	m.wanRefused = prometheus.NewCounter(prometheus.CounterOpts{Name: "mpi5k_wan_refused_total",
+		Help: "WAN connections refused (unknown source, bad HELLO)."})
+	m.wanDialFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "mpi5k_wan_dial_failures_total",
+		Help: "Failed WAN dials or handshakes."})
+	m.streamsOpened = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mpi5k_streams_opened_total",
+		Help: "Streams opened, by peer site and direction (out: from our LAN)."}, []string{"peer", "dir"})
+	m.peerQueries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mpi5k_peer_queries_total",
+		Help: "PEER_QUERY answers, by whether the connection was found."}, []string{"found"})
+	lbl := []string{"peer", "link"}
+	d := func(name, help string, extra ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, append(append([]string{}, lbl...), extra...), prometheus.Labels{"site": g.site.Name})
+	}
+	m.bytes = d("mpi5k_wan_bytes_total", "DATA payload bytes on the WAN link.", "dir")
+	m.frames = d("mpi5k_wan_frames_total", "Frames on the WAN link.", "dir")
+	m.writes = d("mpi5k_wan_writes_total", "writev calls on the WAN socket (frames/writes = batching).")
+	m.stalls = d("mpi5k_window_stalls_total", "Times a stream waited for credit from the peer.")
+	m.streams = d("mpi5k_open_streams", "Streams open on the link.")
+	m.up = d("mpi5k_wan_link_up", "1 while the link is up.")
+	m.rtt = d("mpi5k_wan_ping_rtt_seconds", "Last PING round trip through the link.")
+	m.cwnd = d("mpi5k_wan_tcp_cwnd_segments", "TCP_INFO congestion window of the WAN socket.")
+	m.srtt = d("mpi5k_wan_tcp_rtt_seconds", "TCP_INFO smoothed RTT of the WAN socket.")
+	m.retrans = d("mpi5k_wan_tcp_retransmits_total", "TCP_INFO total retransmitted segments.")
+	m.lost = d("mpi5k_wan_tcp_lost_segments", "TCP_INFO segments currently considered lost.")
+	m.notsent = d("mpi5k_wan_tcp_notsent_bytes", "TCP_INFO bytes queued in the socket not yet sent.")
+	m.samples = d("mpi5k_wan_tcp_samples_total", "TCP_INFO samples taken of the WAN socket for event derivation.")
+	m.rtxFast = d("mpi5k_wan_tcp_retransmits_fast_total", "Segments retransmitted by fast retransmit/recovery (no timeout).")
+	m.rtxRTO = d("mpi5k_wan_tcp_retransmits_rto_total", "Segments retransmitted in RTO recovery.")
+	m.rtos = d("mpi5k_wan_tcp_rtos_total", "Retransmission timeouts of the WAN socket.")
+	m.idleRst = d("mpi5k_wan_tcp_idle_restarts_total", "Congestion window restarts after idle (slow start after idle).")
+	m.reg.MustRegister(m.lanRefused, m.wanRefused, m.wanDialFailures, m.streamsOpened, m.peerQueries, m,
+		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	return m
+}
+
+// Describe implements prometheus.Collector.
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{m.bytes, m.frames, m.writes, m.stalls, m.streams, m.up, m.rtt,
+		m.cwnd, m.srtt, m.retrans, m.lost, m.notsent, m.samples, m.rtxFast, m.rtxRTO, m.rtos, m.idleRst} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	type row struct {
+		peer, idx string
+		l         *relay.Link
+	}
+	var rows []row
+	m.g.peersMu.Lock()
+	for _, p := range m.g.peers {
+		for i, l := range p.links {
+			rows = append(rows, row{p.site.Name, strconv.Itoa(i), l})
+		}
+	}
+	m.g.peersMu.Unlock()
+	for _, r := range rows {
+		c := func(d *prometheus.Desc, t prometheus.ValueType, v float64, extra ...string) {
+			ch <- prometheus.MustNewConstMetric(d, t, v, append([]string{r.peer, r.idx}, extra...)...)
+		}
+		if r.l == nil {
+			c(m.up, prometheus.GaugeValue, 0)
+			continue
+		}
+		st := &r.l.Stats
+		c(m.up, prometheus.GaugeValue, 1)
+		c(m.bytes, prometheus.CounterValue, float64(st.BytesSent.Load()), "tx")
+		c(m.bytes, prometheus.CounterValue, float64(st.BytesRecv.Load()), "rx")
+		c(m.frames, prometheus.CounterValue, float64(st.FramesSent.Load()), "tx")
+		c(m.frames, prometheus.CounterValue, float64(st.FramesRecv.Load()), "rx")
+		c(m.writes, prometheus.CounterValue, float64(st.Writes.Load()))
+		c(m.stalls, prometheus.CounterValue, float64(st.WindowStalls.Load()))
+		c(m.streams, prometheus.GaugeValue, float64(r.l.NumStreams()))
+		c(m.rtt, prometheus.GaugeValue, float64(st.RTT.Load())/1e9)
+		if ti, err := TCPInfo(r.l.Conn()); err == nil {
+			c(m.cwnd, prometheus.GaugeValue, float64(ti.Snd_cwnd))
+			c(m.srtt, prometheus.GaugeValue, float64(ti.Rtt)/1e6)
+			c(m.retrans, prometheus.CounterValue, float64(ti.Total_retrans))
+			c(m.lost, prometheus.GaugeValue, float64(ti.Lost))
+			c(m.notsent, prometheus.GaugeValue, float64(ti.Notsent_bytes))
+		}
+		if k, ok := m.ev.counters(r.l); ok {
+			c(m.samples, prometheus.CounterValue, float64(k.Samples))
+			c(m.rtxFast, prometheus.CounterValue, float64(k.RetransFast))
+			c(m.rtxRTO, prometheus.CounterValue, float64(k.RetransRTO))
+			c(m.rtos, prometheus.CounterValue, float64(k.RTOs))
+			c(m.idleRst, prometheus.CounterValue, float64(k.IdleRestarts))
+		}
+	}
+}
+
+func (m *metrics) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/ready", func(w http.ResponseWriter, r *http.Request) {
+		if m.g.allUp() {
+			fmt.Fprintln(w, "ready")
+			return
+		}
+		http.Error(w, "not ready: a WAN link is down", http.StatusServiceUnavailable)
+	})
+	return mux
+}

@@ -1,0 +1,160 @@
+package gateway
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// SockOpts are the per-side socket options. They are applied on the raw
+// socket before connect (dial) or on the listener (inherited by accepted
+// sockets), so buffer sizes shape the TCP window scale negotiated in the
+// handshake.
+type SockOpts struct {
+	CC           string        // TCP_CONGESTION, "" keeps the system default
+	SndBuf       int           // SO_SNDBUF, 0 keeps autotuning
+	RcvBuf       int           // SO_RCVBUF, 0 keeps autotuning
+	NotSentLowat int           // TCP_NOTSENT_LOWAT, 0 leaves it unset
+	UserTimeout  time.Duration // TCP_USER_TIMEOUT, 0 leaves it unset
+	// ThinLinear sets TCP_THIN_LINEAR_TIMEOUTS: while few segments are in
+	// flight (an aggregated link carrying only small MPI messages), the
+	// first retransmission timeouts do not back off exponentially, so one
+	// lost retransmission costs an RTO, not a doubling chain that stalls
+	// every stream of the link for seconds.
+	ThinLinear bool
+}
+
+func (o SockOpts) apply(fd int) error {
+	// TCP_NODELAY everywhere: the relay batches frames itself, and Nagle
+	// would hold a small MPI message back by up to an RTT.
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+		return fmt.Errorf("TCP_NODELAY: %w", err)
+	}
+	if o.CC != "" {
+		if err := unix.SetsockoptString(fd, unix.IPPROTO_TCP, unix.TCP_CONGESTION, o.CC); err != nil {
+			return fmt.Errorf("TCP_CONGESTION %q: %w (available: %s)", o.CC, err, availableCC())
+		}
+	}
+	if o.SndBuf > 0 {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, o.SndBuf); err != nil {
+			return fmt.Errorf("SO_SNDBUF: %w", err)
+		}
+	}
+	if o.RcvBuf > 0 {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, o.RcvBuf); err != nil {
+			return fmt.Errorf("SO_RCVBUF: %w", err)
+		}
+	}
+	if o.NotSentLowat > 0 {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NOTSENT_LOWAT, o.NotSentLowat); err != nil {
+			return fmt.Errorf("TCP_NOTSENT_LOWAT: %w", err)
+		}
+	}
+	if o.ThinLinear {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_THIN_LINEAR_TIMEOUTS, 1); err != nil {
+			return fmt.Errorf("TCP_THIN_LINEAR_TIMEOUTS: %w", err)
+		}
+	}
+	if o.UserTimeout > 0 {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(o.UserTimeout.Milliseconds())); err != nil {
+			return fmt.Errorf("TCP_USER_TIMEOUT: %w", err)
+		}
+	}
+	return nil
+}
+
+// control returns a net.Dialer/ListenConfig Control function applying o.
+func (o SockOpts) control(extra func(fd int) error) func(network, address string, c syscall.RawConn) error {
+	return func(network, address string, c syscall.RawConn) error {
+		var err error
+		cerr := c.Control(func(fd uintptr) {
+			if err = o.apply(int(fd)); err == nil && extra != nil {
+				err = extra(int(fd))
+			}
+		})
+		if cerr != nil {
+			return cerr
+		}
+		return err
+	}
+}
+
+// applyConn sets o on an existing connection (accepted LAN sockets, whose
+// listener cannot carry every option).
+func (o SockOpts) applyConn(c *net.TCPConn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return o.control(nil)("tcp", "", rc)
+}
+
+// CheckCC reports an error naming the available algorithms if cc is not
+// one the kernel offers.
+func CheckCC(cc string) error {
+	if cc == "" {
+		return nil
+	}
+	avail := availableCC()
+	for _, a := range strings.Fields(avail) {
+		if a == cc {
+			return nil
+		}
+	}
+	return fmt.Errorf("congestion control %q not available (kernel offers: %s)", cc, avail)
+}
+
+func availableCC() string {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_available_congestion_control")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// TCPInfo reads the kernel's TCP_INFO of c. (A tcpinfo package will take
+// this over; until then the gateway reads it directly.)
+func TCPInfo(c net.Conn) (*unix.TCPInfo, error) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return nil, fmt.Errorf("not a TCP connection")
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var info *unix.TCPInfo
+	var ierr error
+	if err := rc.Control(func(fd uintptr) { info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil {
+		return nil, err
+	}
+	return info, ierr
+}
+
+// ParseSize parses a byte count: a plain number or one with a K/KB/KiB,
+// M/MB/MiB or G/GB/GiB suffix (all binary: socket buffers and chunks are
+// powers of two in practice).
+func ParseSize(s string) (int, error) {
+	t := strings.TrimSpace(s)
+	mult := 1
+	for _, u := range []struct {
+		suf string
+		m   int
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1 << 10}, {"MB", 1 << 20}, {"GB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}} {
+		if strings.HasSuffix(strings.ToUpper(t), strings.ToUpper(u.suf)) {
+			t, mult = strings.TrimSpace(t[:len(t)-len(u.suf)]), u.m
+			break
+		}
+	}
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || n < 0 || n > (1<<40)/int64(mult) {
+		return 0, fmt.Errorf("bad size %q (want e.g. 131072, 128KiB, 4MiB)", s)
+	}
+	return int(n) * mult, nil
+}

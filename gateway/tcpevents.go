@@ -1,0 +1,94 @@
+package gateway
+
+import (
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/mpi5k/mpi5k/relay"
+	"github.com/mpi5k/mpi5k/tcpinfo"
+)
+
+// wanSampleEvery is how often the WAN sockets' TCP_INFO is sampled for
+// event derivation. A scrape alone (every 15 s or so) cannot tell a fast
+// retransmit from an RTO or see a restart after idle: those need samples
+// closer together than the RTO (>= 200 ms).
+const wanSampleEvery = 100 * time.Millisecond
+
+// wanEvents keeps one tcpinfo.Tracker per WAN link: fast vs RTO
+// retransmits, RTOs and idle restarts of the aggregated WAN connections,
+// the same counters the shim records for application sockets in trace
+// mode (docs/tracing.md), exported by metrics.
+type wanEvents struct {
+	mu sync.Mutex
+	t  map[*relay.Link]*tcpinfo.Tracker
+	in tcpinfo.Info
+}
+
+// sampleWAN samples every WAN link until the gateway stops.
+func (g *Gateway) sampleWAN() {
+	defer g.wg.Done()
+	tk := time.NewTicker(wanSampleEvery)
+	defer tk.Stop()
+	for {
+		select {
+		case <-g.ctx.Done():
+			return
+		case <-tk.C:
+			g.m.ev.sample(g.allLinks())
+		}
+	}
+}
+
+func (w *wanEvents) sample(links []*relay.Link) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.t == nil {
+		w.t = map[*relay.Link]*tcpinfo.Tracker{}
+	}
+	// Forget links that were replaced; their counters restart with the
+	// new link (a Prometheus counter reset).
+	for l := range w.t {
+		if !containsLink(links, l) {
+			delete(w.t, l)
+		}
+	}
+	for _, l := range links {
+		sc, ok := l.Conn().(syscall.Conn)
+		if !ok {
+			continue
+		}
+		if err := tcpinfo.ReadConn(sc, &w.in); err != nil {
+			continue
+		}
+		tr := w.t[l]
+		if tr == nil {
+			tr = &tcpinfo.Tracker{}
+			if rc, err := sc.SyscallConn(); err == nil {
+				rc.Control(func(fd uintptr) { tr.CongestionControl, _ = tcpinfo.CongestionControl(int(fd)) })
+			}
+			w.t[l] = tr
+		}
+		tr.Update(time.Now(), &w.in, nil)
+	}
+}
+
+func containsLink(ls []*relay.Link, l *relay.Link) bool {
+	for _, x := range ls {
+		if x == l {
+			return true
+		}
+	}
+	return false
+}
+
+// counters returns what was derived for l so far.
+func (w *wanEvents) counters(l *relay.Link) (tcpinfo.Counters, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	tr := w.t[l]
+	if tr == nil {
+		return tcpinfo.Counters{}, false
+	}
+	return tr.C, true
+}
