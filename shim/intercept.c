@@ -1,0 +1,870 @@
+// The C interception layer of libmpi5k.so.
+//
+// Every interposed libc function starts here. The pass-through path (an fd the
+// shim does not manage, tracing off) is a load, a branch and a call through a
+// pointer resolved once with dlsym(RTLD_NEXT): it never enters Go, because a
+// C->Go call costs ~50 ns and, worse, must never happen in a forked child.
+// Go is entered only to decide and perform a relayed connect, to ask the
+// gateway who stands behind an accepted connection, and (through its own
+// goroutine) to flush trace records that C wrote into a lock-free ring.
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <link.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/auxv.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shim.h"
+#include "_cgo_export.h"
+
+// ---- real libc functions --------------------------------------------------
+
+typedef int (*socket_fn)(int, int, int);
+typedef int (*connect_fn)(int, const struct sockaddr *, socklen_t);
+typedef int (*accept_fn)(int, struct sockaddr *, socklen_t *);
+typedef int (*accept4_fn)(int, struct sockaddr *, socklen_t *, int);
+typedef int (*getpeername_fn)(int, struct sockaddr *, socklen_t *);
+typedef int (*close_fn)(int);
+typedef int (*dup_fn)(int);
+typedef int (*dup2_fn)(int, int);
+typedef int (*dup3_fn)(int, int, int);
+typedef int (*fcntl_fn)(int, int, ...);
+typedef int (*close_range_fn)(unsigned, unsigned, int);
+typedef void (*closefrom_fn)(int);
+typedef ssize_t (*read_fn)(int, void *, size_t);
+typedef ssize_t (*write_fn)(int, const void *, size_t);
+typedef ssize_t (*readv_fn)(int, const struct iovec *, int);
+typedef ssize_t (*send_fn)(int, const void *, size_t, int);
+typedef ssize_t (*sendto_fn)(int, const void *, size_t, int, const struct sockaddr *, socklen_t);
+typedef ssize_t (*sendmsg_fn)(int, const struct msghdr *, int);
+typedef ssize_t (*recv_fn)(int, void *, size_t, int);
+typedef ssize_t (*recvfrom_fn)(int, void *, size_t, int, struct sockaddr *, socklen_t *);
+typedef ssize_t (*recvmsg_fn)(int, struct msghdr *, int);
+typedef ssize_t (*read_chk_fn)(int, void *, size_t, size_t);
+typedef ssize_t (*recv_chk_fn)(int, void *, size_t, size_t, int);
+typedef ssize_t (*recvfrom_chk_fn)(int, void *, size_t, size_t, int, struct sockaddr *, socklen_t *);
+
+#define REALS(X)                                                                                   \
+	X(socket) X(connect) X(accept) X(accept4) X(getpeername) X(close) X(dup) X(dup2) X(dup3) X(fcntl)   \
+	X(close_range) X(closefrom) X(read) X(write) X(readv) X(send) X(sendto) X(sendmsg)        \
+	X(recv) X(recvfrom) X(recvmsg)
+
+#define DECL(n) static n##_fn real_##n;
+REALS(DECL)
+static ssize_t (*real_writev)(int, const struct iovec *, int);
+static fcntl_fn real_fcntl64;
+static read_chk_fn real___read_chk;
+static recv_chk_fn real___recv_chk;
+static recvfrom_chk_fn real___recvfrom_chk;
+
+// resolve may run in two threads at once before the constructor; both store
+// the same pointers, so the race is benign.
+static void resolve(void) {
+#define RES(n) real_##n = (n##_fn)dlsym(RTLD_NEXT, #n);
+	REALS(RES)
+	real_writev = (ssize_t(*)(int, const struct iovec *, int))dlsym(RTLD_NEXT, "writev");
+	real_fcntl64 = (fcntl_fn)dlsym(RTLD_NEXT, "fcntl64");
+	if (!real_fcntl64) real_fcntl64 = real_fcntl;
+	real___read_chk = (read_chk_fn)dlsym(RTLD_NEXT, "__read_chk");
+	real___recv_chk = (recv_chk_fn)dlsym(RTLD_NEXT, "__recv_chk");
+	real___recvfrom_chk = (recvfrom_chk_fn)dlsym(RTLD_NEXT, "__recvfrom_chk");
+}
+
+#define REAL(n) (__builtin_expect(real_##n != NULL, 1) ? real_##n : (resolve(), real_##n))
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+#define LOAD(p) __atomic_load_n(p, __ATOMIC_ACQUIRE)
+#define LOADR(p) __atomic_load_n(p, __ATOMIC_RELAXED)
+#define STORE(p, v) __atomic_store_n(p, v, __ATOMIC_RELEASE)
+
+// ---- process state --------------------------------------------------------
+
+static int g_enabled;          // MPI5K_MAP set, not setuid, no other Go runtime
+static int g_go_ok;            // Go may be entered (cleared in a forked child)
+static int g_cfg;              // 0 not asked yet, 1 active, 2 Go said inactive
+static int g_tracing;          // record data calls
+static int g_trace_wanted;     // MPI5K_TRACE was set at start
+static int g_allow_loopback;   // MPI5K_TEST_ALLOW_LOOPBACK=1 (tests only)
+static pthread_mutex_t g_cfg_mu = PTHREAD_MUTEX_INITIALIZER;
+
+#define MAX_GW 32
+static struct mpi5k_ep g_gw[MAX_GW]; // local site gateway LAN addresses
+static int g_ngw;
+
+// fd table: one flag byte per fd and the endpoint an intercepted
+// getpeername() reports. Reserved lazily by the kernel (MAP_NORESERVE): only
+// the pages of fds actually used cost memory.
+#define FD_MAX (1 << 20)
+static uint8_t *g_flags;
+static struct mpi5k_ep *g_peer;
+static int g_fd_hi; // highest fd ever flagged, bounds close_range clearing
+
+static inline int fd_ok(int fd) { return g_flags != NULL && (unsigned)fd < FD_MAX; }
+
+static inline void fd_hi(int fd) {
+	int h = LOADR(&g_fd_hi);
+	while (fd > h && !__atomic_compare_exchange_n(&g_fd_hi, &h, fd, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+}
+
+static inline void fd_clear(int fd) {
+	if (fd_ok(fd) && LOADR(&g_flags[fd])) STORE(&g_flags[fd], 0);
+}
+
+// fd_copy makes newfd describe the same socket as oldfd (dup family).
+static inline void fd_copy(int oldfd, int newfd) {
+	if (!fd_ok(newfd)) return;
+	uint8_t f = fd_ok(oldfd) ? LOAD(&g_flags[oldfd]) : 0;
+	if (f & (MPI5K_F_RELAYED | MPI5K_F_TRUEPEER)) g_peer[newfd] = g_peer[oldfd];
+	if (f) fd_hi(newfd);
+	STORE(&g_flags[newfd], f);
+}
+
+int mpi5k_fd_flags(int fd) { return fd_ok(fd) ? LOAD(&g_flags[fd]) : -1; }
+int mpi5k_enabled(void) { return g_enabled && LOADR(&g_go_ok); }
+int mpi5k_trace_wanted(void) { return g_trace_wanted && LOADR(&g_tracing); }
+int mpi5k_allow_loopback(void) { return g_allow_loopback; }
+
+void mpi5k_set_gateways(const struct mpi5k_ep *eps, int n) {
+	if (n > MAX_GW) n = MAX_GW;
+	memcpy(g_gw, eps, sizeof(*eps) * (size_t)n);
+	g_ngw = n;
+}
+
+// ---- addresses ------------------------------------------------------------
+
+int mpi5k_sockaddr_to_ep(const struct sockaddr *sa, socklen_t len, struct mpi5k_ep *ep) {
+	memset(ep, 0, sizeof *ep);
+	if (sa == NULL) return 0;
+	if (sa->sa_family == AF_INET && len >= (socklen_t)sizeof(struct sockaddr_in)) {
+		const struct sockaddr_in *s = (const struct sockaddr_in *)sa;
+		ep->family = 4;
+		ep->port = ntohs(s->sin_port);
+		memcpy(ep->addr, &s->sin_addr, 4);
+		return 1;
+	}
+	if (sa->sa_family == AF_INET6 && len >= (socklen_t)sizeof(struct sockaddr_in6)) {
+		const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)sa;
+		ep->port = ntohs(s->sin6_port);
+		if (IN6_IS_ADDR_V4MAPPED(&s->sin6_addr)) { // compare as IPv4
+			ep->family = 4;
+			memcpy(ep->addr, &s->sin6_addr.s6_addr[12], 4);
+		} else {
+			ep->family = 6;
+			memcpy(ep->addr, &s->sin6_addr, 16);
+			ep->scope = s->sin6_scope_id;
+		}
+		return 1;
+	}
+	return 0;
+}
+
+// ep_to_sockaddr renders ep in the family of the socket (an IPv6 socket gets
+// an IPv4 peer as a v4-mapped address); returns the length.
+static socklen_t ep_to_sockaddr(const struct mpi5k_ep *ep, int family, struct sockaddr_storage *ss) {
+	memset(ss, 0, sizeof *ss);
+	if (family == AF_INET6) {
+		struct sockaddr_in6 *s = (struct sockaddr_in6 *)ss;
+		s->sin6_family = AF_INET6;
+		s->sin6_port = htons(ep->port);
+		if (ep->family == 4) {
+			s->sin6_addr.s6_addr[10] = 0xff;
+			s->sin6_addr.s6_addr[11] = 0xff;
+			memcpy(&s->sin6_addr.s6_addr[12], ep->addr, 4);
+		} else {
+			memcpy(&s->sin6_addr, ep->addr, 16);
+			s->sin6_scope_id = ep->scope;
+		}
+		return sizeof *s;
+	}
+	struct sockaddr_in *s = (struct sockaddr_in *)ss;
+	s->sin_family = AF_INET;
+	s->sin_port = htons(ep->port);
+	memcpy(&s->sin_addr, ep->addr, 4);
+	return sizeof *s;
+}
+
+// copy_out fills a caller's (addr, *len) pair with accept/getpeername semantics:
+// truncate to the caller's buffer, report the full length.
+static void copy_out(struct sockaddr *addr, socklen_t *lenp, const void *src, socklen_t n) {
+	if (addr == NULL || lenp == NULL) return;
+	socklen_t c = *lenp < n ? *lenp : n;
+	memcpy(addr, src, c);
+	*lenp = n;
+}
+
+static int is_local_addr(const struct sockaddr *sa) {
+	if (sa->sa_family == AF_INET) {
+		uint32_t a = ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr);
+		return (a >> 24) == 127 || a == 0;
+	}
+	const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+	if (IN6_IS_ADDR_LOOPBACK(a) || IN6_IS_ADDR_UNSPECIFIED(a)) return 1;
+	return IN6_IS_ADDR_V4MAPPED(a) && (a->s6_addr[12] == 127 || !memcmp(&a->s6_addr[12], "\0\0\0\0", 4));
+}
+
+static int is_gateway(const struct mpi5k_ep *ep) {
+	for (int i = 0; i < g_ngw; i++)
+		if (g_gw[i].family == ep->family && !memcmp(g_gw[i].addr, ep->addr, ep->family == 4 ? 4 : 16))
+			return 1;
+	return 0;
+}
+
+// ---- configuration from Go ------------------------------------------------
+
+// cfg_active asks Go once whether this process relays (map loaded, local site
+// known). Returns 1 when relaying is on. Never called in a forked child, nor
+// from a constructor: it is first needed by a connect/accept, and a Go call
+// made while the loader still runs constructors can deadlock waiting for the
+// runtime's start-up (golang/go#43836).
+static int cfg_active(void) {
+	int c = LOAD(&g_cfg);
+	if (likely(c != 0)) return c == 1;
+	if (!g_enabled || !LOADR(&g_go_ok)) return 0;
+	int e = errno;
+	pthread_mutex_lock(&g_cfg_mu);
+	c = LOAD(&g_cfg);
+	if (c == 0) {
+		c = mpi5kGoInit() ? 1 : 2;
+		STORE(&g_cfg, c);
+	}
+	pthread_mutex_unlock(&g_cfg_mu);
+	errno = e;
+	return c == 1;
+}
+
+// ---- tracing: lock-free ring, drained by a Go goroutine -------------------
+
+#define RING_N (1u << 16)
+#define RING_MASK (RING_N - 1)
+struct ring {
+	uint64_t head __attribute__((aligned(64)));
+	uint64_t tail __attribute__((aligned(64)));
+	uint64_t lost, lost_reported, written;
+	uint64_t seq[RING_N];
+	struct mpi5k_rec rec[RING_N];
+};
+static struct ring *g_ring;
+static int g_trace_fd = -1;
+static pthread_mutex_t g_flush_mu = PTHREAD_MUTEX_INITIALIZER;
+static __thread uint32_t t_tid __attribute__((tls_model("initial-exec")));
+
+static inline uint64_t now_ns(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint32_t tid(void) {
+	if (unlikely(t_tid == 0)) t_tid = (uint32_t)syscall(SYS_gettid);
+	return t_tid;
+}
+
+// ring_claim reserves a slot (Vyukov's bounded queue, producer side) or
+// returns NULL and counts a loss when the flusher is behind.
+static struct mpi5k_rec *ring_claim(uint64_t *posp) {
+	struct ring *r = g_ring;
+	uint64_t pos = LOADR(&r->head);
+	for (;;) {
+		uint64_t seq = LOAD(&r->seq[pos & RING_MASK]);
+		int64_t d = (int64_t)(seq - pos);
+		if (d == 0) {
+			if (__atomic_compare_exchange_n(&r->head, &pos, pos + 1, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+				break;
+		} else if (d < 0) {
+			__atomic_fetch_add(&r->lost, 1, __ATOMIC_RELAXED);
+			return NULL;
+		} else {
+			pos = LOADR(&r->head);
+		}
+	}
+	*posp = pos;
+	return &r->rec[pos & RING_MASK];
+}
+
+static inline void ring_commit(uint64_t pos) { STORE(&g_ring->seq[pos & RING_MASK], pos + 1); }
+
+static void trace_call(int fd, int fn, uint64_t t0, int64_t ret, uint64_t req, int err) {
+	uint64_t pos, t1 = now_ns();
+	struct mpi5k_rec *rc = ring_claim(&pos);
+	if (!rc) return;
+	uint64_t d = t1 - t0;
+	rc->t = t0;
+	rc->dur = d > 0xffffffffu ? 0xffffffffu : (uint32_t)d;
+	rc->tid = tid();
+	rc->fd = fd;
+	rc->kind = 1;
+	rc->fn = (uint8_t)fn;
+	rc->flags = fd_ok(fd) ? (LOADR(&g_flags[fd]) & (MPI5K_F_RELAYED | MPI5K_F_TRUEPEER)) : 0;
+	rc->ret = ret;
+	rc->req = req;
+	rc->err = ret < 0 ? err : 0;
+	rc->resv0 = 0;
+	memset(rc->resv1, 0, sizeof rc->resv1);
+	ring_commit(pos);
+}
+
+static void ep_to_tep(const struct mpi5k_ep *e, struct mpi5k_trace_ep *t) {
+	t->family = e->family;
+	t->site = e->site;
+	t->port = e->port;
+	memcpy(t->addr, e->addr, 16);
+}
+
+// sample_hook has the Go side take a TCP_INFO sample of a traced TCP socket
+// right after it opened (open=1) or right before it closes (shim/sample.go).
+// Only once Go opened the trace file: the runtime is up then, so the hook
+// never enters Go from a constructor (golang/go#43836).
+static void sample_hook(int fd, int open) {
+	if (LOAD(&g_trace_fd) < 0) return;
+	int e = errno;
+	if (open) mpi5kGoSampleOpen(fd);
+	else mpi5kGoSampleClose(fd);
+	errno = e;
+}
+
+static void trace_conn(int fd, int fn, const struct mpi5k_ep *peer) {
+	struct sockaddr_storage ss;
+	socklen_t l = sizeof ss;
+	struct mpi5k_ep local;
+	int e = errno;
+	if (getsockname(fd, (struct sockaddr *)&ss, &l) != 0 || !mpi5k_sockaddr_to_ep((struct sockaddr *)&ss, l, &local))
+		memset(&local, 0, sizeof local);
+	errno = e;
+	uint64_t pos;
+	struct mpi5k_rec *rc = ring_claim(&pos);
+	if (!rc) return;
+	memset(rc, 0, sizeof *rc);
+	rc->t = now_ns();
+	rc->tid = tid();
+	rc->fd = fd;
+	rc->kind = 2;
+	rc->fn = (uint8_t)fn;
+	rc->flags = fd_ok(fd) ? (LOADR(&g_flags[fd]) & (MPI5K_F_RELAYED | MPI5K_F_TRUEPEER)) : 0;
+	ep_to_tep(&local, (struct mpi5k_trace_ep *)((char *)rc + 24));
+	ep_to_tep(peer, (struct mpi5k_trace_ep *)((char *)rc + 44));
+	ring_commit(pos);
+	sample_hook(fd, 1);
+}
+
+// classify looks once per fd at whether it is a TCP socket; the answer is
+// cached in the fd table until close/dup clears it.
+static uint8_t classify(int fd) {
+	int e = errno, proto = 0;
+	socklen_t l = sizeof proto;
+	uint8_t add = MPI5K_F_KNOWN;
+	if (getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &l) == 0 && proto == IPPROTO_TCP) add |= MPI5K_F_TCP;
+	errno = e;
+	fd_hi(fd);
+	return __atomic_or_fetch(&g_flags[fd], add, __ATOMIC_RELAXED);
+}
+
+static inline int traced(int fd) {
+	if (!fd_ok(fd)) return 0;
+	uint8_t f = LOADR(&g_flags[fd]);
+	if (unlikely(!(f & MPI5K_F_KNOWN))) f = classify(fd);
+	return f & MPI5K_F_TCP;
+}
+
+void mpi5k_set_trace_fd(int fd) { STORE(&g_trace_fd, fd); }
+
+// mpi5k_sleep_ms lets the Go flusher sleep without a Go timer: the first Go
+// timer starts the runtime's netpoller, an epoll fd and an eventfd that would
+// appear among the host's fds.
+void mpi5k_sleep_ms(int ms) {
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+		;
+}
+
+void mpi5k_trace_stats(uint64_t *written, uint64_t *lost) {
+	*written = g_ring ? LOADR(&g_ring->written) : 0;
+	*lost = g_ring ? LOADR(&g_ring->lost) : 0;
+}
+
+static int write_all(int fd, const void *p, size_t n) {
+	const char *b = p;
+	while (n > 0) {
+		ssize_t w = REAL(write)(fd, b, n);
+		if (w < 0) {
+			if (errno == EINTR) continue;
+			return -1;
+		}
+		b += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+// mpi5k_trace_flush writes every committed record to the trace file. Called
+// by the Go flusher goroutine and by the destructor at exit. Returns the
+// number of records written.
+int mpi5k_trace_flush(void) {
+	struct ring *r = g_ring;
+	int fd = LOAD(&g_trace_fd), total = 0, e = errno;
+	if (r == NULL || fd < 0) return 0;
+	static struct mpi5k_rec buf[256];
+	pthread_mutex_lock(&g_flush_mu);
+	for (;;) {
+		int n = 0;
+		uint64_t lost = LOADR(&r->lost);
+		if (lost != r->lost_reported) {
+			memset(&buf[n], 0, sizeof buf[n]);
+			buf[n].t = now_ns();
+			buf[n].kind = 3;
+			buf[n].fd = -1;
+			buf[n].ret = (int64_t)(lost - r->lost_reported);
+			r->lost_reported = lost;
+			n++;
+		}
+		while (n < 256) {
+			uint64_t pos = r->tail;
+			if (LOAD(&r->seq[pos & RING_MASK]) != pos + 1) break;
+			buf[n++] = r->rec[pos & RING_MASK];
+			STORE(&r->seq[pos & RING_MASK], pos + RING_N);
+			r->tail = pos + 1;
+		}
+		if (n == 0) break;
+		if (write_all(fd, buf, sizeof buf[0] * (size_t)n) != 0) break;
+		total += n;
+		__atomic_fetch_add(&r->written, (uint64_t)n, __ATOMIC_RELAXED);
+	}
+	pthread_mutex_unlock(&g_flush_mu);
+	errno = e;
+	return total;
+}
+
+// ---- fork ---------------------------------------------------------------
+
+// A child forked without exec has only the forking thread; Go's scheduler
+// threads are gone and entering Go there can hang forever (golang/go#15538,
+// golang/go#14767, golang/go#53806: only fork+exec is supported; measured
+// here: children hang without this handler, 100/100 with it). So the child
+// never enters Go: connects
+// pass through directly and tracing stops (its ring belongs to the parent's
+// flusher). After exec the new image loads a fresh copy of the shim.
+static void atfork_child(void) {
+	STORE(&g_go_ok, 0);
+	STORE(&g_tracing, 0);
+	int fd = LOAD(&g_trace_fd);
+	STORE(&g_trace_fd, -1);
+	if (fd >= 0) REAL(close)(fd);
+}
+
+// ---- start-up checks ------------------------------------------------------
+
+static int note_is_go(const char *p, size_t n) {
+	// ELF notes: namesz, descsz, type, name (padded to 4), desc (padded to 4).
+	size_t off = 0;
+	while (off + 12 <= n) {
+		uint32_t namesz, descsz, type;
+		memcpy(&namesz, p + off, 4);
+		memcpy(&descsz, p + off + 4, 4);
+		memcpy(&type, p + off + 8, 4);
+		const char *name = p + off + 12;
+		// Go's linker writes a "Go" note of type 4 (the build id) into every
+		// binary and shared object it links.
+		if (type == 4 && (namesz == 3 || namesz == 4) && off + 12 + namesz <= n && !memcmp(name, "Go", 3)) return 1;
+		off += 12 + ((namesz + 3) & ~3u) + ((descsz + 3) & ~3u);
+	}
+	return 0;
+}
+
+static uintptr_t g_self_base;
+
+static int phdr_cb(struct dl_phdr_info *info, size_t size, void *data) {
+	(void)size;
+	if (info->dlpi_addr == g_self_base) return 0;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		if (ph->p_type == PT_NOTE &&
+		    note_is_go((const char *)(info->dlpi_addr + ph->p_vaddr), ph->p_memsz)) {
+			*(int *)data = 1;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+// other_go_runtime reports whether any loaded object other than this library
+// was built by Go: two Go runtimes in one process fight over signals and
+// threads, so the shim then stays passive.
+static int other_go_runtime(void) {
+	Dl_info di;
+	if (dladdr((void *)&other_go_runtime, &di) && di.dli_fbase) {
+		// dlpi_addr is the load bias; for a shared object it equals the base.
+		g_self_base = (uintptr_t)di.dli_fbase;
+	}
+	int found = 0;
+	dl_iterate_phdr(phdr_cb, &found);
+	return found;
+}
+
+// fix_godebug adds asyncpreemptoff=1 to an existing GODEBUG variable in
+// place. Go's runtime in a c-shared library reads the environment from the
+// original envp array later, on its own start-up thread; a new variable
+// added with setenv() lands in a new array it never sees, but replacing the
+// pointer of an existing slot is seen. Without GODEBUG in the environment the
+// launcher must set it (docs/shim.md): //go:debug cannot set this one.
+static void fix_godebug(void) {
+	extern char **environ;
+	for (char **e = environ; e && *e; e++) {
+		if (strncmp(*e, "GODEBUG=", 8) != 0) continue;
+		if (strstr(*e, "asyncpreemptoff=")) return;
+		size_t n = strlen(*e) + sizeof ",asyncpreemptoff=1";
+		char *s = malloc(n);
+		if (!s) return;
+		snprintf(s, n, "%s%sasyncpreemptoff=1", *e, (*e)[8] ? "," : "");
+		*e = s; // leaked on purpose: the environment keeps pointing to it
+		return;
+	}
+}
+
+static int env_on(const char *name) {
+	const char *v = getenv(name);
+	return v && *v && strcmp(v, "0") != 0;
+}
+
+// Priority 101 runs before the Go runtime's own initializer in this library
+// (plain .init_array entries sort after prioritized ones), so GODEBUG is fixed
+// before the runtime reads it.
+__attribute__((constructor(101))) static void mpi5k_ctor(void) {
+	resolve();
+	STORE(&g_go_ok, 1);
+	if (getauxval(AT_SECURE)) return; // setuid/setgid: never act
+	// Another Go runtime's GODEBUG is not ours to change.
+	if (other_go_runtime()) return;
+	// Even a passive shim starts a Go runtime, whose preemption signals
+	// (seen at start-up) must not reach the host.
+	fix_godebug();
+	const char *map = getenv("MPI5K_MAP");
+	if (!map || !*map) return; // no map: pure pass-through
+	g_allow_loopback = env_on("MPI5K_TEST_ALLOW_LOOPBACK");
+	void *f = mmap(NULL, FD_MAX, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	void *p = mmap(NULL, sizeof(struct mpi5k_ep) * FD_MAX, PROT_READ | PROT_WRITE,
+	               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (f == MAP_FAILED || p == MAP_FAILED) return;
+	g_peer = p;
+	const char *tr = getenv("MPI5K_TRACE");
+	if (tr && *tr) {
+		void *r = mmap(NULL, sizeof(struct ring), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (r != MAP_FAILED) {
+			g_ring = r;
+			for (uint64_t i = 0; i < RING_N; i++) g_ring->seq[i] = i;
+			g_trace_wanted = 1;
+		}
+	}
+	pthread_atfork(NULL, NULL, atfork_child);
+	g_flags = f;
+	g_enabled = 1;
+	if (g_ring) STORE(&g_tracing, 1);
+}
+
+__attribute__((destructor)) static void mpi5k_dtor(void) {
+	if (LOADR(&g_tracing)) mpi5k_trace_flush();
+}
+
+// ---- connect / accept / getpeername ----------------------------------------
+
+enum { FN_READ = 1, FN_WRITE, FN_READV, FN_WRITEV, FN_SEND, FN_SENDTO, FN_SENDMSG, FN_RECV,
+       FN_RECVFROM, FN_RECVMSG, FN_CONNECT, FN_ACCEPT, FN_ACCEPT4, FN_CLOSE };
+
+static int want_relay(int fd, const struct sockaddr *sa, socklen_t len) {
+	if (!g_enabled || !LOADR(&g_go_ok) || sa == NULL) return 0;
+	if (sa->sa_family == AF_INET) {
+		if (len < (socklen_t)sizeof(struct sockaddr_in)) return 0;
+	} else if (sa->sa_family == AF_INET6) {
+		if (len < (socklen_t)sizeof(struct sockaddr_in6)) return 0;
+	} else {
+		return 0;
+	}
+	if (!g_allow_loopback && is_local_addr(sa)) return 0;
+	int e = errno, type = 0;
+	socklen_t l = sizeof type;
+	int r = getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l);
+	errno = e;
+	if (r != 0 || type != SOCK_STREAM) return 0;
+	return cfg_active();
+}
+
+int connect(int fd, const struct sockaddr *sa, socklen_t len) {
+	if (want_relay(fd, sa, len)) {
+		if (fd_ok(fd) && (LOAD(&g_flags[fd]) & MPI5K_F_RELAYED)) {
+			errno = EISCONN; // a second connect() after EINPROGRESS: it is connected
+			return -1;
+		}
+		int e = errno;
+		uint64_t t0 = now_ns();
+		int r = mpi5kGoConnect(fd, (struct sockaddr *)sa, len);
+		if (r == MPI5K_RELAYED || r == MPI5K_RELAYED_NB) {
+			struct mpi5k_ep dst;
+			mpi5k_sockaddr_to_ep(sa, len, &dst);
+			if (fd_ok(fd)) {
+				g_peer[fd] = dst;
+				fd_hi(fd);
+				STORE(&g_flags[fd], MPI5K_F_RELAYED | MPI5K_F_KNOWN | MPI5K_F_TCP);
+			}
+			int ret = r == MPI5K_RELAYED ? 0 : -1;
+			if (LOADR(&g_tracing)) {
+				trace_call(fd, FN_CONNECT, t0, ret, 0, EINPROGRESS);
+				trace_conn(fd, FN_CONNECT, &dst);
+			}
+			// A non-blocking socket reports EINPROGRESS even though it is
+			// already connected: that is what Linux itself answers for a
+			// loopback connect, the path applications test most; POLLOUT and
+			// SO_ERROR=0 follow at once.
+			errno = r == MPI5K_RELAYED ? e : EINPROGRESS;
+			return ret;
+		}
+		if (r < 0) {
+			errno = -r;
+			return -1;
+		}
+		errno = e; // MPI5K_PASS: same site, unknown, or fallback direct
+	}
+	if (likely(!LOADR(&g_tracing))) return REAL(connect)(fd, sa, len);
+	fd_clear(fd); // connect on a reused fd number: classify again
+	uint64_t t0 = now_ns();
+	int r = REAL(connect)(fd, sa, len);
+	int e = errno;
+	if (traced(fd)) {
+		trace_call(fd, FN_CONNECT, t0, r, 0, e);
+		struct mpi5k_ep peer;
+		if ((r == 0 || e == EINPROGRESS) && mpi5k_sockaddr_to_ep(sa, len, &peer)) trace_conn(fd, FN_CONNECT, &peer);
+	}
+	errno = e;
+	return r;
+}
+
+static int do_accept(int fd, struct sockaddr *addr, socklen_t *lenp, int flags, int fn) {
+	int active = g_enabled && LOADR(&g_go_ok) && (cfg_active() || LOADR(&g_tracing));
+	if (!active) {
+		return fn == FN_ACCEPT ? REAL(accept)(fd, addr, lenp) : REAL(accept4)(fd, addr, lenp, flags);
+	}
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof ss;
+	uint64_t t0 = now_ns();
+	int nfd = fn == FN_ACCEPT ? REAL(accept)(fd, (struct sockaddr *)&ss, &sl)
+	                          : REAL(accept4)(fd, (struct sockaddr *)&ss, &sl, flags);
+	int e = errno;
+	if (nfd < 0) {
+		if (LOADR(&g_tracing) && traced(fd)) trace_call(fd, fn, t0, nfd, 0, e);
+		errno = e;
+		return nfd;
+	}
+	fd_clear(nfd);
+	struct mpi5k_ep seen, truep;
+	int have = mpi5k_sockaddr_to_ep((struct sockaddr *)&ss, sl, &seen);
+	truep = seen;
+	if (have && LOAD(&g_cfg) == 1 && is_gateway(&seen) && LOADR(&g_go_ok)) {
+		if (mpi5kGoPeerQuery(nfd, &seen, &truep) == 1 && fd_ok(nfd)) {
+			g_peer[nfd] = truep;
+			fd_hi(nfd);
+			STORE(&g_flags[nfd], MPI5K_F_TRUEPEER | MPI5K_F_KNOWN | MPI5K_F_TCP);
+			struct sockaddr_storage out;
+			socklen_t ol = ep_to_sockaddr(&truep, ss.ss_family, &out);
+			ss = out;
+			sl = ol;
+		} else {
+			truep = seen;
+		}
+	}
+	copy_out(addr, lenp, &ss, sl);
+	if (LOADR(&g_tracing) && traced(nfd)) {
+		trace_call(fd, fn, t0, nfd, 0, 0);
+		if (have) trace_conn(nfd, fn, &truep);
+	}
+	errno = e;
+	return nfd;
+}
+
+int accept(int fd, struct sockaddr *addr, socklen_t *lenp) { return do_accept(fd, addr, lenp, 0, FN_ACCEPT); }
+int accept4(int fd, struct sockaddr *addr, socklen_t *lenp, int flags) {
+	return do_accept(fd, addr, lenp, flags, FN_ACCEPT4);
+}
+
+int getpeername(int fd, struct sockaddr *addr, socklen_t *lenp) {
+	if (likely(!fd_ok(fd) || !(LOAD(&g_flags[fd]) & (MPI5K_F_RELAYED | MPI5K_F_TRUEPEER))))
+		return REAL(getpeername)(fd, addr, lenp);
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof ss;
+	int r = REAL(getpeername)(fd, (struct sockaddr *)&ss, &sl);
+	if (r != 0) return r; // not connected (any more): the kernel's answer stands
+	int e = errno;
+	struct mpi5k_ep seen;
+	// The stored endpoint is only valid while the kernel still sees the
+	// gateway: an fd closed behind our back (fclose, a raw syscall) and reused
+	// must get the kernel's answer.
+	if (mpi5k_sockaddr_to_ep((struct sockaddr *)&ss, sl, &seen) && is_gateway(&seen)) {
+		struct mpi5k_ep p = g_peer[fd];
+		sl = ep_to_sockaddr(&p, ss.ss_family, &ss);
+	} else {
+		fd_clear(fd);
+	}
+	copy_out(addr, lenp, &ss, sl);
+	errno = e;
+	return 0;
+}
+
+// ---- fd lifecycle -----------------------------------------------------------
+
+// socket clears the new fd's entry: the number may have been closed behind
+// the shim's back (fclose, a raw syscall) while it was managed.
+int socket(int domain, int type, int proto) {
+	int fd = REAL(socket)(domain, type, proto);
+	if (fd >= 0) fd_clear(fd);
+	return fd;
+}
+
+int close(int fd) {
+	if (likely(!fd_ok(fd))) return REAL(close)(fd);
+	uint8_t f = LOADR(&g_flags[fd]);
+	if (f && LOADR(&g_tracing) && (f & MPI5K_F_TCP)) {
+		sample_hook(fd, 0);
+		fd_clear(fd);
+		uint64_t t0 = now_ns();
+		int r = REAL(close)(fd);
+		int e = errno;
+		trace_call(fd, FN_CLOSE, t0, r, 0, e);
+		errno = e;
+		return r;
+	}
+	if (f) STORE(&g_flags[fd], 0);
+	return REAL(close)(fd);
+}
+
+int dup(int fd) {
+	int r = REAL(dup)(fd);
+	if (r >= 0 && fd_ok(fd)) fd_copy(fd, r);
+	return r;
+}
+
+int dup2(int oldfd, int newfd) {
+	int r = REAL(dup2)(oldfd, newfd);
+	if (r >= 0 && oldfd != newfd && g_flags) fd_copy(oldfd, newfd);
+	return r;
+}
+
+int dup3(int oldfd, int newfd, int flags) {
+	int r = REAL(dup3)(oldfd, newfd, flags);
+	if (r >= 0 && g_flags) fd_copy(oldfd, newfd);
+	return r;
+}
+
+static int do_fcntl(fcntl_fn fn, int fd, int cmd, void *arg) {
+	int r = fn(fd, cmd, arg);
+	if (r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && g_flags) fd_copy(fd, r);
+	return r;
+}
+
+// fcntl is variadic; every command takes at most one argument that fits in a
+// pointer-sized register, so forwarding it as void * is exact on Linux ABIs.
+int fcntl(int fd, int cmd, ...) {
+	va_list ap;
+	va_start(ap, cmd);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	return do_fcntl(REAL(fcntl), fd, cmd, arg);
+}
+
+// Programs built with _FILE_OFFSET_BITS=64 on glibc >= 2.28 call fcntl64.
+int fcntl64(int fd, int cmd, ...) {
+	va_list ap;
+	va_start(ap, cmd);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	if (unlikely(real_fcntl64 == NULL)) resolve();
+	return do_fcntl(real_fcntl64, fd, cmd, arg);
+}
+
+static void clear_range(unsigned first, unsigned last) {
+	if (!g_flags) return;
+	unsigned hi = (unsigned)LOADR(&g_fd_hi);
+	if (last > hi) last = hi;
+	for (unsigned fd = first; fd <= last && fd < FD_MAX; fd++) fd_clear((int)fd);
+}
+
+int close_range(unsigned first, unsigned last, int flags) {
+	if (!real_close_range) resolve();
+	if (!real_close_range) {
+		errno = ENOSYS;
+		return -1;
+	}
+	int r = real_close_range(first, last, flags);
+#ifdef CLOSE_RANGE_CLOEXEC
+	if (r == 0 && !(flags & CLOSE_RANGE_CLOEXEC)) clear_range(first, last);
+#else
+	if (r == 0 && !(flags & (1U << 2))) clear_range(first, last);
+#endif
+	return r;
+}
+
+void closefrom(int lowfd) {
+	if (!real_closefrom) resolve();
+	if (lowfd >= 0) clear_range((unsigned)lowfd, ~0u);
+	if (real_closefrom) real_closefrom(lowfd);
+}
+
+// ---- data calls: traced only -------------------------------------------------
+
+#define TRACED(fd, fn, req, call)                                                                  \
+	do {                                                                                       \
+		if (likely(!LOADR(&g_tracing)) || !traced(fd)) return call;                        \
+		uint64_t t0 = now_ns();                                                            \
+		ssize_t r = call;                                                                  \
+		int e = errno;                                                                     \
+		trace_call(fd, fn, t0, r, req, e);                                                 \
+		errno = e;                                                                         \
+		return r;                                                                          \
+	} while (0)
+
+static size_t iov_len(const struct iovec *iov, int n) {
+	size_t s = 0;
+	for (int i = 0; iov && i < n; i++) s += iov[i].iov_len;
+	return s;
+}
+
+ssize_t read(int fd, void *b, size_t n) { TRACED(fd, FN_READ, n, REAL(read)(fd, b, n)); }
+ssize_t write(int fd, const void *b, size_t n) { TRACED(fd, FN_WRITE, n, REAL(write)(fd, b, n)); }
+ssize_t readv(int fd, const struct iovec *v, int c) { TRACED(fd, FN_READV, iov_len(v, c), REAL(readv)(fd, v, c)); }
+ssize_t writev(int fd, const struct iovec *v, int c) {
+	TRACED(fd, FN_WRITEV, iov_len(v, c), REAL(writev)(fd, v, c));
+}
+ssize_t send(int fd, const void *b, size_t n, int fl) { TRACED(fd, FN_SEND, n, REAL(send)(fd, b, n, fl)); }
+ssize_t sendto(int fd, const void *b, size_t n, int fl, const struct sockaddr *a, socklen_t al) {
+	TRACED(fd, FN_SENDTO, n, REAL(sendto)(fd, b, n, fl, a, al));
+}
+ssize_t sendmsg(int fd, const struct msghdr *m, int fl) {
+	TRACED(fd, FN_SENDMSG, m ? iov_len(m->msg_iov, (int)m->msg_iovlen) : 0, REAL(sendmsg)(fd, m, fl));
+}
+ssize_t recv(int fd, void *b, size_t n, int fl) { TRACED(fd, FN_RECV, n, REAL(recv)(fd, b, n, fl)); }
+ssize_t recvfrom(int fd, void *b, size_t n, int fl, struct sockaddr *a, socklen_t *al) {
+	TRACED(fd, FN_RECVFROM, n, REAL(recvfrom)(fd, b, n, fl, a, al));
+}
+ssize_t recvmsg(int fd, struct msghdr *m, int fl) {
+	TRACED(fd, FN_RECVMSG, m ? iov_len(m->msg_iov, (int)m->msg_iovlen) : 0, REAL(recvmsg)(fd, m, fl));
+}
+
+// _FORTIFY_SOURCE builds (Debian's default for packages) call these instead.
+ssize_t __read_chk(int fd, void *b, size_t n, size_t bl) {
+	TRACED(fd, FN_READ, n, REAL(__read_chk)(fd, b, n, bl));
+}
+ssize_t __recv_chk(int fd, void *b, size_t n, size_t bl, int fl) {
+	TRACED(fd, FN_RECV, n, REAL(__recv_chk)(fd, b, n, bl, fl));
+}
+ssize_t __recvfrom_chk(int fd, void *b, size_t n, size_t bl, int fl, struct sockaddr *a, socklen_t *al) {
+	TRACED(fd, FN_RECVFROM, n, REAL(__recvfrom_chk)(fd, b, n, bl, fl, a, al));
+}

@@ -1,0 +1,387 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mpi5k/mpi5k/header"
+)
+
+// Results of relayConnect, mirrored from shim.h.
+const (
+	resPass      = 1
+	resRelayed   = 0
+	resRelayedNB = 2
+)
+
+var warnOnce sync.Once
+
+// relayConnect decides whether dst is in another site and, if so, connects
+// the application's own fd to the local gateway and sends OPEN. The
+// syscalls go straight to the kernel (x/sys/unix), not through the shim.
+func relayConnect(fd int, dst netip.AddrPort) int {
+	c := getConfig()
+	if c == nil || !dst.IsValid() {
+		return resPass
+	}
+	a := dst.Addr().Unmap()
+	s, ok := c.m.Lookup(a)
+	if !ok || s == c.local {
+		return resPass // unknown to the map or same site: never touched
+	}
+	if _, gw := c.m.GatewaySite(a); gw {
+		return resPass // talking to a gateway itself (e.g. its metrics)
+	}
+	dst = netip.AddrPortFrom(a, dst.Port())
+	gw := c.local.LAN
+	err := dialGateway(fd, gw, c.timeout)
+	if err == nil {
+		var local unix.Sockaddr
+		local, err = unix.Getsockname(fd)
+		if err == nil {
+			err = sendOpen(fd, dst, sockaddrToAddrPort(local), c)
+		}
+	}
+	if err == nil {
+		logf(levelDebug, "fd %d: %s (site %s) via gateway %s", fd, dst, s.Name, gw)
+		if nonblocking(fd) {
+			return resRelayedNB
+		}
+		return resRelayed
+	}
+	disconnect(fd)
+	if c.fallback {
+		logf(levelInfo, "gateway %s unreachable (%v): connecting %s directly (MPI5K_FALLBACK=direct)", gw, err, dst)
+		return resPass
+	}
+	errno := errnoOf(err)
+	warnOnce.Do(func() {
+		logf(levelError, "cannot reach gateway %s of site %s (map %s) for %s: %v; set MPI5K_FALLBACK=direct to connect directly",
+			gw, c.local.Name, c.mapPath, dst, err)
+	})
+	return -int(errno)
+}
+
+func errnoOf(err error) syscall.Errno {
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		switch e {
+		case unix.ECONNREFUSED, unix.ENETUNREACH, unix.EHOSTUNREACH, unix.ETIMEDOUT,
+			unix.ECONNRESET, unix.EADDRNOTAVAIL, unix.EAFNOSUPPORT, unix.EISCONN, unix.EALREADY:
+			return e
+		}
+	}
+	return unix.ECONNREFUSED
+}
+
+func nonblocking(fd int) bool {
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	return err == nil && fl&unix.O_NONBLOCK != 0
+}
+
+// dialGateway connects fd to gw within timeout whatever the socket's mode:
+// a blocking socket is switched to non-blocking for the connect so an
+// unreachable gateway costs at most the timeout, then restored. A prior
+// bind() of the application stays in effect (same fd).
+func dialGateway(fd int, gw netip.AddrPort, timeout time.Duration) error {
+	dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+	if err != nil {
+		return err
+	}
+	var sa unix.Sockaddr
+	switch {
+	case dom == unix.AF_INET6:
+		sa = &unix.SockaddrInet6{Port: int(gw.Port()), Addr: gw.Addr().As16()} // v4 becomes v4-mapped
+	case dom == unix.AF_INET && gw.Addr().Unmap().Is4():
+		sa = &unix.SockaddrInet4{Port: int(gw.Port()), Addr: gw.Addr().Unmap().As4()}
+	default:
+		return fmt.Errorf("an IPv4 socket cannot reach IPv6 gateway %s: %w", gw, unix.EAFNOSUPPORT)
+	}
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return err
+	}
+	if fl&unix.O_NONBLOCK == 0 {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, fl|unix.O_NONBLOCK); err != nil {
+			return err
+		}
+		defer unix.FcntlInt(uintptr(fd), unix.F_SETFL, fl)
+	}
+	err = unix.Connect(fd, sa)
+	if err == nil {
+		return nil
+	}
+	if err != unix.EINPROGRESS && err != unix.EINTR {
+		return err
+	}
+	if err := waitFd(fd, unix.POLLOUT, time.Now().Add(timeout)); err != nil {
+		return err
+	}
+	soerr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+	if err != nil {
+		return err
+	}
+	if soerr != 0 {
+		return syscall.Errno(soerr)
+	}
+	return nil
+}
+
+// waitFd polls fd for ev until deadline; ETIMEDOUT when it passes.
+func waitFd(fd int, ev int16, deadline time.Time) error {
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return unix.ETIMEDOUT
+		}
+		ms := int(left / time.Millisecond)
+		if ms == 0 {
+			ms = 1
+		}
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: ev}}
+		n, err := unix.Poll(pfd, ms)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			return nil
+		}
+	}
+}
+
+// sendOpen writes the OPEN frame; the socket buffer of a fresh connection
+// takes it at once, but a non-blocking socket may still say EAGAIN.
+func sendOpen(fd int, dst, src netip.AddrPort, c *config) error {
+	body, err := header.AppendOpen(nil, &header.Open{Dst: dst, Src: src, Label: c.label})
+	if err != nil {
+		return err
+	}
+	return sendAll(fd, header.AppendFrame(nil, header.TypeOpen, 0, body), time.Now().Add(c.timeout))
+}
+
+// sendAll writes frame to a socket that may be non-blocking, without SIGPIPE.
+func sendAll(fd int, frame []byte, deadline time.Time) error {
+	for len(frame) > 0 {
+		n, err := unix.SendmsgN(fd, frame, nil, nil, unix.MSG_NOSIGNAL)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			if err := waitFd(fd, unix.POLLOUT, deadline); err != nil {
+				return err
+			}
+			continue
+		case err != nil:
+			return err
+		}
+		frame = frame[n:]
+	}
+	return nil
+}
+
+// disconnect dissolves a half-made gateway connection (connect with
+// AF_UNSPEC) so the socket can be connected again or closed cleanly.
+func disconnect(fd int) {
+	var sa unix.RawSockaddr
+	sa.Family = unix.AF_UNSPEC
+	unix.Syscall(unix.SYS_CONNECT, uintptr(fd), uintptr(unsafe.Pointer(&sa)), unsafe.Sizeof(sa))
+}
+
+func sockaddrToAddrPort(sa unix.Sockaddr) netip.AddrPort {
+	switch s := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(s.Addr), uint16(s.Port))
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(s.Addr).Unmap(), uint16(s.Port))
+	}
+	return netip.AddrPort{}
+}
+
+// ---- peer queries -----------------------------------------------------------
+
+// peerClient is one control connection to a local gateway, shared by all
+// threads of the process (UCX accepts on its own thread). Queries are
+// serialised: an accept costs one LAN round trip either way. The socket is a
+// raw fd with blocking-by-poll I/O rather than a net.Conn so that no netpoll
+// epoll fd appears in the host process; it lives at a high fd number and is
+// re-identified (inode) before each use, because hosts close fds they do not
+// know about (orted, hydra) and may reuse the number.
+type peerClient struct {
+	mu   sync.Mutex
+	addr netip.AddrPort
+	fd   int
+	ino  uint64
+	dev  uint64
+	rd   *header.Reader
+	src  *fdReader
+}
+
+var (
+	peerMu      sync.Mutex
+	peerClients = map[netip.AddrPort]*peerClient{}
+	peerReq     atomic.Uint32
+)
+
+// peerQuery asks the gateway at seen's address who the true source of the
+// connection fd is.
+func peerQuery(fd int, seen netip.AddrPort) (netip.AddrPort, uint8, bool) {
+	c := getConfig()
+	if c == nil {
+		return netip.AddrPort{}, 0, false
+	}
+	s, ok := c.m.GatewaySite(seen.Addr())
+	if !ok {
+		return netip.AddrPort{}, 0, false
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return netip.AddrPort{}, 0, false
+	}
+	q := header.PeerQuery{Seen: seen, Local: sockaddrToAddrPort(sa)}
+	peerMu.Lock()
+	pc := peerClients[s.LAN]
+	if pc == nil {
+		pc = &peerClient{addr: s.LAN, fd: -1}
+		peerClients[s.LAN] = pc
+	}
+	peerMu.Unlock()
+	// One retry on a fresh connection: the gateway may have restarted or
+	// closed an idle control connection.
+	for attempt := 0; attempt < 2; attempt++ {
+		r, err := pc.query(&q, c.timeout)
+		if err == nil {
+			if !r.Found {
+				logf(levelInfo, "gateway %s does not know connection %s -> %s", s.LAN, seen, q.Local)
+				return netip.AddrPort{}, 0, false
+			}
+			return r.Source, r.SiteID, true
+		}
+		logf(levelWarn, "peer query to gateway %s: %v", s.LAN, err)
+	}
+	return netip.AddrPort{}, 0, false
+}
+
+// highFd moves fd above the numbers applications usually use.
+func highFd(fd int) int {
+	nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 900)
+	if err != nil {
+		return fd
+	}
+	unix.Close(fd)
+	return nfd
+}
+
+func fdIdentity(fd int) (ino, dev uint64, ok bool) {
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		return 0, 0, false
+	}
+	return st.Ino, st.Dev, true
+}
+
+func (pc *peerClient) dial(timeout time.Duration) error {
+	dom := unix.AF_INET
+	if !pc.addr.Addr().Unmap().Is4() {
+		dom = unix.AF_INET6
+	}
+	fd, err := unix.Socket(dom, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return err
+	}
+	fd = highFd(fd)
+	if err := dialGateway(fd, pc.addr, timeout); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	pc.ino, pc.dev, _ = fdIdentity(fd)
+	pc.fd = fd
+	pc.src = &fdReader{fd: fd}
+	pc.rd = header.NewReader(pc.src, 256)
+	return nil
+}
+
+type fdReader struct {
+	fd       int
+	deadline time.Time
+}
+
+func (r *fdReader) Read(p []byte) (int, error) {
+	for {
+		n, err := unix.Read(r.fd, p)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			if err := waitFd(r.fd, unix.POLLIN, r.deadline); err != nil {
+				return 0, err
+			}
+			continue
+		case err != nil:
+			return 0, err
+		case n == 0:
+			return 0, io.EOF
+		}
+		return n, nil
+	}
+}
+
+func (pc *peerClient) query(q *header.PeerQuery, timeout time.Duration) (header.PeerReply, error) {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if pc.fd >= 0 {
+		if ino, dev, ok := fdIdentity(pc.fd); !ok || ino != pc.ino || dev != pc.dev {
+			pc.fd = -1 // closed (and maybe reused) by the host: not ours to close
+		}
+	}
+	if pc.fd < 0 {
+		if err := pc.dial(timeout); err != nil {
+			return header.PeerReply{}, err
+		}
+	}
+	fail := func(err error) (header.PeerReply, error) {
+		unix.Close(pc.fd)
+		pc.fd, pc.rd = -1, nil
+		return header.PeerReply{}, err
+	}
+	id := peerReq.Add(1)
+	if id == 0 {
+		id = peerReq.Add(1)
+	}
+	deadline := time.Now().Add(timeout)
+	pc.src.deadline = deadline
+	frame := header.AppendFrame(nil, header.TypePeerQuery, id, header.AppendPeerQuery(nil, q))
+	if err := sendAll(pc.fd, frame, deadline); err != nil {
+		return fail(err)
+	}
+	var buf [64]byte
+	for {
+		h, p, err := pc.rd.ReadFrame(buf[:])
+		if err != nil {
+			return fail(err)
+		}
+		if h.Type != header.TypePeerReply {
+			return fail(fmt.Errorf("gateway sent %v on a control connection", h.Type))
+		}
+		if h.Stream != id {
+			continue // a late reply to an abandoned query
+		}
+		r, err := header.ParsePeerReply(p)
+		if err != nil {
+			return fail(err)
+		}
+		return r, nil
+	}
+}

@@ -1,0 +1,261 @@
+package shimtest
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/sitemap"
+)
+
+// fakeGW plays every site's gateway in one process, with the LAN protocol of
+// docs/wire-format.md (OPEN, PEER_QUERY) but no WAN: a stream opened at site
+// X's LAN listener is connected straight to its destination from site Y's
+// LAN address, exactly as Y's gateway would, and recorded for PEER_QUERY.
+// It stands in for bin/mpi5k-gateway so the shim can be tested alone.
+type fakeGW struct {
+	t     *testing.T
+	m     *sitemap.Map
+	lns   []net.Listener
+	mu    sync.Mutex
+	peers map[[2]netip.AddrPort]netip.AddrPort // (gateway end, rank end) -> true source
+	wg    sync.WaitGroup
+
+	opens, refused, queries, found atomic.Int64
+	bytes                          atomic.Int64 // application bytes relayed, both directions
+	badSrc                         atomic.Int64 // OPENs whose source is not in the listener's site
+}
+
+func startFakeGW(t *testing.T, m *sitemap.Map) *fakeGW {
+	g := &fakeGW{t: t, m: m, peers: map[[2]netip.AddrPort]netip.AddrPort{}}
+	for _, s := range m.Sites() {
+		ln, err := net.Listen("tcp", s.LAN.String())
+		if err != nil {
+			t.Fatalf("fake gateway of site %s: %v", s.Name, err)
+		}
+		g.lns = append(g.lns, ln)
+		g.wg.Add(1)
+		go g.serve(ln, s)
+	}
+	t.Cleanup(g.close)
+	return g
+}
+
+func (g *fakeGW) close() {
+	for _, ln := range g.lns {
+		ln.Close()
+	}
+}
+
+func (g *fakeGW) serve(ln net.Listener, site *sitemap.Site) {
+	defer g.wg.Done()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go g.handle(c.(*net.TCPConn), site)
+	}
+}
+
+// readFrame reads exactly one frame (no read-ahead: raw application bytes
+// follow an OPEN on the same connection).
+func readFrame(r io.Reader) (header.Header, []byte, error) {
+	var hb [header.Size]byte
+	if _, err := io.ReadFull(r, hb[:]); err != nil {
+		return header.Header{}, nil, err
+	}
+	h, err := header.Decode(hb[:])
+	if err != nil {
+		return h, nil, err
+	}
+	p := make([]byte, h.Length)
+	_, err = io.ReadFull(r, p)
+	return h, p, err
+}
+
+func reset(c *net.TCPConn) {
+	c.SetLinger(0)
+	c.Close()
+}
+
+func (g *fakeGW) handle(c *net.TCPConn, site *sitemap.Site) {
+	h, p, err := readFrame(c)
+	if err != nil {
+		reset(c)
+		return
+	}
+	switch h.Type {
+	case header.TypeOpen:
+		g.open(c, site, p)
+	case header.TypePeerQuery:
+		for {
+			q, err := header.ParsePeerQuery(p)
+			if err != nil {
+				reset(c)
+				return
+			}
+			g.queries.Add(1)
+			g.mu.Lock()
+			src, ok := g.peers[[2]netip.AddrPort{q.Seen, q.Local}]
+			g.mu.Unlock()
+			r := header.PeerReply{Found: ok, Source: src}
+			if ok {
+				g.found.Add(1)
+				if s, ok := g.m.Lookup(src.Addr()); ok {
+					r.SiteID = s.ID
+				}
+			}
+			if _, err := c.Write(header.AppendFrame(nil, header.TypePeerReply, h.Stream, header.AppendPeerReply(nil, &r))); err != nil {
+				return
+			}
+			if h, p, err = readFrame(c); err != nil || h.Type != header.TypePeerQuery {
+				c.Close()
+				return
+			}
+		}
+	default:
+		reset(c)
+	}
+}
+
+func (g *fakeGW) open(c *net.TCPConn, site *sitemap.Site, p []byte) {
+	o, err := header.ParseOpen(p)
+	if err != nil {
+		reset(c)
+		return
+	}
+	g.opens.Add(1)
+	if s, ok := g.m.Lookup(o.Src.Addr()); !ok || s != site {
+		g.badSrc.Add(1)
+		reset(c)
+		return
+	}
+	dsite, ok := g.m.Lookup(o.Dst.Addr())
+	if !ok || dsite == site {
+		g.refused.Add(1)
+		reset(c)
+		return
+	}
+	out, err := g.dialFrom(dsite.LAN.Addr(), o.Dst, o.Src)
+	if err != nil {
+		g.refused.Add(1)
+		reset(c)
+		return
+	}
+	var wg sync.WaitGroup
+	pipe := func(dst, src *net.TCPConn) {
+		defer wg.Done()
+		n, err := io.Copy(dst, src)
+		g.bytes.Add(n)
+		if err != nil {
+			reset(dst)
+			reset(src)
+			return
+		}
+		dst.CloseWrite()
+	}
+	wg.Add(2)
+	go pipe(out, c)
+	go pipe(c, out)
+	wg.Wait()
+	c.Close()
+	out.Close()
+}
+
+// dialFrom connects to dst from local:0, recording (local end, dst) -> src
+// before connect() as the far gateway must, so the destination's peer query
+// can never arrive first.
+func (g *fakeGW) dialFrom(local netip.Addr, dst, src netip.AddrPort) (*net.TCPConn, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: local.As4()}); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	sa, _ := unix.Getsockname(fd)
+	me := netip.AddrPortFrom(local, uint16(sa.(*unix.SockaddrInet4).Port))
+	key := [2]netip.AddrPort{me, dst}
+	g.mu.Lock()
+	g.peers[key] = src
+	g.mu.Unlock()
+	if err := unix.Connect(fd, &unix.SockaddrInet4{Addr: dst.Addr().As4(), Port: int(dst.Port())}); err != nil {
+		unix.Close(fd)
+		g.mu.Lock()
+		delete(g.peers, key)
+		g.mu.Unlock()
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "out")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.TCPConn), nil
+}
+
+// echoServer is a plain (unshimmed) echo server with half-close.
+func echoServer(t *testing.T, addr string) (port int, accepted *atomic.Int64) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	accepted = new(atomic.Int64)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			go func(c *net.TCPConn) {
+				io.Copy(c, c)
+				c.CloseWrite()
+				c.Close()
+			}(c.(*net.TCPConn))
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).Port, accepted
+}
+
+// loopbackMap writes a two-site map on loopback: site a = 127.0.1.0/24 with
+// its gateway at 127.0.1.254, site b = 127.0.2.0/24 at 127.0.2.254. Ports are
+// picked free.
+func loopbackMap(t *testing.T, dir string) (string, *sitemap.Map) {
+	pa, pb := freePort(t, "127.0.1.254"), freePort(t, "127.0.2.254")
+	text := fmt.Sprintf(`site a id=1 lan=127.0.1.254:%d wan=127.0.1.253:7001
+net a 127.0.1.0/24
+site b id=2 lan=127.0.2.254:%d wan=127.0.2.253:7001
+net b 127.0.2.0/24
+`, pa, pb)
+	path := dir + "/map.conf"
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err := sitemap.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path, m
+}
+
+func freePort(t *testing.T, ip string) int {
+	ln, err := net.Listen("tcp", ip+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
