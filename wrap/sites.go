@@ -1,0 +1,275 @@
+package wrap
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/mpi5k/mpi5k/sitemap"
+)
+
+// SiteRule maps a host name or an address range to a site (--sites FILE).
+type SiteRule struct {
+	Host   string       // exact host name, or
+	Prefix netip.Prefix // a CIDR the host's address falls in
+	Site   string
+	Where  string // file:line, for messages
+}
+
+// ReadSiteRules reads --sites FILE: one "<host-or-CIDR> <site>" per line,
+// '#' comments.
+func ReadSiteRules(path string) ([]SiteRule, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var rules []SiteRule
+	sc := bufio.NewScanner(f)
+	for line := 1; sc.Scan(); line++ {
+		text, _, _ := strings.Cut(sc.Text(), "#")
+		fields := strings.Fields(text)
+		if len(fields) == 0 {
+			continue
+		}
+		where := fmt.Sprintf("%s:%d", path, line)
+		if len(fields) != 2 {
+			return nil, fmt.Errorf("%s: want \"<host-or-CIDR> <site>\", got %d fields", where, len(fields))
+		}
+		r := SiteRule{Site: fields[1], Where: where}
+		if strings.Contains(fields[0], "/") {
+			p, err := netip.ParsePrefix(fields[0])
+			if err != nil {
+				return nil, fmt.Errorf("%s: bad CIDR %q: %v", where, fields[0], err)
+			}
+			r.Prefix = p.Masked()
+		} else if a, err := netip.ParseAddr(fields[0]); err == nil {
+			r.Prefix = netip.PrefixFrom(a, a.BitLen())
+		} else {
+			if err := checkHostName(fields[0]); err != nil {
+				return nil, fmt.Errorf("%s: %v", where, err)
+			}
+			r.Host = fields[0]
+		}
+		rules = append(rules, r)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(rules) == 0 {
+		return nil, fmt.Errorf("%s: no rules", path)
+	}
+	return rules, nil
+}
+
+// Resolver finds a host's addresses; tests replace it.
+type Resolver func(ctx context.Context, host string) ([]netip.Addr, error)
+
+// DefaultResolver uses the system resolver (on the lab, each host's own
+// hosts file).
+func DefaultResolver(ctx context.Context, host string) ([]netip.Addr, error) {
+	if a, err := netip.ParseAddr(host); err == nil {
+		return []netip.Addr{a}, nil
+	}
+	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		return nil, err
+	}
+	for i := range addrs {
+		addrs[i] = addrs[i].Unmap()
+	}
+	return addrs, nil
+}
+
+// SiteHost is a host with its site and addresses.
+type SiteHost struct {
+	Host
+	Site  string
+	Addrs []netip.Addr
+}
+
+// Site is one site of the job.
+type Site struct {
+	Name    string
+	ID      uint8
+	Hosts   []SiteHost // in host-list order
+	Gateway SiteHost
+}
+
+// Plan is what the wrapper decided: sites, hosts, gateways.
+type Plan struct {
+	Sites []*Site // sorted by name; ids 1..n in that order
+}
+
+// PlanOptions are the inputs of site assignment.
+type PlanOptions struct {
+	Rules       []SiteRule        // --sites FILE; nil = Grid'5000 naming
+	Gateways    map[string]string // site -> gateway host (--gateway): must name a site of the job
+	EnvGateways map[string]string // from $MPI5K_GATEWAYS: sites the job does not use are ignored
+	Dedicated   bool              // gateways run no ranks
+	Resolve     Resolver
+}
+
+// MakePlan assigns every host to a site and picks each site's gateway.
+func MakePlan(ctx context.Context, hosts []Host, o PlanOptions) (*Plan, error) {
+	if o.Resolve == nil {
+		o.Resolve = DefaultResolver
+	}
+	bySite := map[string]*Site{}
+	var order []string
+	resolve := func(h Host) (SiteHost, error) {
+		addrs, err := o.Resolve(ctx, h.Name)
+		if err != nil {
+			return SiteHost{}, fmt.Errorf("cannot resolve host %s: %v", h.Name, err)
+		}
+		if len(addrs) == 0 {
+			return SiteHost{}, fmt.Errorf("cannot resolve host %s: no address", h.Name)
+		}
+		return SiteHost{Host: h, Addrs: addrs}, nil
+	}
+	for _, h := range hosts {
+		sh, err := resolve(h)
+		if err != nil {
+			return nil, err
+		}
+		site, err := siteOf(sh, o.Rules)
+		if err != nil {
+			return nil, err
+		}
+		sh.Site = site
+		s := bySite[site]
+		if s == nil {
+			s = &Site{Name: site}
+			bySite[site] = s
+			order = append(order, site)
+		}
+		s.Hosts = append(s.Hosts, sh)
+	}
+	gws := map[string]string{}
+	for site, gw := range o.EnvGateways {
+		if bySite[site] != nil {
+			gws[site] = gw
+		}
+	}
+	for site, gw := range o.Gateways {
+		if bySite[site] == nil {
+			return nil, fmt.Errorf("--gateway %s=%s: no host of the job is in site %s", site, gw, site)
+		}
+		gws[site] = gw
+	}
+	for site, gw := range gws {
+		s := bySite[site]
+		sh, err := resolve(Host{Name: gw})
+		if err != nil {
+			return nil, fmt.Errorf("gateway of site %s: %v", site, err)
+		}
+		sh.Site = site
+		s.Gateway = sh
+	}
+	sort.Strings(order)
+	if len(order) > 255 {
+		return nil, fmt.Errorf("%d sites; a site map holds at most 255", len(order))
+	}
+	p := &Plan{}
+	for i, name := range order {
+		s := bySite[name]
+		s.ID = uint8(i + 1)
+		if s.Gateway.Name == "" {
+			// As the original prototype: the last host of the site's list.
+			s.Gateway = s.Hosts[len(s.Hosts)-1]
+		}
+		if o.Dedicated {
+			ranks := 0
+			for _, h := range s.Hosts {
+				if h.Name != s.Gateway.Name {
+					ranks++
+				}
+			}
+			if ranks == 0 {
+				return nil, fmt.Errorf("site %s: --dedicated-gateways leaves no host for ranks (its only host %s is the gateway)", name, s.Gateway.Name)
+			}
+		}
+		p.Sites = append(p.Sites, s)
+	}
+	return p, nil
+}
+
+func siteOf(h SiteHost, rules []SiteRule) (string, error) {
+	if rules == nil {
+		if s, ok := sitemap.Grid5000Site(h.Name); ok {
+			return s, nil
+		}
+		return "", fmt.Errorf("host %s is in no site: its name is not <cluster>-<n>.<site>[.<domain>] (give --sites FILE)", h.Name)
+	}
+	for _, r := range rules {
+		if r.Host != "" && r.Host == h.Name {
+			return r.Site, nil
+		}
+	}
+	for _, r := range rules {
+		if r.Host != "" {
+			continue
+		}
+		for _, a := range h.Addrs {
+			if r.Prefix.Contains(a) {
+				return r.Site, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("host %s (%s) is in no site of the --sites file", h.Name, h.Addrs[0])
+}
+
+// MapText renders the plan as a site map (docs/sitemap-format.md). Each
+// gateway listens on its first address: lanPort for its site's shims,
+// wanPort for the peer gateways.
+func (p *Plan) MapText(lanPort, wanPort int) string {
+	var b strings.Builder
+	b.WriteString("# mpi5k site map written by mpi5k run\n")
+	for _, s := range p.Sites {
+		gw := s.Gateway.Addrs[0]
+		fmt.Fprintf(&b, "site %s id=%d lan=%s wan=%s\n", s.Name, s.ID,
+			netip.AddrPortFrom(gw, uint16(lanPort)), netip.AddrPortFrom(gw, uint16(wanPort)))
+		seen := map[string]bool{}
+		hosts := append([]SiteHost{s.Gateway}, s.Hosts...)
+		for _, h := range hosts {
+			if seen[h.Name] {
+				continue
+			}
+			seen[h.Name] = true
+			addrs := make([]string, len(h.Addrs))
+			for i, a := range h.Addrs {
+				addrs[i] = a.String()
+			}
+			fmt.Fprintf(&b, "host %s %s %s\n", s.Name, h.Name, strings.Join(addrs, " "))
+		}
+	}
+	return b.String()
+}
+
+// ParseGateways reads "site1=gw.site1,site2=gw.site2" ($MPI5K_GATEWAYS) or
+// one --gateway SITE=HOST value into m.
+func ParseGateways(m map[string]string, s string) error {
+	for _, item := range strings.Split(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		site, host, ok := strings.Cut(item, "=")
+		if !ok || site == "" || host == "" {
+			return fmt.Errorf("gateway %q: want SITE=HOST", item)
+		}
+		if err := checkHostName(host); err != nil {
+			return fmt.Errorf("gateway %q: %v", item, err)
+		}
+		if old, dup := m[site]; dup && old != host {
+			return fmt.Errorf("site %s has two gateways: %s and %s", site, old, host)
+		}
+		m[site] = host
+	}
+	return nil
+}

@@ -1,0 +1,138 @@
+package wrap
+
+import (
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Metric names the summary reads from each gateway's /metrics (exported by
+// package gateway). Each carries a "peer" label naming the remote site;
+// bytes also a "dir" label (tx, rx), streams (out, in).
+const (
+	metricBytes       = "mpi5k_wan_bytes_total"
+	metricStreams     = "mpi5k_streams_opened_total"
+	metricRetransmits = "mpi5k_wan_tcp_retransmits_total"
+	// Derived by the gateway from periodic TCP_INFO samples (tcpinfo).
+	metricRetransRTO   = "mpi5k_wan_tcp_retransmits_rto_total"
+	metricRTOs         = "mpi5k_wan_tcp_rtos_total"
+	metricIdleRestarts = "mpi5k_wan_tcp_idle_restarts_total"
+)
+
+// pairStats is what one gateway says about its link to one peer site.
+type pairStats struct {
+	sent, recv, streams, retrans float64
+	retransRTO, rtos, idle       float64
+}
+
+func scrape(addr string) (map[string]*dto.MetricFamily, error) {
+	client := &http.Client{Timeout: 2 * time.Second}
+	resp, err := client.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("/metrics: %s", resp.Status)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	return p.TextToMetricFamilies(resp.Body)
+}
+
+// perPeer sums a metric family by its "peer" label into stats, keeping
+// only samples whose "dir" label is dir when dir is set.
+func perPeer(fams map[string]*dto.MetricFamily, name, dir string, stats map[string]*pairStats, field func(*pairStats) *float64) {
+	f := fams[name]
+	if f == nil {
+		return
+	}
+	for _, m := range f.GetMetric() {
+		peer, d := "", ""
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "peer":
+				peer = l.GetValue()
+			case "dir":
+				d = l.GetValue()
+			}
+		}
+		if peer == "" || (dir != "" && d != dir) {
+			continue
+		}
+		st := stats[peer]
+		if st == nil {
+			st = &pairStats{}
+			stats[peer] = st
+		}
+		var v float64
+		switch {
+		case m.Counter != nil:
+			v = m.GetCounter().GetValue()
+		case m.Gauge != nil:
+			v = m.GetGauge().GetValue()
+		case m.Untyped != nil:
+			v = m.GetUntyped().GetValue()
+		}
+		*field(st) += v
+	}
+}
+
+// summary scrapes every gateway once and prints, per gateway and peer
+// site, the WAN bytes each way, the streams it opened and the WAN socket's
+// retransmissions.
+func summary(gws []*gateway) string {
+	var b strings.Builder
+	var lines []string
+	for _, g := range gws {
+		fams, err := scrape(g.metrics.String())
+		if err != nil {
+			lines = append(lines, fmt.Sprintf("  %s: no metrics (%v)", g.site.Name, err))
+			continue
+		}
+		stats := map[string]*pairStats{}
+		perPeer(fams, metricBytes, "tx", stats, func(s *pairStats) *float64 { return &s.sent })
+		perPeer(fams, metricBytes, "rx", stats, func(s *pairStats) *float64 { return &s.recv })
+		perPeer(fams, metricStreams, "out", stats, func(s *pairStats) *float64 { return &s.streams })
+		perPeer(fams, metricRetransmits, "", stats, func(s *pairStats) *float64 { return &s.retrans })
+		perPeer(fams, metricRetransRTO, "", stats, func(s *pairStats) *float64 { return &s.retransRTO })
+		perPeer(fams, metricRTOs, "", stats, func(s *pairStats) *float64 { return &s.rtos })
+		perPeer(fams, metricIdleRestarts, "", stats, func(s *pairStats) *float64 { return &s.idle })
+		peers := make([]string, 0, len(stats))
+		for p := range stats {
+			peers = append(peers, p)
+		}
+		sort.Strings(peers)
+		for _, p := range peers {
+			st := stats[p]
+			lines = append(lines, fmt.Sprintf("  %s -> %s: %s sent, %s received, %.0f streams opened, %.0f WAN retransmits (%.0f in RTO recovery), %.0f RTOs, %.0f idle restarts",
+				g.site.Name, p, human(st.sent), human(st.recv), st.streams, st.retrans, st.retransRTO, st.rtos, st.idle))
+		}
+	}
+	if len(lines) == 0 {
+		return ""
+	}
+	b.WriteString("mpi5k: gateway summary\n")
+	for _, l := range lines {
+		b.WriteString(l + "\n")
+	}
+	return b.String()
+}
+
+func human(v float64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
+	i := 0
+	for v >= 1024 && i < len(units)-1 {
+		v /= 1024
+		i++
+	}
+	if i == 0 {
+		return fmt.Sprintf("%.0f %s", v, units[i])
+	}
+	return fmt.Sprintf("%.1f %s", v, units[i])
+}
