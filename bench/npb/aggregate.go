@@ -1,0 +1,172 @@
+package npb
+
+import (
+	"slices"
+	"sort"
+)
+
+// Summary aggregates the repetitions of one (workload, mode, cross) cell.
+// Time fields are nil when no repetition succeeded, ratios also when the
+// reference mode has no result: missing numbers stay missing.
+type Summary struct {
+	Workload string   `json:"workload"`
+	Mode     string   `json:"mode"`
+	Cross    bool     `json:"cross"`
+	N        int      `json:"n"`      // verified repetitions
+	Failed   int      `json:"failed"` // repetitions without a usable result
+	MinS     *float64 `json:"min_s"`
+	MedianS  *float64 `json:"median_s"`
+	// Time relative to the reference mode (Modes[0], "direct") for the same
+	// workload and traffic: < 1 means faster than direct.
+	RatioMin    *float64 `json:"ratio_min"`
+	RatioMedian *float64 `json:"ratio_median"`
+	Errors      []string `json:"errors,omitempty"` // distinct failure reasons
+}
+
+// PingSummary is one point of a ping-pong curve over the repetitions: the
+// best minimum latency, the median of the median latencies and bandwidths.
+type PingSummary struct {
+	Mode     string  `json:"mode"`
+	Cross    bool    `json:"cross"`
+	Size     int     `json:"size"`
+	N        int     `json:"n"`
+	LatMinUs float64 `json:"lat_us_min"`
+	LatMedUs float64 `json:"lat_us_med"`
+	BWMBps   float64 `json:"bw_MBps"`
+}
+
+// Median of xs (which it sorts); the mean of the middle two for even n.
+func Median(xs []float64) float64 {
+	sort.Float64s(xs)
+	n := len(xs)
+	if n == 0 {
+		return 0
+	}
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
+}
+
+func ptr(v float64) *float64 { return &v }
+
+type cellKey struct {
+	workload, mode string
+	cross          bool
+}
+
+// Summarize aggregates samples per cell, in the order workloads (first
+// appearance), without then with competing traffic, then modes as given.
+// ref names the mode ratios are computed against.
+func Summarize(samples []Sample, modes []string, ref string) []Summary {
+	var workloads []string
+	seenW := map[string]bool{}
+	crossSeen := map[bool]bool{}
+	times := map[cellKey][]float64{}
+	sums := map[cellKey]*Summary{}
+	for _, s := range samples {
+		if !seenW[s.Workload] {
+			seenW[s.Workload] = true
+			workloads = append(workloads, s.Workload)
+		}
+		crossSeen[s.Cross] = true
+		k := cellKey{s.Workload, s.Mode, s.Cross}
+		sum := sums[k]
+		if sum == nil {
+			sum = &Summary{Workload: s.Workload, Mode: s.Mode, Cross: s.Cross}
+			sums[k] = sum
+		}
+		if s.OK() {
+			sum.N++
+			times[k] = append(times[k], s.Result.TimeS)
+		} else {
+			sum.Failed++
+			if !slices.Contains(sum.Errors, s.Err) {
+				sum.Errors = append(sum.Errors, s.Err)
+			}
+		}
+	}
+	for k, ts := range times {
+		sums[k].MinS = ptr(minOf(ts))
+		sums[k].MedianS = ptr(Median(append([]float64(nil), ts...)))
+	}
+	var out []Summary
+	for _, w := range workloads {
+		for _, x := range []bool{false, true} {
+			if !crossSeen[x] {
+				continue
+			}
+			base := sums[cellKey{w, ref, x}]
+			for _, m := range modes {
+				sum := sums[cellKey{w, m, x}]
+				if sum == nil {
+					continue
+				}
+				if base != nil && base.MinS != nil && sum.MinS != nil && *base.MinS > 0 {
+					sum.RatioMin = ptr(*sum.MinS / *base.MinS)
+					sum.RatioMedian = ptr(*sum.MedianS / *base.MedianS)
+				}
+				out = append(out, *sum)
+			}
+		}
+	}
+	return out
+}
+
+// SummarizePing aggregates the ping-pong curves per mode and traffic.
+func SummarizePing(samples []Sample) []PingSummary {
+	type key struct {
+		mode  string
+		cross bool
+		size  int
+	}
+	mins := map[key][]float64{}
+	meds := map[key][]float64{}
+	bws := map[key][]float64{}
+	var order []key
+	for _, s := range samples {
+		if !s.OK() {
+			continue
+		}
+		for _, p := range s.PingPong {
+			k := key{s.Mode, s.Cross, p.Size}
+			if _, ok := mins[k]; !ok {
+				order = append(order, k)
+			}
+			mins[k] = append(mins[k], p.LatMinUs)
+			meds[k] = append(meds[k], p.LatMedUs)
+			bws[k] = append(bws[k], p.BWMBps)
+		}
+	}
+	// Curves in first-appearance order, sizes ascending within a curve.
+	curve := map[[2]any]int{}
+	for _, k := range order {
+		c := [2]any{k.mode, k.cross}
+		if _, ok := curve[c]; !ok {
+			curve[c] = len(curve)
+		}
+	}
+	sort.Slice(order, func(i, j int) bool {
+		ci, cj := curve[[2]any{order[i].mode, order[i].cross}], curve[[2]any{order[j].mode, order[j].cross}]
+		if ci != cj {
+			return ci < cj
+		}
+		return order[i].size < order[j].size
+	})
+	out := make([]PingSummary, 0, len(order))
+	for _, k := range order {
+		out = append(out, PingSummary{Mode: k.mode, Cross: k.cross, Size: k.size, N: len(mins[k]),
+			LatMinUs: minOf(mins[k]), LatMedUs: Median(meds[k]), BWMBps: Median(bws[k])})
+	}
+	return out
+}
+
+func minOf(xs []float64) float64 {
+	m := xs[0]
+	for _, x := range xs[1:] {
+		if x < m {
+			m = x
+		}
+	}
+	return m
+}

@@ -1,0 +1,195 @@
+package npb
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// Header says what produced a report, so a figure is never read without
+// the machine's limits and the emulated WAN beside it.
+type Header struct {
+	Date         string  `json:"date"`
+	Version      string  `json:"version,omitempty"`
+	Cores        int     `json:"cores"`
+	Ranks        int     `json:"ranks"`
+	RanksPerCore float64 `json:"ranks_per_core"`
+	MPI          string  `json:"mpi"`
+	Lab          string  `json:"lab"` // emulated WAN settings, free text
+	Scale        float64 `json:"scale"`
+	Reps         int     `json:"reps"`
+}
+
+// Report is everything a run produced; it is also the JSON file.
+type Report struct {
+	Header   Header        `json:"header"`
+	Modes    []Mode        `json:"modes"`
+	Samples  []Sample      `json:"samples"`
+	Summary  []Summary     `json:"summary"`
+	PingPong []PingSummary `json:"pingpong,omitempty"`
+}
+
+// NewReport aggregates samples; modes[0] is the ratio reference.
+func NewReport(h Header, modes []Mode, samples []Sample) *Report {
+	names := make([]string, len(modes))
+	for i, m := range modes {
+		names[i] = m.Name
+	}
+	ref := ""
+	if len(names) > 0 {
+		ref = names[0]
+	}
+	return &Report{Header: h, Modes: modes, Samples: samples,
+		Summary: Summarize(samples, names, ref), PingPong: SummarizePing(samples)}
+}
+
+// ReadReport loads a report written by WriteFiles (to redraw figures).
+func ReadReport(path string) (*Report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var r Report
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &r, nil
+}
+
+func fmtOpt(p *float64, prec int) string {
+	if p == nil {
+		return ""
+	}
+	return strconv.FormatFloat(*p, 'f', prec, 64)
+}
+
+// WriteFiles writes results.json, summary.csv, samples.csv and (if there
+// was a ping-pong) pingpong.csv into dir; it returns the paths written.
+func (r *Report) WriteFiles(dir string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var paths []string
+	write := func(name string, fn func(io.Writer) error) error {
+		p := filepath.Join(dir, name)
+		f, err := os.Create(p)
+		if err != nil {
+			return err
+		}
+		if err := fn(f); err != nil {
+			f.Close()
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+		paths = append(paths, p)
+		return nil
+	}
+	if err := write("results.json", func(w io.Writer) error {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	}); err != nil {
+		return paths, err
+	}
+	if err := write("summary.csv", r.writeSummaryCSV); err != nil {
+		return paths, err
+	}
+	if err := write("samples.csv", r.writeSamplesCSV); err != nil {
+		return paths, err
+	}
+	if len(r.PingPong) > 0 {
+		if err := write("pingpong.csv", r.writePingCSV); err != nil {
+			return paths, err
+		}
+	}
+	return paths, nil
+}
+
+func (r *Report) writeSummaryCSV(w io.Writer) error {
+	c := csv.NewWriter(w)
+	_ = c.Write([]string{"workload", "mode", "cross", "n", "failed", "min_s", "median_s",
+		"ratio_min", "ratio_median", "status"})
+	for _, s := range r.Summary {
+		status := "ok"
+		if s.N == 0 {
+			status = "FAILED: " + strings.Join(s.Errors, "; ")
+		} else if s.Failed > 0 {
+			status = fmt.Sprintf("%d failed: %s", s.Failed, strings.Join(s.Errors, "; "))
+		}
+		_ = c.Write([]string{s.Workload, s.Mode, strconv.FormatBool(s.Cross), strconv.Itoa(s.N),
+			strconv.Itoa(s.Failed), fmtOpt(s.MinS, 6), fmtOpt(s.MedianS, 6),
+			fmtOpt(s.RatioMin, 4), fmtOpt(s.RatioMedian, 4), status})
+	}
+	c.Flush()
+	return c.Error()
+}
+
+func (r *Report) writeSamplesCSV(w io.Writer) error {
+	c := csv.NewWriter(w)
+	_ = c.Write([]string{"rep", "workload", "mode", "cross", "time_s", "compute_s", "bytes",
+		"wan_bytes", "msgs", "wan_msgs", "mpi", "ranks", "error", "note"})
+	for _, s := range r.Samples {
+		row := []string{strconv.Itoa(s.Rep + 1), s.Workload, s.Mode, strconv.FormatBool(s.Cross)}
+		if res := s.Result; res != nil && s.OK() {
+			row = append(row, strconv.FormatFloat(res.TimeS, 'f', 6, 64),
+				strconv.FormatFloat(res.ComputeS, 'f', 6, 64),
+				strconv.FormatUint(res.Bytes, 10), strconv.FormatUint(res.WANBytes, 10),
+				strconv.FormatUint(res.Msgs, 10), strconv.FormatUint(res.WANMsgs, 10),
+				res.MPI, strconv.Itoa(res.Ranks))
+		} else {
+			row = append(row, "", "", "", "", "", "", "", "")
+		}
+		row = append(row, s.Err, s.Note)
+		_ = c.Write(row)
+	}
+	c.Flush()
+	return c.Error()
+}
+
+func (r *Report) writePingCSV(w io.Writer) error {
+	c := csv.NewWriter(w)
+	_ = c.Write([]string{"mode", "cross", "size", "n", "lat_us_min", "lat_us_med", "bw_MBps"})
+	for _, p := range r.PingPong {
+		_ = c.Write([]string{p.Mode, strconv.FormatBool(p.Cross), strconv.Itoa(p.Size),
+			strconv.Itoa(p.N), strconv.FormatFloat(p.LatMinUs, 'f', 3, 64),
+			strconv.FormatFloat(p.LatMedUs, 'f', 3, 64), strconv.FormatFloat(p.BWMBps, 'f', 3, 64)})
+	}
+	c.Flush()
+	return c.Error()
+}
+
+// WriteTable prints the header and the summary as aligned text.
+func (r *Report) WriteTable(w io.Writer) {
+	h := r.Header
+	fmt.Fprintf(w, "# %s  mpi=%s  ranks=%d on %d cores (%.1f ranks/core)  scale=%g  reps=%d\n",
+		h.Date, h.MPI, h.Ranks, h.Cores, h.RanksPerCore, h.Scale, h.Reps)
+	if h.Lab != "" {
+		fmt.Fprintf(w, "# lab: %s\n", h.Lab)
+	}
+	fmt.Fprintf(w, "%-9s %-12s %-5s %3s %10s %10s %9s %9s  %s\n",
+		"workload", "mode", "cross", "n", "min_s", "median_s", "ratio", "ratio_med", "status")
+	for _, s := range r.Summary {
+		status := "ok"
+		if s.N == 0 {
+			status = "FAILED: " + strings.Join(s.Errors, "; ")
+		} else if s.Failed > 0 {
+			status = fmt.Sprintf("%d failed", s.Failed)
+		}
+		dash := func(p *float64, prec int) string {
+			if p == nil {
+				return "-"
+			}
+			return strconv.FormatFloat(*p, 'f', prec, 64)
+		}
+		fmt.Fprintf(w, "%-9s %-12s %-5s %3d %10s %10s %9s %9s  %s\n", s.Workload, s.Mode,
+			yesNo(s.Cross), s.N, dash(s.MinS, 3), dash(s.MedianS, 3), dash(s.RatioMin, 3),
+			dash(s.RatioMedian, 3), status)
+	}
+}
