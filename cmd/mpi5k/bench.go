@@ -1,0 +1,378 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/mpi5k/mpi5k/bench/npb"
+	"github.com/mpi5k/mpi5k/testbed"
+)
+
+func init() {
+	register("bench", "compare MPI workloads run direct vs through the gateways on the lab; tables, CSV/JSON, figures", runBench)
+}
+
+func runBench(args []string) int {
+	if len(args) > 0 && args[0] == "_tcpping" {
+		return runTCPPing(args[1:])
+	}
+	fs := pflag.NewFlagSet("mpi5k bench", pflag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "usage: mpi5k bench [flags]       (needs a lab: mpi5k lab up)\n"+
+			"       mpi5k bench --redraw DIR/results.json\n\n")
+		fs.PrintDefaults()
+	}
+	self, _ := os.Executable()
+	bindir := filepath.Dir(self)
+	var (
+		labName    = fs.String("lab", testbed.DefaultName, "lab to run on")
+		flavour    = fs.String("flavour", "openmpi", "MPI flavour: openmpi or mpich")
+		workloads  = fs.StringSlice("workloads", npb.Workloads, "workloads to run")
+		modes      = fs.StringSlice("modes", []string{"direct", "gateways"}, "modes: direct, gateways (first is the reference)")
+		ccPairs    = fs.StringSlice("cc", nil, "extra gateway modes LAN/WAN congestion control, e.g. cubic/bbr (repeatable)")
+		relay      = fs.Bool("relay", false, "add the ping-pong baseline through a plain socat relay chain on the gateway hosts (raw TCP)")
+		lanCC      = fs.String("lan-cc", "", "congestion control of the gateways' LAN sockets in mode gateways")
+		wanCC      = fs.String("wan-cc", "", "congestion control of the gateways' WAN sockets in mode gateways")
+		wanConns   = fs.Int("wan-conns", 0, "WAN connections per site pair in the gateway modes")
+		reps       = fs.Int("reps", 2, "repetitions of every cell (modes interleaved A B A B); 2 keep the defaults within ~16 min on a 2-core lab")
+		cross      = fs.String("cross", "both", "competing WAN traffic: none, with, or both")
+		crossFlows = fs.Int("cross-flows", 1, "competing iperf3 flows per direction")
+		scale      = fs.Float64("scale", 1, "workload --scale (iteration counts)")
+		ranks      = fs.Int("ranks", 0, "ranks for the pattern workloads (default: every node of the lab)")
+		compute    = fs.String("compute", "clock", "compute gaps: clock (spin on the clock: exact gaps whatever else loads the cores), yield (same, yielding the core to gateways and emulator) or work (calibrated arithmetic, rate pinned after the first run)")
+		timeout    = fs.Duration("timeout", 3*time.Minute, "limit per run")
+		out        = fs.String("out", "", "result directory (default bench/npb/results/<time>)")
+		binDir     = fs.String("bin", bindir, "directory holding bench/<flavour>/mpi5k-workload")
+		npbDir     = fs.String("npb-dir", "", "also run the real NPB MPI binaries in DIR (bt.A.x, is.W.4, ...); alone unless --workloads is given")
+		redraw     = fs.String("redraw", "", "re-read a results.json, print its table and redraw its figures")
+		dryRun     = fs.Bool("dry-run", false, "print the plan and the command lines, run nothing")
+		demo       = fs.Bool("demo", false, "bring up a lab (2 sites x 2 nodes, RTT 20 ms, 200 Mbit/s), run a short comparison, tear it down")
+	)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "mpi5k bench: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	fail := func(code int, format string, a ...any) int {
+		fmt.Fprintf(os.Stderr, "mpi5k bench: "+format+"\n", a...)
+		return code
+	}
+	if *redraw != "" {
+		rep, err := npb.ReadReport(*redraw)
+		if err != nil {
+			return fail(1, "%v", err)
+		}
+		return finishReport(rep, filepath.Dir(*redraw), false)
+	}
+
+	if *demo {
+		// A few minutes on a 2-core machine: one repetition at half scale,
+		// no competing traffic, unless the flags say otherwise.
+		if !fs.Changed("reps") {
+			*reps = 1
+		}
+		if !fs.Changed("scale") {
+			*scale = 0.5
+		}
+		if !fs.Changed("cross") {
+			*cross = "none"
+		}
+		if !fs.Changed("lab") {
+			*labName = fmt.Sprintf("mpi5k-demo-%d", os.Getpid()%100000)
+		}
+		if !fs.Changed("out") {
+			*out = filepath.Join("bench", "npb", "results", "demo-"+time.Now().Format("20060102-150405"))
+		}
+	}
+	c := npb.Config{Workloads: *workloads, Reps: *reps, Scale: *scale, Timeout: *timeout,
+		PinWork: *compute == "work"}
+	if *npbDir != "" {
+		found, err := findNPB(*npbDir)
+		if err != nil {
+			return fail(1, "--npb-dir: %v", err)
+		}
+		if !fs.Changed("workloads") {
+			c.Workloads = nil
+		}
+		c.NPB = map[string]string{}
+		for _, p := range found {
+			c.NPB[filepath.Base(p)] = p
+			c.Workloads = append(c.Workloads, filepath.Base(p))
+		}
+	}
+	switch *cross {
+	case "none":
+		c.Cross = []bool{false}
+	case "with":
+		c.Cross = []bool{true}
+	case "both":
+		c.Cross = []bool{false, true}
+	default:
+		return fail(2, "--cross %q: want none, with or both", *cross)
+	}
+	switch *compute {
+	case "work":
+	case "clock", "yield":
+		c.ExtraArgs = append(c.ExtraArgs, "--compute", *compute)
+	default:
+		return fail(2, "--compute %q: want clock, yield or work", *compute)
+	}
+	for _, m := range *modes {
+		switch m {
+		case "direct":
+			c.Modes = append(c.Modes, npb.Direct)
+		case "gateways":
+			c.Modes = append(c.Modes, npb.Mode{Name: "gateways", Kind: npb.KindGateways,
+				LANCC: *lanCC, WANCC: *wanCC, WANConns: *wanConns})
+		default:
+			return fail(2, "--modes: unknown mode %q (want direct, gateways; see --cc)", m)
+		}
+	}
+	for _, p := range *ccPairs {
+		lan, wan, ok := strings.Cut(p, "/")
+		if !ok || lan == "" || wan == "" {
+			return fail(2, "--cc %q: want LAN/WAN, e.g. cubic/bbr", p)
+		}
+		c.Modes = append(c.Modes, npb.Mode{Name: "gw-" + lan + "-" + wan, Kind: npb.KindGateways,
+			LANCC: lan, WANCC: wan, WANConns: *wanConns})
+	}
+
+	if *relay {
+		c.Modes = append(c.Modes, npb.Mode{Name: "socat-relay", Kind: npb.KindRelay})
+	}
+
+	// Bad flags are reported before anything touches a lab: the rank count
+	// is known only from the lab, so check the rest with a provisional one.
+	launcher := map[string]string{"openmpi": "mpirun.openmpi", "mpich": "mpiexec.mpich"}[*flavour]
+	if launcher == "" {
+		return fail(2, "--flavour %q: want openmpi or mpich", *flavour)
+	}
+	c.Ranks = max(*ranks, 2)
+	if err := c.Validate(); err != nil {
+		return fail(2, "%v", err)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var lab *testbed.Lab
+	var err error
+	if *demo && !*dryRun {
+		cfg := testbed.Config{Name: *labName, Nodes: 2, RTT: 20 * time.Millisecond, WANRate: 200e6}
+		fmt.Printf("# bringing up lab %s: 2 sites x 2 nodes, RTT 20ms, WAN 200 Mbit/s\n", *labName)
+		upCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		lab, err = testbed.Up(upCtx, cfg)
+		cancel()
+		if err != nil {
+			return fail(1, "demo lab: %v", err)
+		}
+		defer func() {
+			if err := testbed.Down(*labName); err != nil {
+				fmt.Fprintf(os.Stderr, "mpi5k bench: lab down %s: %v\n", *labName, err)
+			} else {
+				fmt.Printf("# lab %s torn down\n", *labName)
+			}
+		}()
+	} else if lab, err = testbed.Open(*labName); err != nil {
+		return fail(1, "%v (start one with: mpi5k lab up --name %s, or use --demo)", err, *labName)
+	}
+	if *ranks == 0 {
+		*ranks = len(lab.Hosts("", false))
+	}
+	c.Ranks = *ranks
+	if err := c.Validate(); err != nil {
+		return fail(2, "%v", err)
+	}
+	wl := filepath.Join(*binDir, "bench", *flavour, "mpi5k-workload")
+	if _, err := os.Stat(wl); err != nil {
+		return fail(1, "workload program %s missing (build it with `make bench-bin`): %v", wl, err)
+	}
+	if _, err := exec.LookPath(launcher); err != nil {
+		return fail(1, "%s not found: install the %s packages (make deps)", launcher, *flavour)
+	}
+	if *out == "" {
+		*out = filepath.Join("bench", "npb", "results", time.Now().Format("20060102-150405"))
+	}
+	absOut, err := filepath.Abs(*out)
+	if err != nil {
+		return fail(1, "%v", err)
+	}
+	ex := &npb.LabExecutor{Lab: lab, Flavour: *flavour, Workload: wl, Mpi5k: self,
+		WorkDir: filepath.Join(absOut, "work"), CrossFlows: *crossFlows}
+
+	if *dryRun {
+		for _, cell := range c.Plan() {
+			var mode npb.Mode
+			for _, m := range c.Modes {
+				if m.Name == cell.Mode {
+					mode = m
+				}
+			}
+			n := c.Ranks
+			if cell.Workload == "pingpong" {
+				n = 2
+			}
+			if mode.Kind == npb.KindRelay {
+				fmt.Printf("rep %d %-8s %-10s cross=%v: raw TCP ping-pong through socat on both gateway hosts\n",
+					cell.Rep+1, cell.Workload, cell.Mode, cell.Cross)
+				continue
+			}
+			argv, err := ex.Command(npb.Job{Mode: mode, Workload: cell.Workload, Ranks: n,
+				Args: []string{"--workload", cell.Workload}})
+			if err != nil {
+				return fail(1, "%v", err)
+			}
+			fmt.Printf("rep %d %-8s %-10s cross=%v: %s\n", cell.Rep+1, cell.Workload, cell.Mode, cell.Cross,
+				strings.Join(argv, " "))
+		}
+		return 0
+	}
+
+	h := npb.Header{Date: time.Now().UTC().Format(time.RFC3339), Version: version, Cores: runtime.NumCPU(),
+		Ranks: c.Ranks, MPI: *flavour, Lab: ex.Describe(), Scale: c.Scale, Reps: c.Reps}
+	h.RanksPerCore = float64(h.Ranks) / float64(h.Cores)
+	fmt.Printf("# %s\n# %d runs, %d ranks on %d cores; results in %s\n", h.Lab, len(c.Plan()), h.Ranks, h.Cores, absOut)
+	samples, runErr := npb.Run(ctx, c, ex, os.Stdout)
+	rep := npb.NewReport(h, c.Modes, samples)
+	code := finishReport(rep, absOut, true)
+	if runErr != nil {
+		fmt.Fprintf(os.Stderr, "mpi5k bench: stopped early: %v (partial results written)\n", runErr)
+		return 1
+	}
+	return code
+}
+
+// npbName matches NPB's binary names: kernel.class.(x|nprocs).
+var npbName = regexp.MustCompile(`^(bt|cg|ep|ft|is|lu|mg|sp|dt)\.[SWABCDEF]\.(x|[0-9]+)$`)
+
+// findNPB lists the NPB binaries in dir (absolute paths, sorted).
+func findNPB(dir string) ([]string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	ents, err := os.ReadDir(abs)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && npbName.MatchString(e.Name()) && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			out = append(out, filepath.Join(abs, e.Name()))
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no NPB binaries (bt.A.x, is.W.4, ...) in %s: build NPB's MPI version with `make bt CLASS=A` and point here at its bin/", abs)
+	}
+	return out, nil
+}
+
+// finishReport prints the table, writes the files and figures; it returns 1
+// if any cell failed (the report marks them), else 0.
+func finishReport(rep *npb.Report, dir string, write bool) int {
+	rep.WriteTable(os.Stdout)
+	var files []string
+	if write {
+		f, err := rep.WriteFiles(dir)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "mpi5k bench: %v\n", err)
+			return 1
+		}
+		files = f
+	}
+	figs, err := rep.DrawFigures(dir)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "mpi5k bench: figures: %v\n", err)
+		return 1
+	}
+	for _, f := range append(files, figs...) {
+		fmt.Println("wrote", f)
+	}
+	for _, s := range rep.Summary {
+		if s.Failed > 0 {
+			return 1
+		}
+	}
+	return 0
+}
+
+// runTCPPing is the hidden `mpi5k bench _tcpping`: the echo server
+// (--listen) or the measuring client (--connect) of the relay-chain
+// baseline, run inside lab hosts by the lab executor.
+func runTCPPing(args []string) int {
+	fs := pflag.NewFlagSet("mpi5k bench _tcpping", pflag.ContinueOnError)
+	listen := fs.String("listen", "", "serve echo on ADDR")
+	connect := fs.String("connect", "", "measure against ADDR")
+	var o npb.TCPPingOptions
+	fs.IntVar(&o.MinSize, "min-size", 1, "smallest message")
+	fs.IntVar(&o.MaxSize, "max-size", 4<<20, "largest message")
+	fs.IntVar(&o.Step, "step", 4, "size factor")
+	fs.IntVar(&o.Reps, "reps", 20, "timed repetitions per size (fewer above 64 KiB)")
+	fs.IntVar(&o.Warmup, "warmup", 2, "untimed repetitions per size")
+	wait := fs.Duration("wait", 10*time.Second, "how long to retry reaching ADDR")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	switch {
+	case *listen != "" && *connect == "":
+		ln, err := net.Listen("tcp", *listen)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "_tcpping: %v\n", err)
+			return 1
+		}
+		if err := npb.ServeEcho(ln); err != nil {
+			fmt.Fprintf(os.Stderr, "_tcpping: %v\n", err)
+			return 1
+		}
+		return 0
+	case *connect != "" && *listen == "":
+	default:
+		fmt.Fprintln(os.Stderr, "_tcpping: give exactly one of --listen ADDR and --connect ADDR")
+		return 2
+	}
+	// The relays and the server start concurrently: retry until one 1-byte
+	// frame makes the whole round trip.
+	deadline := time.Now().Add(*wait)
+	var conn net.Conn
+	for {
+		c, err := net.DialTimeout("tcp", *connect, time.Second)
+		if err == nil {
+			if _, err = npb.TCPPing(c, npb.TCPPingOptions{MinSize: 1, MaxSize: 1, Step: 2, Reps: 1}); err == nil {
+				conn = c
+				break
+			}
+			c.Close()
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(os.Stderr, "_tcpping: %s not answering after %v: %v\n", *connect, *wait, err)
+			return 1
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	defer conn.Close()
+	t0 := time.Now()
+	pts, err := npb.TCPPing(conn, o)
+	if err != nil {
+		fmt.Println(err) // a VERIFICATION FAILED line goes where the runner reads
+		return 1
+	}
+	npb.WriteTCPPing(os.Stdout, pts, time.Since(t0))
+	return 0
+}

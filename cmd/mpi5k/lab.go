@@ -1,0 +1,284 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/mpi5k/mpi5k/testbed"
+	"github.com/spf13/pflag"
+)
+
+func init() {
+	register("lab", "build and drive the emulated multi-site grid (up, exec, hosts, cross, stats, down)", runLab)
+}
+
+const labUsage = `usage: mpi5k lab <subcommand> [--name L] [flags]
+
+  up      build a lab:  --sites 2|lyon,rennes --nodes 2 --rtt 20ms --wan-rate 200mbit
+          [--lan-rate 1gbit] [--loss 0.1%] [--jitter 1ms] [--queue 1bdp|BYTES] [--mtu 1500]
+          [--gateway-nics 1|2]
+  exec    run a command inside a lab host:  mpi5k lab exec HOST -- CMD ARGS...
+  hosts   list host names:  [--site S] [--gateways]
+  cross   competing iperf3 TCP flows:  --from S1 --to S2 [--flows 1] [--duration 60s] | --stop
+  stats   WAN counters per direction  [--json]
+  down    remove everything the lab made (idempotent)
+
+Every subcommand takes --name L (default mpi5k).
+`
+
+func runLab(args []string) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(os.Stderr, labUsage)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	sub, rest := args[0], args[1:]
+	var err error
+	switch sub {
+	case "up":
+		err = labUp(rest)
+	case "down":
+		err = labDown(rest)
+	case "exec":
+		err = labExec(rest)
+	case "hosts":
+		err = labHosts(rest)
+	case "cross":
+		err = labCross(rest)
+	case "stats":
+		err = labStats(rest)
+	// Hidden: the emulator daemon, the namespace entry helper, the ssh agent.
+	case "_emu":
+		err = labInternal(rest, func(name string, _ []string) error { return testbed.RunEmulator(name) })
+	case "_enter":
+		err = labInternal(rest, func(name string, a []string) error {
+			if len(a) < 3 || a[1] != "--" {
+				return errors.New("usage: mpi5k lab _enter --name L HOST -- CMD ARGS...")
+			}
+			return testbed.Enter(name, a[0], a[2:])
+		})
+	case "_ssh":
+		// ssh options must not be parsed as ours: only a leading --name.
+		name := testbed.DefaultName
+		if len(rest) >= 2 && rest[0] == "--name" {
+			name, rest = rest[1], rest[2:]
+		}
+		err = testbed.EnterSSH(name, rest)
+	default:
+		fmt.Fprintf(os.Stderr, "mpi5k lab: unknown subcommand %q\n\n%s", sub, labUsage)
+		return 2
+	}
+	if errors.Is(err, pflag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "mpi5k lab %s: %v\n", sub, err)
+		return 1
+	}
+	return 0
+}
+
+func labFlags(sub string) (*pflag.FlagSet, *string) {
+	fs := pflag.NewFlagSet("mpi5k lab "+sub, pflag.ContinueOnError)
+	name := fs.String("name", testbed.DefaultName, "lab name")
+	return fs, name
+}
+
+func labInternal(args []string, fn func(string, []string) error) error {
+	fs, name := labFlags("internal")
+	fs.SetInterspersed(false)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return fn(*name, fs.Args())
+}
+
+// parseNoArgs parses a subcommand's flags; none takes positional arguments.
+func parseNoArgs(fs *pflag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	return nil
+}
+
+// parseOpen parses flags and attaches to the running lab they name.
+func parseOpen(fs *pflag.FlagSet, name *string, args []string) (*testbed.Lab, error) {
+	if err := parseNoArgs(fs, args); err != nil {
+		return nil, err
+	}
+	return testbed.Open(*name)
+}
+
+func labUp(args []string) error {
+	fs, name := labFlags("up")
+	sites := fs.String("sites", "2", "number of sites, or comma-separated site names")
+	nodes := fs.Int("nodes", 2, "compute hosts per site")
+	rtt := fs.Duration("rtt", 20*time.Millisecond, "round-trip time between sites")
+	wanRate := fs.String("wan-rate", "200mbit", "WAN rate per direction (e.g. 200mbit, 1gbit, 0 = unlimited)")
+	lanRate := fs.String("lan-rate", "0", "LAN link rate (TBF), 0 = unlimited")
+	loss := fs.String("loss", "0", "random loss per direction (e.g. 0.1%)")
+	jitter := fs.Duration("jitter", 0, "one-way delay jitter (+-, packets never reordered)")
+	queue := fs.String("queue", "1bdp", "WAN queue: 1bdp or a size in bytes (256k, 1m)")
+	mtu := fs.Int("mtu", 1500, "MTU of every lab link")
+	gwNICs := fs.Int("gateway-nics", 1, "gateway interfaces: 1 (LAN) or 2 (LAN + WAN leg)")
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	c := testbed.Config{Name: *name, Nodes: *nodes, RTT: *rtt, Jitter: *jitter, MTU: *mtu, GatewayNICs: *gwNICs}
+	var err error
+	if c.Sites, err = testbed.ParseSites(*sites); err != nil {
+		return err
+	}
+	if *nodes < 1 {
+		return fmt.Errorf("--nodes: need at least 1, got %d", *nodes)
+	}
+	if *rtt < 0 {
+		return fmt.Errorf("--rtt: negative %v", *rtt)
+	}
+	if *jitter < 0 {
+		return fmt.Errorf("--jitter: negative %v", *jitter)
+	}
+	if *gwNICs != 1 && *gwNICs != 2 {
+		return fmt.Errorf("--gateway-nics: must be 1 or 2, got %d", *gwNICs)
+	}
+	if c.WANRate, err = testbed.ParseRate("wan-rate", *wanRate); err != nil {
+		return err
+	}
+	if c.LANRate, err = testbed.ParseRate("lan-rate", *lanRate); err != nil {
+		return err
+	}
+	if c.Loss, err = testbed.ParseLoss(*loss); err != nil {
+		return err
+	}
+	if c.Queue, err = testbed.ParseQueue(*queue, c.WANRate, c.RTT, c.MTU); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	l, err := testbed.Up(ctx, c)
+	if err != nil {
+		return err
+	}
+	cfg := l.Config()
+	fmt.Printf("lab %s up: %d sites x %d nodes, rtt %v (path cost %v measured, one-way delay set %v), wan %s, queue %d B, loss %g%%\n",
+		l.Name(), len(cfg.Sites), cfg.Nodes, cfg.RTT, l.PathCost().Round(time.Microsecond),
+		l.OneWayDelay().Round(time.Microsecond), rateString(cfg.WANRate), cfg.Queue, cfg.Loss*100)
+	fmt.Printf("site map: %s\nhosts: mpi5k lab hosts --name %s --gateways\n", l.SiteMapPath(), l.Name())
+	return nil
+}
+
+func rateString(r uint64) string {
+	if r == 0 {
+		return "unlimited"
+	}
+	return fmt.Sprintf("%g Mbit/s", float64(r)/1e6)
+}
+
+func labDown(args []string) error {
+	fs, name := labFlags("down")
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	return testbed.Down(*name)
+}
+
+func labExec(args []string) error {
+	fs, name := labFlags("exec")
+	fs.SetInterspersed(false)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	a := fs.Args()
+	if len(a) >= 2 && a[1] == "--" {
+		a = append(a[:1:1], a[2:]...)
+	}
+	if len(a) < 2 {
+		return errors.New("usage: mpi5k lab exec HOST -- CMD ARGS...")
+	}
+	l, err := testbed.Open(*name)
+	if err != nil {
+		return err
+	}
+	if !l.Addr(a[0]).IsValid() && l.SiteOf(a[0]) == "" {
+		return fmt.Errorf("lab %s has no host %q (see `mpi5k lab hosts --name %s --gateways`)", *name, a[0], *name)
+	}
+	return testbed.Enter(*name, a[0], a[1:])
+}
+
+func labHosts(args []string) error {
+	fs, name := labFlags("hosts")
+	site := fs.String("site", "", "only this site")
+	gws := fs.Bool("gateways", false, "include the gateways")
+	l, err := parseOpen(fs, name, args)
+	if err != nil {
+		return err
+	}
+	if *site != "" && !slices.Contains(l.Sites(), *site) {
+		return fmt.Errorf("--site: lab %s has no site %q (sites: %s)", *name, *site, strings.Join(l.Sites(), ", "))
+	}
+	for _, h := range l.Hosts(*site, *gws) {
+		fmt.Println(h)
+	}
+	return nil
+}
+
+func labCross(args []string) error {
+	fs, name := labFlags("cross")
+	from := fs.String("from", "", "site sending the flows")
+	to := fs.String("to", "", "site receiving the flows")
+	flows := fs.Int("flows", 1, "number of TCP flows")
+	dur := fs.Duration("duration", 60*time.Second, "how long the flows run")
+	stop := fs.Bool("stop", false, "stop all running cross traffic")
+	l, err := parseOpen(fs, name, args)
+	if err != nil {
+		return err
+	}
+	if *stop {
+		n, err := l.StopCross()
+		if err == nil {
+			fmt.Printf("stopped %d cross-traffic processes\n", n)
+		}
+		return err
+	}
+	if *from == "" || *to == "" {
+		return errors.New("--from and --to are required (or --stop)")
+	}
+	if err := l.Cross(*from, *to, *flows, *dur); err != nil {
+		return err
+	}
+	fmt.Printf("%d iperf3 flow(s) %s -> %s for %v (logs in %s); stop with: mpi5k lab cross --name %s --stop\n",
+		*flows, *from, *to, *dur, l.CrossLogDir(), *name)
+	return nil
+}
+
+func labStats(args []string) error {
+	fs, name := labFlags("stats")
+	asJSON := fs.Bool("json", false, "print JSON")
+	l, err := parseOpen(fs, name, args)
+	if err != nil {
+		return err
+	}
+	s, err := l.Stats()
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(&s)
+	}
+	s.WriteText(os.Stdout)
+	return nil
+}

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/mpi5k/mpi5k/wrap"
+)
+
+func init() {
+	register("run", "run an unmodified mpirun command line through the site gateways", runMain)
+}
+
+func runMain(args []string) int {
+	fs := pflag.NewFlagSet("mpi5k run", pflag.ContinueOnError)
+	fs.SetInterspersed(false) // everything from the launcher word on is mpirun's
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "usage: mpi5k run [flags] mpirun [mpirun arguments...]\n       scripts/mpirun-wrap [flags] mpirun [mpirun arguments...]\n\n")
+		fs.PrintDefaults()
+	}
+	self, _ := os.Executable()
+	bindir := filepath.Dir(self)
+	var (
+		c        wrap.Config
+		flavour  = fs.String("flavour", "", "MPI flavour (openmpi, prrte, mpich, intel); detected from the launcher name by default")
+		gateways = fs.StringArray("gateway", nil, "SITE=HOST: run SITE's gateway on HOST (repeatable; default $MPI5K_GATEWAYS, else the last host of the site)")
+		launcher = fs.String("launcher", "ssh", "command that runs a command on a host, e.g. oarsh")
+		lanCC    = fs.String("lan-cc", "", "congestion control of the gateways' LAN sockets")
+		wanCC    = fs.String("wan-cc", "", "congestion control of the gateways' WAN sockets")
+		wanConns = fs.Int("wan-conns", 0, "WAN connections per site pair")
+		chunk    = fs.String("chunk", "", "gateway chunk size, e.g. 128KiB")
+		window   = fs.String("window", "", "per-stream window, e.g. 4MiB")
+	)
+	fs.StringVar(&c.SitesFile, "sites", "", "FILE of \"<host-or-CIDR> <site>\" lines (default: Grid'5000 names <cluster>-<n>.<site>)")
+	fs.BoolVar(&c.Dedicated, "dedicated-gateways", false, "gateway hosts run no ranks")
+	fs.StringVar(&c.GatewayBin, "gateway-bin", filepath.Join(bindir, "mpi5k-gateway"), "path of mpi5k-gateway on the gateway hosts")
+	fs.StringVar(&c.Preload, "preload", filepath.Join(bindir, "libmpi5k.so"), "path of libmpi5k.so on the rank hosts")
+	fs.IntVar(&c.LANPort, "lan-port", 5000, "gateway port for its site's ranks")
+	fs.IntVar(&c.WANPort, "wan-port", 5001, "gateway port for peer gateways")
+	fs.IntVar(&c.MetricsPort, "metrics-port", 5002, "gateway HTTP port for /ready and /metrics")
+	fs.DurationVar(&c.ReadyTimeout, "ready-timeout", 0, "how long to wait for every WAN link (default 30s)")
+	fs.StringVar(&c.WorkDir, "workdir", "", "directory for the site map and gateway logs (default ~/.mpi5k/run-PID-TIME)")
+	fs.BoolVar(&c.SharedFS, "shared-fs", false, "the workdir is visible on every host: do not copy the map")
+	fs.StringVar(&c.TraceDir, "trace", "", "record the ranks' socket calls into DIR (see docs/trace-format.md)")
+	fs.BoolVar(&c.DryRun, "dry-run", false, "print the site map and every command, run nothing")
+	fs.BoolVar(&c.Keep, "keep", false, "keep the workdir (map, gateway logs) after the run")
+	if err := fs.Parse(args); err != nil {
+		if err == pflag.ErrHelp {
+			return 0
+		}
+		return 2
+	}
+	c.Argv = fs.Args()
+	if len(c.Argv) == 0 {
+		fs.Usage()
+		return 2
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(os.Stderr, "mpi5k run: %v\n", err)
+		return 2
+	}
+	if *flavour != "" {
+		f, err := wrap.ParseFlavour(*flavour)
+		if err != nil {
+			return fail(err)
+		}
+		c.Flavour = f
+	}
+	c.Gateways = map[string]string{}
+	for _, g := range *gateways {
+		if err := wrap.ParseGateways(c.Gateways, g); err != nil {
+			return fail(fmt.Errorf("--gateway: %v", err))
+		}
+	}
+	c.Launcher = strings.Fields(*launcher)
+	if len(c.Launcher) == 0 {
+		return fail(fmt.Errorf("--launcher is empty"))
+	}
+	for _, kv := range [][2]string{{"--lan-cc", *lanCC}, {"--wan-cc", *wanCC}, {"--chunk", *chunk}, {"--window", *window}} {
+		if kv[1] != "" {
+			c.GatewayArgs = append(c.GatewayArgs, kv[0], kv[1])
+		}
+	}
+	if *wanConns > 0 {
+		c.GatewayArgs = append(c.GatewayArgs, "--wan-conns", fmt.Sprint(*wanConns))
+	}
+	for _, p := range []*string{&c.TraceDir, &c.WorkDir, &c.GatewayBin, &c.Preload} {
+		if *p != "" {
+			if abs, err := filepath.Abs(*p); err == nil {
+				*p = abs
+			}
+		}
+	}
+	code, err := wrap.Run(context.Background(), c)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "mpi5k run: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/mpi5k/mpi5k/sitemap"
+	"github.com/mpi5k/mpi5k/trace"
+)
+
+func init() {
+	register("trace", "analyse a traced run: report, graph, timeline (docs/tracing.md)", traceMain)
+}
+
+const traceUsage = `usage: mpi5k trace report DIR [--json] [--map FILE]
+       mpi5k trace graph DIR -o comm.svg|comm.png|comm.dot [--map FILE]
+       mpi5k trace timeline DIR [--conn ID] -o t.png|t.svg [--map FILE]
+
+DIR holds the <host>.<pid>.trace files of a run traced with
+'mpi5k run --trace DIR' or MPI5K_TRACE=DIR (docs/tracing.md).
+`
+
+func traceMain(args []string) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(os.Stderr, traceUsage)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	sub, rest := args[0], args[1:]
+	fs := pflag.NewFlagSet("mpi5k trace "+sub, pflag.ContinueOnError)
+	fs.Usage = func() { fmt.Fprint(os.Stderr, traceUsage, "\nflags:\n"); fs.PrintDefaults() }
+	mapFile := fs.String("map", "", "site map (docs/sitemap-format.md) for addresses whose site the trace headers do not give")
+	var (
+		asJSON *bool
+		out    *string
+		conn   *string
+	)
+	switch sub {
+	case "report":
+		asJSON = fs.Bool("json", false, "print the report as JSON")
+	case "graph":
+		out = fs.StringP("output", "o", "", "output file: .svg, .png, .pdf (rendered with graphviz dot) or .dot (DOT source only)")
+	case "timeline":
+		out = fs.StringP("output", "o", "", "output file: .png or .svg")
+		conn = fs.String("conn", "", "connection id as in the report (default: the busiest WAN connection)")
+	default:
+		fmt.Fprintf(os.Stderr, "mpi5k trace: unknown subcommand %q\n%s", sub, traceUsage)
+		return 2
+	}
+	if err := fs.Parse(rest); err != nil {
+		if err == pflag.ErrHelp {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintf(os.Stderr, "mpi5k trace %s: want exactly one trace directory, got %d arguments\n%s", sub, fs.NArg(), traceUsage)
+		return 2
+	}
+	if out != nil && *out == "" {
+		fmt.Fprintf(os.Stderr, "mpi5k trace %s: -o FILE is required\n", sub)
+		return 2
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(os.Stderr, "mpi5k trace %s: %v\n", sub, err)
+		return 1
+	}
+	var m *sitemap.Map
+	if *mapFile != "" {
+		var err error
+		if m, err = sitemap.Load(*mapFile); err != nil {
+			return fail(err)
+		}
+	}
+	tr, err := trace.Load(fs.Arg(0), m)
+	if err != nil {
+		return fail(err)
+	}
+	switch sub {
+	case "report":
+		r := trace.NewReport(tr)
+		if *asJSON {
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			if err := enc.Encode(r); err != nil {
+				return fail(err)
+			}
+			return 0
+		}
+		if err := r.WriteText(os.Stdout); err != nil {
+			return fail(err)
+		}
+	case "graph":
+		ext := strings.TrimPrefix(strings.ToLower(filepath.Ext(*out)), ".")
+		switch ext {
+		case "dot", "gv", "svg", "png", "pdf":
+		default:
+			return fail(fmt.Errorf("output %s: want a .svg, .png, .pdf or .dot file", *out))
+		}
+		var src bytes.Buffer
+		if err := trace.WriteDOT(&src, trace.NewReport(tr)); err != nil {
+			return fail(err)
+		}
+		data := src.Bytes()
+		if ext != "dot" && ext != "gv" {
+			if data, err = trace.RenderDOT(data, ext); err != nil {
+				return fail(err)
+			}
+		}
+		if err := os.WriteFile(*out, data, 0o644); err != nil {
+			return fail(err)
+		}
+	case "timeline":
+		ext := strings.TrimPrefix(strings.ToLower(filepath.Ext(*out)), ".")
+		if ext != "png" && ext != "svg" {
+			return fail(fmt.Errorf("output %s: want a .png or .svg file", *out))
+		}
+		var c *trace.Conn
+		if *conn != "" {
+			if c, err = trace.FindConn(tr, *conn); err != nil {
+				return fail(err)
+			}
+		} else if c = trace.BusiestConn(tr); c == nil {
+			return fail(fmt.Errorf("no connection in %s", fs.Arg(0)))
+		}
+		var b bytes.Buffer
+		if err := trace.Timeline(&b, c, ext); err != nil {
+			return fail(err)
+		}
+		if err := os.WriteFile(*out, b.Bytes(), 0o644); err != nil {
+			return fail(err)
+		}
+		fmt.Fprintf(os.Stderr, "timeline of %s (%s -> %s) written to %s\n", c.ID, c.Host, c.PeerHost, *out)
+	}
+	return 0
+}
