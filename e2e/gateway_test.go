@@ -1,0 +1,344 @@
+package e2e
+
+// End-to-end tests and figures of the gateway pair on the emulated grid:
+// bulk throughput through the pair vs direct over a 200 Mbit/s, 20 ms RTT
+// WAN, and small-message latency while one stream saturates the WAN link.
+// The traffic programs are this test binary re-executed inside lab hosts
+// (TestGatewayHelper), speaking the LAN protocol exactly as the shim does,
+// so these figures do not depend on the shim.
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/sitemap"
+	"github.com/mpi5k/mpi5k/testbed"
+)
+
+// TestGatewayHelper is not a test: it is the traffic program run inside
+// lab hosts when MPI5K_GWHELPER is set ("sink ADDR", "echo ADDR",
+// "send DST GW SECONDS", "pingpong DST GW COUNT"; GW "-" means direct).
+func TestGatewayHelper(t *testing.T) {
+	spec := os.Getenv("MPI5K_GWHELPER")
+	if spec == "" {
+		t.Skip("helper process only")
+	}
+	err := gwHelper(strings.Fields(spec))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+func gwHelper(a []string) error {
+	switch a[0] {
+	case "sink", "echo":
+		ln, err := net.Listen("tcp", a[1])
+		if err != nil {
+			return err
+		}
+		fmt.Println("listening")
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return err
+			}
+			go func() {
+				defer c.Close()
+				if a[0] == "echo" {
+					io.Copy(c, c)
+					return
+				}
+				n, _ := io.Copy(io.Discard, c)
+				binary.Write(c, binary.BigEndian, n)
+			}()
+		}
+	case "send":
+		c, err := helperDial(a[1], a[2])
+		if err != nil {
+			return err
+		}
+		secs, _ := strconv.ParseFloat(a[3], 64)
+		buf := make([]byte, 1<<20)
+		start := time.Now()
+		end := start.Add(time.Duration(secs * float64(time.Second)))
+		for time.Now().Before(end) {
+			if _, err := c.Write(buf); err != nil {
+				return err
+			}
+		}
+		c.(*net.TCPConn).CloseWrite()
+		var n int64
+		if err := binary.Read(c, binary.BigEndian, &n); err != nil {
+			return fmt.Errorf("reading count: %w", err)
+		}
+		fmt.Printf("%d %f\n", n, time.Since(start).Seconds())
+		return nil
+	case "get":
+		r, err := http.Get(a[1])
+		if err != nil {
+			return err
+		}
+		defer r.Body.Close()
+		_, err = io.Copy(os.Stdout, r.Body)
+		return err
+	case "pingpong":
+		c, err := helperDial(a[1], a[2])
+		if err != nil {
+			return err
+		}
+		count, _ := strconv.Atoi(a[3])
+		b := []byte{1}
+		var lat []time.Duration
+		// Warm-up round trips, not measured: the first one includes the far
+		// gateway's connect to the destination (the direct case's TCP
+		// handshake is not measured either).
+		for i := 0; i < 3; i++ {
+			c.Write(b)
+			io.ReadFull(c, b)
+		}
+		for i := 0; i < count; i++ {
+			t := time.Now()
+			if _, err := c.Write(b); err != nil {
+				return err
+			}
+			if _, err := io.ReadFull(c, b); err != nil {
+				return err
+			}
+			lat = append(lat, time.Since(t))
+			if d := lat[len(lat)-1]; os.Getenv("MPI5K_GWHELPER_SLOW") != "" && d > 30*time.Millisecond {
+				fmt.Fprintf(os.Stderr, "slow round trip %d: %v\n", i, d)
+			}
+			time.Sleep(5 * time.Millisecond) // MPI-like gaps, not a busy loop
+		}
+		slices.Sort(lat)
+		fmt.Printf("%d %d %d\n", lat[len(lat)/2].Microseconds(), lat[len(lat)*99/100].Microseconds(), lat[len(lat)-1].Microseconds())
+		return nil
+	}
+	return fmt.Errorf("unknown helper mode %q", a[0])
+}
+
+// helperDial connects to dst directly (gw "-") or through the site gateway
+// at gw with an OPEN frame, as the shim does.
+func helperDial(dst, gw string) (net.Conn, error) {
+	if gw == "-" {
+		return net.Dial("tcp", dst)
+	}
+	c, err := net.Dial("tcp", gw)
+	if err != nil {
+		return nil, err
+	}
+	o := header.Open{Dst: netip.MustParseAddrPort(dst), Src: c.LocalAddr().(*net.TCPAddr).AddrPort(), Label: "e2e helper"}
+	body, err := header.AppendOpen(nil, &o)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.Write(header.AppendFrame(nil, header.TypeOpen, 0, body)); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func gatewayBinary(t *testing.T) string {
+	if p := os.Getenv("MPI5K_GATEWAY_BIN"); p != "" {
+		return p
+	}
+	p, _ := filepath.Abs("../bin/mpi5k-gateway")
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("need bin/mpi5k-gateway (run make): %v", err)
+	}
+	return p
+}
+
+// helper runs the helper program in host and returns its command.
+func helper(t *testing.T, ctx context.Context, l *testbed.Lab, host string, args ...string) *exec.Cmd {
+	c := l.CommandContext(ctx, host, os.Args[0], "-test.run=^TestGatewayHelper$")
+	c.Env = append(c.Env, "MPI5K_GWHELPER="+strings.Join(args, " "))
+	c.Stderr = os.Stderr
+	return c
+}
+
+// startServer starts a helper server and waits for it to listen.
+func startServer(t *testing.T, ctx context.Context, l *testbed.Lab, host string, args ...string) {
+	c := helper(t, ctx, l, host, args...)
+	out, _ := c.StdoutPipe()
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Process.Kill(); c.Wait() })
+	line, _ := bufio.NewReader(out).ReadString('\n')
+	if !strings.HasPrefix(line, "listening") {
+		t.Fatalf("helper %v did not start", args)
+	}
+}
+
+func run(t *testing.T, ctx context.Context, l *testbed.Lab, host string, args ...string) []float64 {
+	out, err := helper(t, ctx, l, host, args...).Output()
+	if err != nil {
+		t.Fatalf("helper %v: %v", args, err)
+	}
+	var v []float64
+	for _, f := range strings.Fields(string(out)) {
+		x, _ := strconv.ParseFloat(f, 64)
+		v = append(v, x)
+	}
+	return v
+}
+
+// startLabGateways runs bin/mpi5k-gateway in every site's gateway host,
+// waits until all are ready, and returns a function that stops them
+// (SIGINT: drain and exit).
+func startLabGateways(t *testing.T, ctx context.Context, l *testbed.Lab, gwArgs ...string) (stop func()) {
+	bin := gatewayBinary(t)
+	dir := t.TempDir()
+	var cmds []*exec.Cmd
+	stop = func() {
+		for _, g := range cmds {
+			g.Process.Signal(os.Interrupt)
+		}
+		for _, g := range cmds {
+			g.Wait()
+		}
+		cmds = nil
+	}
+	t.Cleanup(func() { stop() })
+	for _, site := range l.Sites() {
+		var gw string
+		nodes := l.Hosts(site, false)
+		for _, h := range l.Hosts(site, true) {
+			if !slices.Contains(nodes, h) {
+				gw = h
+			}
+		}
+		ready := filepath.Join(dir, site+".ready")
+		args := append([]string{"--map", l.SiteMapPath(), "--site", site, "--ready-file", ready, "--log-level", "warn"}, gwArgs...)
+		g := l.CommandContext(ctx, gw, bin, args...)
+		g.Stderr = os.Stderr
+		if err := g.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, g)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for _, site := range l.Sites() {
+		for {
+			if _, err := os.Stat(filepath.Join(dir, site+".ready")); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("gateways did not become ready")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return stop
+}
+
+// TestGatewayWAN measures, on one 200 Mbit/s 20 ms RTT lab:
+// (b) bulk goodput through the gateway pair vs direct, and
+// (d) 1-byte ping-pong latency (p50/p99) through the pair while one stream
+// saturates the WAN connection, vs the RTT.
+func TestGatewayWAN(t *testing.T) {
+	const rtt = 20 * time.Millisecond
+	gwArgs := []string{"--wan-cc", "bbr"}
+	if v := os.Getenv("MPI5K_GW_ARGS"); v != "" {
+		gwArgs = strings.Fields(v)
+	}
+	labRequireRoot(t)
+	l := labUp(t, testbed.Config{Nodes: 1, RTT: rtt, WANRate: 200e6})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	gwArgs = append(gwArgs, "--metrics", ":9105")
+	stopGW := startLabGateways(t, ctx, l, gwArgs...)
+	src, dstHost := l.Hosts("site1", false)[0], l.Hosts("site2", false)[0]
+	dst := l.Addr(dstHost)
+	sink := netip.AddrPortFrom(dst, 7001).String()
+	echo := netip.AddrPortFrom(dst, 7002).String()
+	startServer(t, ctx, l, dstHost, "sink", sink)
+	startServer(t, ctx, l, dstHost, "echo", echo)
+	m, err := sitemap.Load(l.SiteMapPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	site1, _ := m.Site("site1")
+	gwLAN := site1.LAN.String()
+	// wanStats returns the WAN retransmission counter of site1's gateway.
+	wanStats := func() string {
+		out, err := helper(t, ctx, l, src, "get", "http://"+netip.AddrPortFrom(site1.LAN.Addr(), 9105).String()+"/metrics").Output()
+		if err != nil {
+			return "metrics unavailable: " + err.Error()
+		}
+		var keep []string
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.HasPrefix(line, "mpi5k_wan_tcp_retransmits_total") || strings.HasPrefix(line, "mpi5k_wan_tcp_rtos_total") ||
+				strings.HasPrefix(line, "mpi5k_wan_tcp_retransmits_fast_total") {
+				keep = append(keep, line)
+			}
+		}
+		return strings.Join(keep, "; ")
+	}
+	secs := "8"
+	if testing.Short() {
+		secs = "3"
+	}
+	d := run(t, ctx, l, src, "send", sink, "-", secs)
+	g := run(t, ctx, l, src, "send", sink, gwLAN, secs)
+	direct, via := d[0]*8/d[1]/1e6, g[0]*8/g[1]/1e6
+	t.Logf("(b) bulk over 200 Mbit/s 20 ms: direct %.1f Mbit/s, through gateways %.1f Mbit/s (%.1f %%)", direct, via, 100*via/direct)
+	// The goal is 98 %; the bound leaves room for the noise of 2 shared
+	// cores (the emulator, both gateways and the endpoints share them).
+	if via < 0.75*direct {
+		t.Errorf("gateway goodput %.1f Mbit/s is below 75 %% of direct %.1f", via, direct)
+	}
+
+	lat := func(via string) (idle, loaded []float64) {
+		idle = run(t, ctx, l, src, "pingpong", echo, via, "100")
+		bulk := helper(t, ctx, l, src, "send", sink, via, "8")
+		if err := bulk.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Second) // let the bulk stream fill the pipe
+		loaded = run(t, ctx, l, src, "pingpong", echo, via, "500")
+		bulk.Wait()
+		return idle, loaded
+	}
+	di, dl := lat("-")
+	before := wanStats()
+	idle, loaded := lat(gwLAN)
+	t.Logf("WAN retransmissions of site1's gateway before (d): %s; after: %s", before, wanStats())
+	t.Logf("(d) 1-byte ping-pong, RTT %v, p50/p99/max in ms: direct idle %.2f/%.2f/%.2f, direct beside a bulk flow %.2f/%.2f/%.2f; "+
+		"gateways idle %.2f/%.2f/%.2f, gateways beside a bulk stream on the same WAN link %.2f/%.2f/%.2f (gateway args %v)",
+		rtt, di[0]/1e3, di[1]/1e3, di[2]/1e3, dl[0]/1e3, dl[1]/1e3, dl[2]/1e3,
+		idle[0]/1e3, idle[1]/1e3, idle[2]/1e3, loaded[0]/1e3, loaded[1]/1e3, loaded[2]/1e3, gwArgs)
+	// Smaller WAN chunks and a shorter unsent queue bound how long a small
+	// frame waits behind bulk bytes (128 KiB + 128 KiB is ~10 ms at
+	// 200 Mbit/s; 32 + 32 KiB is ~2.6 ms), at some bulk efficiency cost.
+	if os.Getenv("MPI5K_GW_ARGS") == "" {
+		stopGW()
+		small := []string{"--wan-cc", "bbr", "--chunk", "32KiB", "--wan-notsent-lowat", "32KiB"}
+		startLabGateways(t, ctx, l, small...)
+		si, sl := lat(gwLAN)
+		t.Logf("(d) gateways %v: idle %.2f/%.2f/%.2f, beside a bulk stream %.2f/%.2f/%.2f ms (p50/p99/max)",
+			small, si[0]/1e3, si[1]/1e3, si[2]/1e3, sl[0]/1e3, sl[1]/1e3, sl[2]/1e3)
+	}
+	// The goal is p99 <= RTT + 2 ms; p50 is what stays stable on shared cores.
+	if p50 := time.Duration(loaded[0]) * time.Microsecond; p50 > rtt+5*time.Millisecond {
+		t.Errorf("p50 beside a saturating stream %v, more than RTT + 5 ms", p50)
+	}
+}
