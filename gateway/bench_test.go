@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/mpi5k/mpi5k/sitemap"
+	"github.com/mpi5k/mpi5k/units"
 )
 
 // The benchmarks run each gateway in its own process (this test binary
@@ -54,14 +55,14 @@ func childGateway(spec string) int {
 	cfg := Config{Map: m, Site: f[1], ReadyFile: f[2],
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	if v := os.Getenv("MPI5K_GW_CHUNK"); v != "" {
-		cfg.Chunk, _ = ParseSize(v)
+		cfg.Chunk, _ = units.Size(v)
 	}
 	if v := os.Getenv("MPI5K_GW_WINDOW"); v != "" {
-		w, _ := ParseSize(v)
+		w, _ := units.Size(v)
 		cfg.Window = uint32(w)
 	}
 	if v := os.Getenv("MPI5K_GW_LOWAT"); v != "" {
-		cfg.WAN.NotSentLowat, _ = ParseSize(v)
+		cfg.WAN.NotSentLowat, _ = units.Size(v)
 	}
 	g, err := New(cfg)
 	if err != nil {

@@ -613,17 +613,7 @@ func TestDrainAndReadyFile(t *testing.T) {
 	}
 }
 
-func TestParseSize(t *testing.T) {
-	for in, want := range map[string]int{"131072": 131072, "128KiB": 128 << 10, "4MiB": 4 << 20, "1G": 1 << 30, " 64 kb ": 64 << 10, "0": 0} {
-		if got, err := ParseSize(in); err != nil || got != want {
-			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-	for _, bad := range []string{"", "x", "-1", "1.5MiB", "12TiB", "99999999999999GiB"} {
-		if _, err := ParseSize(bad); err == nil {
-			t.Errorf("ParseSize(%q) accepted", bad)
-		}
-	}
+func TestConfigErrors(t *testing.T) {
 	if err := CheckCC("no-such-cc"); err == nil || !strings.Contains(err.Error(), "kernel offers") {
 		t.Errorf("CheckCC: %v", err)
 	}

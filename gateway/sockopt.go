@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -135,26 +134,4 @@ func TCPInfo(c net.Conn) (*unix.TCPInfo, error) {
 		return nil, err
 	}
 	return info, ierr
-}
-
-// ParseSize parses a byte count: a plain number or one with a K/KB/KiB,
-// M/MB/MiB or G/GB/GiB suffix (all binary: socket buffers and chunks are
-// powers of two in practice).
-func ParseSize(s string) (int, error) {
-	t := strings.TrimSpace(s)
-	mult := 1
-	for _, u := range []struct {
-		suf string
-		m   int
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1 << 10}, {"MB", 1 << 20}, {"GB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}} {
-		if strings.HasSuffix(strings.ToUpper(t), strings.ToUpper(u.suf)) {
-			t, mult = strings.TrimSpace(t[:len(t)-len(u.suf)]), u.m
-			break
-		}
-	}
-	n, err := strconv.ParseInt(t, 10, 64)
-	if err != nil || n < 0 || n > (1<<40)/int64(mult) {
-		return 0, fmt.Errorf("bad size %q (want e.g. 131072, 128KiB, 4MiB)", s)
-	}
-	return int(n) * mult, nil
 }

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/mpi5k/mpi5k/units"
 )
 
 // Config describes a lab. Zero values take the defaults noted per field
@@ -138,42 +140,14 @@ func BDPQueue(rate uint64, rtt time.Duration, mtu int) int {
 	return q
 }
 
-// ParseRate parses "200mbit", "1gbit", "500kbit", "1000000" (bit/s),
-// "100mbps" (bytes/s, as tc) and "0"/"unlimited". flag names the flag for the
+// ParseRate parses a rate as units.Rate does; flag names the flag for the
 // error message.
 func ParseRate(flag, s string) (uint64, error) {
-	v := strings.ToLower(strings.TrimSpace(s))
-	if v == "0" || v == "unlimited" || v == "none" {
-		return 0, nil
+	r, err := units.Rate(s)
+	if err != nil {
+		return 0, fmt.Errorf("--%s: %w", flag, err)
 	}
-	units := []struct {
-		suffix string
-		mult   float64
-	}{
-		{"gbit", 1e9}, {"mbit", 1e6}, {"kbit", 1e3}, {"bit", 1},
-		{"gbps", 8e9}, {"mbps", 8e6}, {"kbps", 8e3}, {"bps", 8},
-		{"g", 1e9}, {"m", 1e6}, {"k", 1e3},
-	}
-	mult := 1.0
-	for _, u := range units {
-		if strings.HasSuffix(v, u.suffix) {
-			v = strings.TrimSuffix(v, u.suffix)
-			mult = u.mult
-			break
-		}
-	}
-	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
-		return 0, fmt.Errorf("--%s: bad rate %q (examples: 200mbit, 1gbit, 500kbit)", flag, s)
-	}
-	r := f * mult
-	if r > 0 && r < 8000 {
-		return 0, fmt.Errorf("--%s: rate %q below 8kbit", flag, s)
-	}
-	if r > 400e9 {
-		return 0, fmt.Errorf("--%s: rate %q above 400gbit", flag, s)
-	}
-	return uint64(r), nil
+	return r, nil
 }
 
 // ParseLoss parses "0.1%", "1%" or a fraction "0.01".

@@ -12,10 +12,10 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/spf13/pflag"
-
 	"github.com/mpi5k/mpi5k/gateway"
 	"github.com/mpi5k/mpi5k/sitemap"
+	"github.com/mpi5k/mpi5k/units"
+	"github.com/spf13/pflag"
 )
 
 var version = "dev"
@@ -72,7 +72,7 @@ func run(args []string) int {
 		"wan-rcvbuf": wanRcv, "wan-notsent-lowat": lowat, "chunk": chunk, "window": window}
 	n := map[string]int{}
 	for name, v := range sizes {
-		x, err := gateway.ParseSize(*v)
+		x, err := units.Size(*v)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "mpi5k-gateway: --%s: %v\n", name, err)
 			return 2
