@@ -38,6 +38,12 @@ type Config struct {
 	Chunk    int    // DATA chunk (default 128 KiB)
 	Window   uint32 // per-stream receive window (default 4 MiB)
 	WANConns int    // parallel links per site pair (default 1)
+	// WANPace caps each site pair's WAN sending rate (bit/s, shared evenly
+	// by its WANConns links; 0 = no cap). Set a few percent below the WAN
+	// bottleneck, it keeps the bottleneck queue empty: the bulk of one
+	// stream then adds no queueing delay and no drop-tail losses to the
+	// small messages of the others (see package relay, figure (d)).
+	WANPace uint64
 
 	ReadyFile   string // written once every WAN link is up
 	MetricsAddr string // HTTP listener for /metrics and /ready ("" = none)
@@ -117,6 +123,12 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.WANConns < 1 || cfg.WANConns > 64 {
 		return nil, fmt.Errorf("gateway: --wan-conns %d out of range 1..64", cfg.WANConns)
+	}
+	if cfg.WANPace > 0 {
+		if cfg.WANPace < 8000*uint64(cfg.WANConns) {
+			return nil, fmt.Errorf("gateway: --wan-pace %d bit/s is below 8 kbit/s per WAN connection", cfg.WANPace)
+		}
+		cfg.WAN.MaxPacingRate = cfg.WANPace / 8 / uint64(cfg.WANConns)
 	}
 	if cfg.WAN.NotSentLowat == 0 {
 		cfg.WAN.NotSentLowat = 128 << 10

@@ -22,6 +22,7 @@ import (
 
 	"github.com/mpi5k/mpi5k/header"
 	"github.com/mpi5k/mpi5k/sitemap"
+	"golang.org/x/sys/unix"
 )
 
 // Two sites on loopback addresses: site a is 127.1.0.0/16, site b
@@ -549,6 +550,39 @@ func TestWANConns(t *testing.T) {
 		if n := l.NumStreams(); n != 3 {
 			t.Fatalf("link has %d streams, want 3 each", n)
 		}
+	}
+}
+
+// TestWANPace: every WAN socket of the pair, dialled or accepted, carries
+// its share of --wan-pace as SO_MAX_PACING_RATE.
+func TestWANPace(t *testing.T) {
+	_, a, b := startPair(t, func(c *Config) { c.WANConns = 2; c.WANPace = 160e6 })
+	for name, g := range map[string]*testGW{"dialling a": a, "accepting b": b} {
+		links := g.allLinks()
+		if len(links) != 2 {
+			t.Fatalf("%s: %d links, want 2", name, len(links))
+		}
+		for _, l := range links {
+			rc, err := l.Conn().(*net.TCPConn).SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rate uint64
+			var gerr error
+			rc.Control(func(fd uintptr) {
+				var v int
+				v, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE)
+				rate = uint64(uint32(v))
+			})
+			// 160 Mbit/s over 2 links: 10 MB/s each.
+			if gerr != nil || rate != 10e6 {
+				t.Errorf("%s: SO_MAX_PACING_RATE %d (%v), want 10000000", name, rate, gerr)
+			}
+		}
+	}
+	if _, err := New(Config{Map: testMap(t), Site: "a", WANConns: 4, WANPace: 20000}); err == nil ||
+		!strings.Contains(err.Error(), "--wan-pace") {
+		t.Errorf("a pace below 8 kbit/s per link: %v", err)
 	}
 }
 

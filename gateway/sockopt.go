@@ -27,6 +27,10 @@ type SockOpts struct {
 	// lost retransmission costs an RTO, not a doubling chain that stalls
 	// every stream of the link for seconds.
 	ThinLinear bool
+	// MaxPacingRate sets SO_MAX_PACING_RATE (bytes/s, 0 leaves it unset):
+	// the kernel spreads this socket's packets at no more than this rate
+	// (TCP's own pacing; BBR and CUBIC both honour the cap).
+	MaxPacingRate uint64
 }
 
 func (o SockOpts) apply(fd int) error {
@@ -58,6 +62,11 @@ func (o SockOpts) apply(fd int) error {
 	if o.ThinLinear {
 		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_THIN_LINEAR_TIMEOUTS, 1); err != nil {
 			return fmt.Errorf("TCP_THIN_LINEAR_TIMEOUTS: %w", err)
+		}
+	}
+	if o.MaxPacingRate > 0 {
+		if err := unix.SetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE, o.MaxPacingRate); err != nil {
+			return fmt.Errorf("SO_MAX_PACING_RATE: %w", err)
 		}
 	}
 	if o.UserTimeout > 0 {

@@ -39,6 +39,7 @@ func run(args []string) int {
 	chunk := fs.String("chunk", "128KiB", "largest DATA frame on the WAN (≤ 1MiB)")
 	window := fs.String("window", "4MiB", "per-stream receive window granted to peers (far-side memory bound: streams x window)")
 	wanConns := fs.Int("wan-conns", 1, "parallel WAN connections per site pair (same on every gateway)")
+	wanPace := fs.String("wan-pace", "0", "cap each site pair's WAN sending rate, e.g. 190mbit (0: no cap); a few percent below the WAN bottleneck keeps its queue empty")
 	ready := fs.String("ready-file", "", "file written once every WAN link is up")
 	metrics := fs.String("metrics", "", "listen address of the HTTP server for /metrics and /ready (e.g. :9105)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -83,6 +84,11 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "mpi5k-gateway: --window %s out of range 1..1GiB\n", *window)
 		return 2
 	}
+	pace, err := units.Rate(*wanPace)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "mpi5k-gateway: --wan-pace: %v\n", err)
+		return 2
+	}
 	m, err := sitemap.Load(*mapPath)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "mpi5k-gateway: %v\n", err)
@@ -96,6 +102,7 @@ func run(args []string) int {
 		Chunk:       n["chunk"],
 		Window:      uint32(n["window"]),
 		WANConns:    *wanConns,
+		WANPace:     pace,
 		ReadyFile:   *ready,
 		MetricsAddr: *metrics,
 		Logger:      log,

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/mpi5k/mpi5k/units"
 	"github.com/mpi5k/mpi5k/wrap"
 )
 
@@ -35,6 +36,8 @@ func runMain(args []string) int {
 		wanConns = fs.Int("wan-conns", 0, "WAN connections per site pair")
 		chunk    = fs.String("chunk", "", "gateway chunk size, e.g. 128KiB")
 		window   = fs.String("window", "", "per-stream window, e.g. 4MiB")
+		wanPace  = fs.String("wan-pace", "", "cap each site pair's WAN rate, e.g. 950mbit for a 1 Gbit/s WAN (keeps its queue empty)")
+		lowat    = fs.String("wan-notsent-lowat", "", "unsent bytes the gateways keep in a WAN socket, e.g. 32KiB")
 	)
 	fs.StringVar(&c.SitesFile, "sites", "", "FILE of \"<host-or-CIDR> <site>\" lines (default: Grid'5000 names <cluster>-<n>.<site>)")
 	fs.BoolVar(&c.Dedicated, "dedicated-gateways", false, "gateway hosts run no ranks")
@@ -81,7 +84,19 @@ func runMain(args []string) int {
 	if len(c.Launcher) == 0 {
 		return fail(fmt.Errorf("--launcher is empty"))
 	}
-	for _, kv := range [][2]string{{"--lan-cc", *lanCC}, {"--wan-cc", *wanCC}, {"--chunk", *chunk}, {"--window", *window}} {
+	// Checked here so a typo fails before any gateway is started.
+	if *wanPace != "" {
+		if _, err := units.Rate(*wanPace); err != nil {
+			return fail(fmt.Errorf("--wan-pace: %v", err))
+		}
+	}
+	for name, v := range map[string]string{"--chunk": *chunk, "--window": *window, "--wan-notsent-lowat": *lowat} {
+		if _, err := units.Size(v); v != "" && err != nil {
+			return fail(fmt.Errorf("%s: %v", name, err))
+		}
+	}
+	for _, kv := range [][2]string{{"--lan-cc", *lanCC}, {"--wan-cc", *wanCC}, {"--chunk", *chunk}, {"--window", *window},
+		{"--wan-pace", *wanPace}, {"--wan-notsent-lowat", *lowat}} {
 		if kv[1] != "" {
 			c.GatewayArgs = append(c.GatewayArgs, kv[0], kv[1])
 		}

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"io"
+	"os"
+	"strings"
+	"testing"
+)
+
+// stderrOf runs f with os.Stderr captured.
+func stderrOf(t *testing.T, f func() int) (int, string) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := os.Stderr
+	os.Stderr = w
+	status := f()
+	os.Stderr = old
+	w.Close()
+	b, _ := io.ReadAll(r)
+	return status, string(b)
+}
+
+// Bad gateway tuning is refused before anything starts: one line naming
+// the flag, exit status 2.
+func TestRunRejectsBadTuning(t *testing.T) {
+	for flag, want := range map[string]string{
+		"--wan-pace=fast":          "--wan-pace: bad rate",
+		"--wan-notsent-lowat=lots": "--wan-notsent-lowat: bad size",
+		"--chunk=1.5MiB":           "--chunk: bad size",
+	} {
+		status, out := stderrOf(t, func() int {
+			return runMain([]string{flag, "--dry-run", "mpirun", "-np", "2", "-H", "a-1.x,b-1.y", "true"})
+		})
+		if status != 2 || !strings.Contains(out, want) || strings.Count(out, "\n") != 1 {
+			t.Errorf("%s: status %d, stderr %q; want 2 and one line with %q", flag, status, out, want)
+		}
+	}
+}
