@@ -117,6 +117,9 @@ func median(d []time.Duration) time.Duration {
 // calibration: long enough that the writer really sleeps, as it does later.
 const calibrationDelay = time.Millisecond
 
+// calibrationGap is the time between calibration pings.
+const calibrationGap = 10 * time.Millisecond
+
 // calibrate measures what the packet path itself adds to a round trip
 // (veths, bridge, routing, TUN, thread wake-ups; ~0.4 ms here) with a known
 // emulated delay and without loss or jitter, then sets the emulated one-way
@@ -131,7 +134,12 @@ func (l *Lab) calibrate(ctx context.Context) error {
 	if _, err := l.Ping(ctx, a, b, 3, 5*time.Millisecond); err != nil {
 		return fmt.Errorf("calibrate: %w", err)
 	}
-	rtts, err := l.Ping(ctx, a, b, 25, 4*time.Millisecond)
+	// Pings 10 ms apart: the path's cost depends on how long its CPUs were
+	// idle before a packet (here +20 us at 2 ms gaps, +55 us at 10 ms,
+	// +150 us at 30 ms; the emulator's own lateness stays ~30 us), so
+	// calibrate at the idle gaps of ping-pongs and bursty MPI traffic, not
+	// on a path kept warm (4 ms gaps left 5 ms labs ~1 % slow).
+	rtts, err := l.Ping(ctx, a, b, 25, calibrationGap)
 	if err != nil {
 		return fmt.Errorf("calibrate: %w", err)
 	}
