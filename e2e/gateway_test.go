@@ -11,6 +11,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -32,7 +33,8 @@ import (
 
 // TestGatewayHelper is not a test: it is the traffic program run inside
 // lab hosts when MPI5K_GWHELPER is set ("sink ADDR", "echo ADDR",
-// "send DST GW SECONDS", "pingpong DST GW COUNT"; GW "-" means direct).
+// "stall ADDR", "send DST GW SECONDS", "stuck DST GW SECONDS",
+// "pingpong DST GW COUNT"; GW "-" means direct).
 func TestGatewayHelper(t *testing.T) {
 	spec := os.Getenv("MPI5K_GWHELPER")
 	if spec == "" {
@@ -48,7 +50,7 @@ func TestGatewayHelper(t *testing.T) {
 
 func gwHelper(a []string) error {
 	switch a[0] {
-	case "sink", "echo":
+	case "sink", "echo", "stall":
 		ln, err := net.Listen("tcp", a[1])
 		if err != nil {
 			return err
@@ -58,6 +60,11 @@ func gwHelper(a []string) error {
 			c, err := ln.Accept()
 			if err != nil {
 				return err
+			}
+			if a[0] == "stall" {
+				// A destination that never reads: hold the connection open.
+				defer c.Close()
+				continue
 			}
 			go func() {
 				defer c.Close()
@@ -89,6 +96,28 @@ func gwHelper(a []string) error {
 			return fmt.Errorf("reading count: %w", err)
 		}
 		fmt.Printf("%d %f\n", n, time.Since(start).Seconds())
+		return nil
+	case "stuck":
+		// Writes until the deadline towards a destination that may stop
+		// reading; prints how many bytes the path accepted.
+		c, err := helperDial(a[1], a[2])
+		if err != nil {
+			return err
+		}
+		secs, _ := strconv.ParseFloat(a[3], 64)
+		c.SetWriteDeadline(time.Now().Add(time.Duration(secs * float64(time.Second))))
+		var n int64
+		buf := make([]byte, 1<<20)
+		for {
+			k, err := c.Write(buf)
+			n += int64(k)
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				break
+			} else if err != nil {
+				return err
+			}
+		}
+		fmt.Println(n)
 		return nil
 	case "get":
 		r, err := http.Get(a[1])
@@ -257,8 +286,11 @@ func startLabGateways(t *testing.T, ctx context.Context, l *testbed.Lab, gwArgs 
 func TestGatewayWAN(t *testing.T) {
 	const rtt = 20 * time.Millisecond
 	gwArgs := []string{"--wan-cc", "bbr"}
-	if v := os.Getenv("MPI5K_GW_ARGS"); v != "" {
-		gwArgs = strings.Fields(v)
+	// MPI5K_GW_ARGS replaces the gateway arguments; then only the
+	// measurements of those arguments run.
+	custom := os.Getenv("MPI5K_GW_ARGS") != ""
+	if custom {
+		gwArgs = strings.Fields(os.Getenv("MPI5K_GW_ARGS"))
 	}
 	labRequireRoot(t)
 	l := labUp(t, testbed.Config{Nodes: 1, RTT: rtt, WANRate: 200e6})
@@ -278,20 +310,43 @@ func TestGatewayWAN(t *testing.T) {
 	}
 	site1, _ := m.Site("site1")
 	gwLAN := site1.LAN.String()
-	// wanStats returns the WAN retransmission counter of site1's gateway.
+	site2, _ := m.Site("site2")
+	// scrape returns the /metrics text of the gateway at gw, fetched from host.
+	scrape := func(host string, gw netip.Addr) (string, error) {
+		out, err := helper(t, ctx, l, host, "get", "http://"+netip.AddrPortFrom(gw, 9105).String()+"/metrics").Output()
+		return string(out), err
+	}
+	// wanStats returns the WAN retransmission counters of site1's gateway.
 	wanStats := func() string {
-		out, err := helper(t, ctx, l, src, "get", "http://"+netip.AddrPortFrom(site1.LAN.Addr(), 9105).String()+"/metrics").Output()
+		out, err := scrape(src, site1.LAN.Addr())
 		if err != nil {
 			return "metrics unavailable: " + err.Error()
 		}
 		var keep []string
-		for _, line := range strings.Split(string(out), "\n") {
+		for _, line := range strings.Split(out, "\n") {
 			if strings.HasPrefix(line, "mpi5k_wan_tcp_retransmits_total") || strings.HasPrefix(line, "mpi5k_wan_tcp_rtos_total") ||
 				strings.HasPrefix(line, "mpi5k_wan_tcp_retransmits_fast_total") {
 				keep = append(keep, line)
 			}
 		}
 		return strings.Join(keep, "; ")
+	}
+	// farRSS returns the resident memory of site2's gateway in MiB.
+	farRSS := func() float64 {
+		out, err := scrape(dstHost, site2.LAN.Addr())
+		if err != nil {
+			t.Fatalf("site2 gateway metrics: %v", err)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if v, ok := strings.CutPrefix(line, "process_resident_memory_bytes "); ok {
+				x, err := strconv.ParseFloat(v, 64)
+				if err == nil {
+					return x / (1 << 20)
+				}
+			}
+		}
+		t.Fatalf("site2 gateway metrics have no process_resident_memory_bytes")
+		return 0
 	}
 	secs := "8"
 	if testing.Short() {
@@ -305,6 +360,43 @@ func TestGatewayWAN(t *testing.T) {
 	// cores (the emulator, both gateways and the endpoints share them).
 	if via < 0.75*direct {
 		t.Errorf("gateway goodput %.1f Mbit/s is below 75 %% of direct %.1f", via, direct)
+	}
+
+	// Destinations that stop reading stall only their own streams: each
+	// holds at most its window in the far gateway, and the other streams
+	// keep the WAN.
+	if !custom {
+		const stuckStreams, window = 4, 4 // MiB, the gateway default window
+		stall := netip.AddrPortFrom(dst, 7003).String()
+		startServer(t, ctx, l, dstHost, "stall", stall)
+		rss0 := farRSS()
+		var stuck []*exec.Cmd
+		for range stuckStreams {
+			c := helper(t, ctx, l, src, "stuck", stall, gwLAN, "30")
+			c.Stdout = io.Discard
+			if err := c.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer c.Process.Kill()
+			stuck = append(stuck, c)
+		}
+		time.Sleep(2 * time.Second) // the stuck streams fill their windows
+		s := run(t, ctx, l, src, "send", sink, gwLAN, secs)
+		rss1 := farRSS()
+		beside := s[0] * 8 / s[1] / 1e6
+		t.Logf("stalled receivers: %d streams whose destination never reads; another stream gets %.1f Mbit/s, "+
+			"%.1f %% of its %.1f alone; site2 gateway RSS %.1f -> %.1f MiB (windows: %d x %d MiB)",
+			stuckStreams, beside, 100*beside/via, via, rss0, rss1, stuckStreams, window)
+		if beside < 0.9*via {
+			t.Errorf("beside stalled streams a stream got %.1f Mbit/s, below 90 %% of %.1f", beside, via)
+		}
+		if grow := rss1 - rss0; grow > stuckStreams*window+16 {
+			t.Errorf("site2 gateway grew %.1f MiB for %d stalled %d MiB windows", grow, stuckStreams, window)
+		}
+		for _, c := range stuck {
+			c.Process.Kill()
+			c.Wait()
+		}
 	}
 
 	lat := func(via string) (idle, loaded []float64) {
@@ -329,7 +421,7 @@ func TestGatewayWAN(t *testing.T) {
 	// Smaller WAN chunks and a shorter unsent queue bound how long a small
 	// frame waits behind bulk bytes (128 KiB + 128 KiB is ~10 ms at
 	// 200 Mbit/s; 32 + 32 KiB is ~2.6 ms), at some bulk efficiency cost.
-	if os.Getenv("MPI5K_GW_ARGS") == "" {
+	if !custom {
 		stopGW()
 		small := []string{"--wan-cc", "bbr", "--chunk", "32KiB", "--wan-notsent-lowat", "32KiB"}
 		startLabGateways(t, ctx, l, small...)
