@@ -127,6 +127,7 @@ func (e *LabExecutor) Command(job Job) ([]string, error) {
 		if job.Mode.WANConns > 0 {
 			w = append(w, "--wan-conns", strconv.Itoa(job.Mode.WANConns))
 		}
+		w = append(w, job.Mode.Args...)
 		argv = append(w, argv...)
 	case KindRelay:
 		return nil, fmt.Errorf("mode %s: the relay chain runs only the ping-pong", job.Mode.Name)

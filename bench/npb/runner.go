@@ -25,6 +25,9 @@ type Mode struct {
 	LANCC    string `json:"lan_cc,omitempty"`
 	WANCC    string `json:"wan_cc,omitempty"`
 	WANConns int    `json:"wan_conns,omitempty"`
+	// Args are more flags of `mpi5k run` for this mode (--gw-mode), e.g.
+	// --wan-pace 190mbit.
+	Args []string `json:"args,omitempty"`
 }
 
 // Direct is the reference mode every ratio is computed against.

@@ -47,6 +47,7 @@ func runBench(args []string) int {
 		lanCC      = fs.String("lan-cc", "", "congestion control of the gateways' LAN sockets in mode gateways")
 		wanCC      = fs.String("wan-cc", "", "congestion control of the gateways' WAN sockets in mode gateways")
 		wanConns   = fs.Int("wan-conns", 0, "WAN connections per site pair in the gateway modes")
+		gwModes    = fs.StringArray("gw-mode", nil, "extra gateway mode NAME='FLAGS of mpi5k run', e.g. k4='--wan-conns 4' or paced='--wan-pace 190mbit --wan-cc cubic' (repeatable)")
 		reps       = fs.Int("reps", 2, "repetitions of every cell (modes interleaved A B A B); 2 keep the defaults within ~16 min on a 2-core lab")
 		cross      = fs.String("cross", "both", "competing WAN traffic: none, with, or both")
 		crossFlows = fs.Int("cross-flows", 1, "competing iperf3 flows per direction")
@@ -153,6 +154,13 @@ func runBench(args []string) int {
 		}
 		c.Modes = append(c.Modes, npb.Mode{Name: "gw-" + lan + "-" + wan, Kind: npb.KindGateways,
 			LANCC: lan, WANCC: wan, WANConns: *wanConns})
+	}
+	for _, g := range *gwModes {
+		m, err := parseGWMode(g)
+		if err != nil {
+			return fail(2, "--gw-mode %q: %v", g, err)
+		}
+		c.Modes = append(c.Modes, m)
 	}
 
 	if *relay {
@@ -375,4 +383,19 @@ func runTCPPing(args []string) int {
 	}
 	npb.WriteTCPPing(os.Stdout, pts, time.Since(t0))
 	return 0
+}
+
+// parseGWMode reads NAME=FLAGS: a gateway mode whose `mpi5k run` gets FLAGS
+// (whitespace-separated, each a --flag or its value).
+func parseGWMode(s string) (npb.Mode, error) {
+	name, flags, ok := strings.Cut(s, "=")
+	name = strings.TrimSpace(name)
+	if !ok || name == "" || strings.ContainsAny(name, " \t,/") {
+		return npb.Mode{}, fmt.Errorf("want NAME='FLAGS', e.g. k4='--wan-conns 4'")
+	}
+	args := strings.Fields(flags)
+	if len(args) == 0 || !strings.HasPrefix(args[0], "--") {
+		return npb.Mode{}, fmt.Errorf("flags of mpi5k run must start with --, got %q", flags)
+	}
+	return npb.Mode{Name: name, Kind: npb.KindGateways, Args: args}, nil
 }

@@ -39,3 +39,15 @@ func TestRunRejectsBadTuning(t *testing.T) {
 		}
 	}
 }
+
+func TestParseGWMode(t *testing.T) {
+	m, err := parseGWMode("paced= --wan-pace 190mbit --wan-cc cubic ")
+	if err != nil || m.Name != "paced" || m.Kind != "gateways" || strings.Join(m.Args, " ") != "--wan-pace 190mbit --wan-cc cubic" {
+		t.Errorf("good mode: %+v %v", m, err)
+	}
+	for _, bad := range []string{"k4", "=--wan-conns 4", "k 4=--wan-conns 4", "k4=", "k4=wan-conns 4"} {
+		if _, err := parseGWMode(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
