@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -21,6 +22,7 @@ import (
 	"time"
 
 	"github.com/mpi5k/mpi5k/testbed"
+	"golang.org/x/sys/unix"
 )
 
 var labSeq atomic.Int32
@@ -234,6 +236,54 @@ func labIperf(t *testing.T, l *testbed.Lab, a, b string, port, secs int, extra .
 
 // TestLabRate: one iperf3 TCP flow reaches 90-102 % of --wan-rate at 100
 // and 200 Mbit/s with 20 ms RTT.
+// TestLabHostCC: --host-cc sets the default congestion control of every
+// lab host (what the ranks' direct connections use), and an algorithm the
+// kernel will not make a namespace default is refused before anything is
+// built.
+func TestLabHostCC(t *testing.T) {
+	labRequireRoot(t)
+	l := labUp(t, testbed.Config{Nodes: 1, RTT: time.Millisecond, HostCC: "reno"})
+	hosts := append(l.Hosts("", true), l.ExtraHosts("")...)
+	if len(hosts) != 6 {
+		t.Fatalf("want 6 hosts (nodes, gateways, traffic hosts), got %v", hosts)
+	}
+	for _, h := range hosts {
+		var cc string
+		err := l.Do(h, func() error {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			cc, err = unix.GetsockoptString(fd, unix.IPPROTO_TCP, unix.TCP_CONGESTION)
+			return err
+		})
+		if err != nil || strings.TrimRight(cc, "\x00") != "reno" {
+			t.Errorf("%s: new TCP socket uses %q (%v), want reno", h, cc, err)
+		}
+	}
+	allowed, _ := os.ReadFile("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+	avail, _ := os.ReadFile("/proc/sys/net/ipv4/tcp_available_congestion_control")
+	for _, cc := range strings.Fields(string(avail)) {
+		if slices.Contains(strings.Fields(string(allowed)), cc) {
+			continue
+		}
+		name := fmt.Sprintf("e2ecc%d", os.Getpid()%10000)
+		_, err := testbed.Up(context.Background(), testbed.Config{Name: name, Nodes: 1, HostCC: cc})
+		if err == nil {
+			testbed.Down(name)
+			t.Fatalf("host-cc %s accepted though the kernel allows only %s", cc, allowed)
+		}
+		if !strings.Contains(err.Error(), "host-cc") || !strings.Contains(err.Error(), "tcp_allowed_congestion_control") {
+			t.Errorf("host-cc %s: unclear error %v", cc, err)
+		}
+		if _, serr := os.Stat("/run/mpi5k/" + name); serr == nil {
+			t.Errorf("refused lab %s left files behind", name)
+		}
+		break
+	}
+}
+
 func TestLabRate(t *testing.T) {
 	labRequireRoot(t)
 	for _, rate := range []uint64{100e6, 200e6} {

@@ -9,6 +9,7 @@ package testbed
 import (
 	"fmt"
 	"math"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -31,6 +32,11 @@ type Config struct {
 	Queue       int           // WAN drop-tail queue in bytes, 0 = 1 BDP
 	MTU         int           // default 1500
 	GatewayNICs int           // 1 (LAN leg only, default) or 2 (LAN + WAN leg)
+	// HostCC is the default TCP congestion control of every lab host's
+	// namespace ("" keeps the machine's). The ranks' direct connections use
+	// it, so it decides what "without gateways" means: a cluster's nodes
+	// usually run a loss-based TCP, this project's machines default to bbr.
+	HostCC string
 }
 
 // DefaultName is the lab name used when none is given.
@@ -47,6 +53,7 @@ const (
 )
 
 var (
+	ccNameRE   = regexp.MustCompile(`^[a-z][a-z0-9_]{0,15}$`)
 	labNameRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,23}$`)
 	siteNameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,11}$`)
 )
@@ -105,6 +112,12 @@ func (c *Config) Normalize() error {
 	if c.GatewayNICs != 1 && c.GatewayNICs != 2 {
 		return fmt.Errorf("gateway-nics: must be 1 or 2, got %d", c.GatewayNICs)
 	}
+	if c.HostCC == "system" {
+		c.HostCC = ""
+	}
+	if c.HostCC != "" && !ccNameRE.MatchString(c.HostCC) {
+		return fmt.Errorf("host-cc: bad congestion control name %q", c.HostCC)
+	}
 	if c.Queue == 0 {
 		c.Queue = BDPQueue(c.WANRate, c.RTT, c.MTU)
 	}
@@ -112,6 +125,19 @@ func (c *Config) Normalize() error {
 		return fmt.Errorf("queue: %d bytes cannot hold two %d-byte packets", c.Queue, c.MTU)
 	}
 	return nil
+}
+
+// HostTCP names the lab hosts' default congestion control for reports:
+// HostCC, or the machine's default marked "(system)".
+func (c Config) HostTCP() string {
+	if c.HostCC != "" {
+		return c.HostCC
+	}
+	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_congestion_control")
+	if err != nil {
+		return "system"
+	}
+	return strings.TrimSpace(string(b)) + " (system)"
 }
 
 // ValidName checks a lab name (it prefixes namespace and directory names).

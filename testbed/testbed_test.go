@@ -94,8 +94,11 @@ func TestNormalize(t *testing.T) {
 	if err := c.Normalize(); err != nil {
 		t.Fatal(err)
 	}
-	if c.Name != "mpi5k" || len(c.Sites) != 2 || c.Nodes != 2 || c.MTU != 1500 || c.GatewayNICs != 1 {
+	if c.Name != "mpi5k" || len(c.Sites) != 2 || c.Nodes != 2 || c.MTU != 1500 || c.GatewayNICs != 1 || c.HostCC != "" {
 		t.Errorf("defaults: %+v", c)
+	}
+	if c := (Config{HostCC: "system"}); c.Normalize() != nil || c.HostCC != "" {
+		t.Errorf("host-cc system must mean the machine's default: %+v", c)
 	}
 	bad := []struct {
 		c    Config
@@ -109,6 +112,7 @@ func TestNormalize(t *testing.T) {
 		{Config{GatewayNICs: 3}, "gateway-nics"},
 		{Config{Queue: 100}, "queue"},
 		{Config{RTT: -time.Second}, "rtt"},
+		{Config{HostCC: "Cubic;rm"}, "host-cc"},
 	}
 	for _, b := range bad {
 		if err := b.c.Normalize(); err == nil || !strings.HasPrefix(err.Error(), b.want) {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -57,6 +58,9 @@ func Up(ctx context.Context, c Config) (*Lab, error) {
 		return nil, errNotRoot
 	}
 	if err := c.Normalize(); err != nil {
+		return nil, err
+	}
+	if err := checkHostCC(c.HostCC); err != nil {
 		return nil, err
 	}
 	bin, err := Binary()
@@ -179,9 +183,11 @@ func (l *Lab) buildHost(rh *netlink.Handle, h *hostPlan, bridgeIdx int) error {
 	if err := createNamedNS(hpath, l.utsPath(h.Name), h.Name); err != nil {
 		return err
 	}
-	if err := writeSysctls(hpath, [][2]string{
-		{"net/ipv6/conf/all/disable_ipv6", "1"}, {"net/ipv6/conf/default/disable_ipv6", "1"},
-	}); err != nil {
+	sysctls := [][2]string{{"net/ipv6/conf/all/disable_ipv6", "1"}, {"net/ipv6/conf/default/disable_ipv6", "1"}}
+	if cc := l.st.Config.HostCC; cc != "" {
+		sysctls = append(sysctls, [2]string{"net/ipv4/tcp_congestion_control", cc})
+	}
+	if err := writeSysctls(hpath, sysctls); err != nil {
 		return err
 	}
 	hns, err := netns.GetFromPath(hpath)
@@ -553,4 +559,25 @@ func isZombie(pid int) bool {
 		return s[i+2] == 'Z' || s[i+2] == 'X'
 	}
 	return false
+}
+
+// checkHostCC fails early, before anything is built, if the kernel would
+// refuse cc as a namespace's default: outside the initial namespace only
+// the algorithms of the global tcp_allowed_congestion_control may be
+// defaults (on this project's machines: reno and bbr, not cubic), and the
+// lab never changes global sysctls.
+func checkHostCC(cc string) error {
+	if cc == "" {
+		return nil
+	}
+	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+	if err != nil {
+		return fmt.Errorf("host-cc: %w", err)
+	}
+	allowed := strings.Fields(string(b))
+	if !slices.Contains(allowed, cc) {
+		return fmt.Errorf("host-cc: %q cannot be a lab host's default here; the kernel allows %s "+
+			"(net.ipv4.tcp_allowed_congestion_control, a global setting the lab does not change)", cc, strings.Join(allowed, ", "))
+	}
+	return nil
 }

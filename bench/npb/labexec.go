@@ -38,8 +38,8 @@ func (e *LabExecutor) Describe() string {
 		rate = fmt.Sprintf("%g Mbit/s", float64(c.WANRate)/1e6)
 	}
 	return fmt.Sprintf("lab %s: %d sites x %d nodes, RTT %v, WAN %s per direction, queue %d B, loss %g, MTU %d, "+
-		"competing traffic %d iperf3 flow(s) per direction", e.Lab.Name(), len(c.Sites), c.Nodes, c.RTT, rate,
-		c.Queue, c.Loss, c.MTU, e.crossFlows())
+		"host TCP %s, competing traffic %d iperf3 flow(s) per direction", e.Lab.Name(), len(c.Sites), c.Nodes, c.RTT, rate,
+		c.Queue, c.Loss, c.MTU, c.HostTCP(), e.crossFlows())
 }
 
 func (e *LabExecutor) crossFlows() int {

@@ -133,10 +133,11 @@ func labUp(args []string) error {
 	queue := fs.String("queue", "1bdp", "WAN queue: 1bdp or a size in bytes (256k, 1m)")
 	mtu := fs.Int("mtu", 1500, "MTU of every lab link")
 	gwNICs := fs.Int("gateway-nics", 1, "gateway interfaces: 1 (LAN) or 2 (LAN + WAN leg)")
+	hostCC := fs.String("host-cc", "system", "default TCP congestion control of the lab's hosts, e.g. reno (loss-based, as a classic cluster node); system keeps the machine's")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
-	c := testbed.Config{Name: *name, Nodes: *nodes, RTT: *rtt, Jitter: *jitter, MTU: *mtu, GatewayNICs: *gwNICs}
+	c := testbed.Config{Name: *name, Nodes: *nodes, RTT: *rtt, Jitter: *jitter, MTU: *mtu, GatewayNICs: *gwNICs, HostCC: *hostCC}
 	var err error
 	if c.Sites, err = testbed.ParseSites(*sites); err != nil {
 		return err
@@ -172,9 +173,9 @@ func labUp(args []string) error {
 		return err
 	}
 	cfg := l.Config()
-	fmt.Printf("lab %s up: %d sites x %d nodes, rtt %v (path cost %v measured, one-way delay set %v), wan %s, queue %d B, loss %g%%\n",
+	fmt.Printf("lab %s up: %d sites x %d nodes, rtt %v (path cost %v measured, one-way delay set %v), wan %s, queue %d B, loss %g%%, host tcp %s\n",
 		l.Name(), len(cfg.Sites), cfg.Nodes, cfg.RTT, l.PathCost().Round(time.Microsecond),
-		l.OneWayDelay().Round(time.Microsecond), rateString(cfg.WANRate), cfg.Queue, cfg.Loss*100)
+		l.OneWayDelay().Round(time.Microsecond), rateString(cfg.WANRate), cfg.Queue, cfg.Loss*100, cfg.HostTCP())
 	fmt.Printf("site map: %s\nhosts: mpi5k lab hosts --name %s --gateways\n", l.SiteMapPath(), l.Name())
 	return nil
 }
