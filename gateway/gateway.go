@@ -42,7 +42,10 @@ type Config struct {
 	// by its WANConns links; 0 = no cap). Set a few percent below the WAN
 	// bottleneck, it keeps the bottleneck queue empty: the bulk of one
 	// stream then adds no queueing delay and no drop-tail losses to the
-	// small messages of the others (see package relay, figure (d)).
+	// small messages of the others (see package relay, figure (d)). It is
+	// meant for a WAN the site pair has to itself: against competing flows
+	// a capped link only loses its share. The split is static, so with
+	// WANConns > 1 one stream gets at most WANPace/WANConns.
 	WANPace uint64
 
 	ReadyFile   string // written once every WAN link is up
@@ -221,7 +224,13 @@ func (g *Gateway) Run(ctx context.Context) error {
 		go srv.Serve(ln)
 	}
 	g.log.Info("gateway up", "id", g.site.ID, "lan", g.lanLn.Addr().String(), "wan", g.wanLn.Addr().String(),
-		"peers", len(g.peers), "wan_conns", g.cfg.WANConns, "chunk", g.cfg.Chunk, "window", g.cfg.Window)
+		"peers", len(g.peers), "wan_conns", g.cfg.WANConns, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
+		"wan_pace_bps", g.cfg.WANPace)
+	if g.cfg.WANPace > 0 && g.cfg.WANConns > 1 {
+		// Kernel pacing is per socket, and a stream lives on one link.
+		g.log.Warn("--wan-pace is split evenly over --wan-conns: one stream gets at most its link's share",
+			"per_link_bps", g.cfg.WANPace/uint64(g.cfg.WANConns))
+	}
 	g.wg.Add(3)
 	go g.serveLAN()
 	go g.serveWAN()
