@@ -175,21 +175,37 @@ func (g *fakeGW) open(c *net.TCPConn, site *sitemap.Site, p []byte) {
 // before connect() as the far gateway must, so the destination's peer query
 // can never arrive first.
 func (g *fakeGW) dialFrom(local netip.Addr, dst, src netip.AddrPort) (*net.TCPConn, error) {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	sockaddr := func(a netip.AddrPort) unix.Sockaddr {
+		if a.Addr().Is4() {
+			return &unix.SockaddrInet4{Addr: a.Addr().As4(), Port: int(a.Port())}
+		}
+		return &unix.SockaddrInet6{Addr: a.Addr().As16(), Port: int(a.Port())}
+	}
+	family := unix.AF_INET
+	if !local.Is4() {
+		family = unix.AF_INET6
+	}
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: local.As4()}); err != nil {
+	if err := unix.Bind(fd, sockaddr(netip.AddrPortFrom(local, 0))); err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
-	sa, _ := unix.Getsockname(fd)
-	me := netip.AddrPortFrom(local, uint16(sa.(*unix.SockaddrInet4).Port))
+	var port int
+	switch sa, _ := unix.Getsockname(fd); sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		port = sa.Port
+	case *unix.SockaddrInet6:
+		port = sa.Port
+	}
+	me := netip.AddrPortFrom(local, uint16(port))
 	key := [2]netip.AddrPort{me, dst}
 	g.mu.Lock()
 	g.peers[key] = src
 	g.mu.Unlock()
-	if err := unix.Connect(fd, &unix.SockaddrInet4{Addr: dst.Addr().As4(), Port: int(dst.Port())}); err != nil {
+	if err := unix.Connect(fd, sockaddr(dst)); err != nil {
 		unix.Close(fd)
 		g.mu.Lock()
 		delete(g.peers, key)

@@ -53,28 +53,54 @@ static uint64_t now_ns(void) {
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static void mkaddr(struct sockaddr_in *sa, const char *ip, int port) {
-	memset(sa, 0, sizeof *sa);
-	sa->sin_family = AF_INET;
-	sa->sin_port = htons((uint16_t)port);
-	inet_pton(AF_INET, ip, &sa->sin_addr);
+// Addresses are IPv4 unless the text has a ':' (native IPv6 sites).
+static int family_of(const char *ip) { return strchr(ip, ':') ? AF_INET6 : AF_INET; }
+
+// mkaddr fills ss with ip:port and returns its length.
+static socklen_t mkaddr(struct sockaddr_storage *ss, const char *ip, int port) {
+	memset(ss, 0, sizeof *ss);
+	if (family_of(ip) == AF_INET6) {
+		struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
+		s6->sin6_family = AF_INET6;
+		s6->sin6_port = htons((uint16_t)port);
+		inet_pton(AF_INET6, ip, &s6->sin6_addr);
+		return sizeof *s6;
+	}
+	struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
+	s4->sin_family = AF_INET;
+	s4->sin_port = htons((uint16_t)port);
+	inet_pton(AF_INET, ip, &s4->sin_addr);
+	return sizeof *s4;
+}
+
+// ntop writes ss's address into buf and returns its port.
+static int ntop(const struct sockaddr_storage *ss, char *buf, size_t n) {
+	if (ss->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
+		inet_ntop(AF_INET6, &s6->sin6_addr, buf, (socklen_t)n);
+		return ntohs(s6->sin6_port);
+	}
+	const struct sockaddr_in *s4 = (const struct sockaddr_in *)ss;
+	inet_ntop(AF_INET, &s4->sin_addr, buf, (socklen_t)n);
+	return ntohs(s4->sin_port);
 }
 
 // dial binds src (port 0, like Open MPI) and connects to dst:port.
 static int dial(const char *src, const char *dst, int port, int nonblock) {
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	int fd = socket(family_of(dst), SOCK_STREAM, 0);
 	if (fd < 0) return -1;
-	struct sockaddr_in sa;
+	struct sockaddr_storage sa;
+	socklen_t sl;
 	if (src && *src) {
-		mkaddr(&sa, src, 0);
-		if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+		sl = mkaddr(&sa, src, 0);
+		if (bind(fd, (struct sockaddr *)&sa, sl) != 0) {
 			close(fd);
 			return -1;
 		}
 	}
 	if (nonblock) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-	mkaddr(&sa, dst, port);
-	if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+	sl = mkaddr(&sa, dst, port);
+	if (connect(fd, (struct sockaddr *)&sa, sl) != 0) {
 		if (!nonblock || errno != EINPROGRESS) {
 			int e = errno;
 			close(fd);
@@ -126,14 +152,14 @@ static int read_all(int fd, void *p, size_t n) {
 }
 
 static int check_peer(int fd, const char *ip, int port) {
-	struct sockaddr_in sa;
+	struct sockaddr_storage sa;
 	socklen_t l = sizeof sa;
 	if (getpeername(fd, (struct sockaddr *)&sa, &l) != 0) FAIL("getpeername");
 	char buf[64];
-	inet_ntop(AF_INET, &sa.sin_addr, buf, sizeof buf);
-	if (strcmp(buf, ip) != 0 || ntohs(sa.sin_port) != port) {
+	int got = ntop(&sa, buf, sizeof buf);
+	if (strcmp(buf, ip) != 0 || got != port) {
 		errno = 0;
-		FAIL("getpeername says %s:%d, want %s:%d", buf, ntohs(sa.sin_port), ip, port);
+		FAIL("getpeername says %s:%d, want %s:%d", buf, got, ip, port);
 	}
 	return 0;
 }
@@ -310,8 +336,8 @@ static int mode_threads(int n) {
 static int mode_dup(void) {
 	int a = dial(g_src, g_dst, g_port, 0);
 	if (a < 0) FAIL("dial");
-	int b = socket(AF_INET, SOCK_STREAM, 0); // a plain, unconnected socket
-	struct sockaddr_in sa;
+	int b = socket(family_of(g_dst), SOCK_STREAM, 0); // a plain, unconnected socket
+	struct sockaddr_storage sa;
 	int d = dup(a);
 	if (check_peer(d, g_dst, g_port)) return -1;
 	int e = fcntl(a, F_DUPFD_CLOEXEC, 200);
@@ -323,7 +349,7 @@ static int mode_dup(void) {
 	if (dup3(c, d, O_CLOEXEC) != d || check_peer(d, g_dst, g_port)) FAIL("dup3");
 	// dup2 of an unconnected socket over the managed fd: the kernel's answer
 	// (ENOTCONN) must come back, not the stored endpoint.
-	int u = socket(AF_INET, SOCK_STREAM, 0);
+	int u = socket(family_of(g_dst), SOCK_STREAM, 0);
 	if (dup2(u, b) != b) FAIL("dup2 unconnected");
 	socklen_t l = sizeof sa;
 	errno = 0;
@@ -348,7 +374,7 @@ static int mode_errno(int deadport) {
 	int nul = open("/dev/null", O_WRONLY);
 	errno = 4242;
 	if (write(nul, "x", 1) != 1 || errno != 4242) FAIL("write /dev/null changed errno");
-	struct sockaddr_in sa;
+	struct sockaddr_storage sa;
 	socklen_t l = sizeof sa;
 	errno = 4242;
 	if (getpeername(fd, (struct sockaddr *)&sa, &l) != 0 || errno != 4242) FAIL("getpeername changed errno");
@@ -365,12 +391,12 @@ static int mode_errno(int deadport) {
 	errno = 4242;
 	if (close(fd) != 0 || errno != 4242) FAIL("close of relayed fd changed errno");
 	// A relayed connect itself, blocking, must leave errno alone on success.
-	int s = socket(AF_INET, SOCK_STREAM, 0);
-	mkaddr(&sa, g_src, 0);
-	bind(s, (struct sockaddr *)&sa, sizeof sa);
-	mkaddr(&sa, g_dst, g_port);
+	int s = socket(family_of(g_dst), SOCK_STREAM, 0);
+	socklen_t sl = mkaddr(&sa, g_src, 0);
+	bind(s, (struct sockaddr *)&sa, sl);
+	sl = mkaddr(&sa, g_dst, g_port);
 	errno = 4242;
-	if (connect(s, (struct sockaddr *)&sa, sizeof sa) != 0 || errno != 4242) FAIL("connect changed errno");
+	if (connect(s, (struct sockaddr *)&sa, sl) != 0 || errno != 4242) FAIL("connect changed errno");
 	close(s);
 	// Failures carry the right errno.
 	errno = 0;
@@ -414,26 +440,26 @@ static void *serve_conn(void *arg) {
 }
 
 static int mode_serve(const char *ip, int port, int n) {
-	int ls = socket(AF_INET, SOCK_STREAM, 0);
+	int ls = socket(family_of(ip), SOCK_STREAM, 0);
 	int one = 1;
 	setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-	struct sockaddr_in sa;
-	mkaddr(&sa, ip, port);
-	if (bind(ls, (struct sockaddr *)&sa, sizeof sa) || listen(ls, 4096)) FAIL("listen %s:%d", ip, port);
+	struct sockaddr_storage sa;
+	socklen_t sl = mkaddr(&sa, ip, port);
+	if (bind(ls, (struct sockaddr *)&sa, sl) || listen(ls, 4096)) FAIL("listen %s:%d", ip, port);
 	printf("listening\n");
 	fflush(stdout);
 	for (int i = 0; i < n; i++) {
-		struct sockaddr_in pa, pb;
+		struct sockaddr_storage pa, pb;
 		socklen_t la = sizeof pa, lb = sizeof pb;
 		int fd = (i & 1) ? accept4(ls, (struct sockaddr *)&pa, &la, SOCK_CLOEXEC) : accept(ls, (struct sockaddr *)&pa, &la);
 		if (fd < 0) FAIL("accept");
 		char a[64], b[64];
-		inet_ntop(AF_INET, &pa.sin_addr, a, sizeof a);
+		int porta = ntop(&pa, a, sizeof a);
 		if (getpeername(fd, (struct sockaddr *)&pb, &lb) != 0) FAIL("getpeername");
-		inet_ntop(AF_INET, &pb.sin_addr, b, sizeof b);
-		if (strncmp(a, g_prefix, strlen(g_prefix)) || strcmp(a, b) || pa.sin_port != pb.sin_port) {
+		int portb = ntop(&pb, b, sizeof b);
+		if (strncmp(a, g_prefix, strlen(g_prefix)) || strcmp(a, b) || porta != portb) {
 			fprintf(stderr, "peer: accept says %s:%d, getpeername %s:%d, want prefix %s\n", a,
-			        ntohs(pa.sin_port), b, ntohs(pb.sin_port), g_prefix);
+			        porta, b, portb, g_prefix);
 			g_serve_fail++;
 		}
 		pthread_t th;
