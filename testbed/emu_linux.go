@@ -450,7 +450,7 @@ func (l *link) stats() LinkStats {
 		Loss:    math.Float64frombits(l.params.loss.Load()),
 		Packets: l.packets.Load(), Bytes: l.bytes.Load(), DeliveredPackets: l.dpackets.Load(),
 		DeliveredBytes: l.dbytes.Load(), QueueDrops: l.qdrops.Load(), RandomDrops: l.rdrops.Load(),
-		QueueDelay: l.qdelay.percentiles(), Late: l.late.percentiles()}
+		QueueDelay: l.qdelay.percentiles(), Late: l.late.percentiles(), Stalled: l.late.over(StallLate)}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for k, f := range l.flows {

@@ -121,6 +121,23 @@ type Percentiles struct {
 	Max   time.Duration `json:"max_ns"`
 }
 
+// over counts the recorded durations of at least d (to the bucket: a
+// bucket counts when its smallest value is >= d).
+func (h *histogram) over(d time.Duration) uint64 {
+	us := uint64(d / time.Microsecond)
+	var n uint64
+	for i := range h.b {
+		lower := uint64(0)
+		if i > 0 {
+			lower = histUpper(i-1) + 1
+		}
+		if lower >= us {
+			n += h.b[i].Load()
+		}
+	}
+	return n
+}
+
 func (h *histogram) percentiles() Percentiles {
 	var counts [histBuckets]uint64
 	var total uint64

@@ -36,7 +36,11 @@ type LinkStats struct {
 	// out (the emulator's own error: grows when the CPU saturates).
 	QueueDelay Percentiles `json:"queue_delay"`
 	Late       Percentiles `json:"late"`
-	Flows      []FlowStats `json:"flows"`
+	// Stalled counts packets written out StallLate or more behind schedule:
+	// the emulator was starved of CPU (see testbed/README.md, "Known
+	// problems"), and whatever crossed the WAN meanwhile was not emulated.
+	Stalled uint64      `json:"stalled"`
+	Flows   []FlowStats `json:"flows"`
 	// OtherFlows aggregates flows beyond the per-link flow table limit.
 	OtherFlows *FlowStats `json:"other_flows,omitempty"`
 }
@@ -53,6 +57,20 @@ type FlowStats struct {
 	// Retrans counts TCP segments repeating sequence space already seen on
 	// this link (retransmissions as seen on the wire).
 	Retrans uint64 `json:"retrans"`
+}
+
+// StallLate is how late a packet must leave the emulator to count as
+// Stalled: far beyond any queueing the emulation itself does.
+const StallLate = time.Second
+
+// Stalled is the number of packets on every link that left StallLate or more
+// late.
+func (s *Stats) Stalled() uint64 {
+	var n uint64
+	for _, l := range s.Links {
+		n += l.Stalled
+	}
+	return n
 }
 
 // Link returns the stats of direction from->to, or nil.
@@ -98,6 +116,9 @@ func (s *Stats) WriteText(w io.Writer) {
 			fmtDur(l.QueueDelay.P50), fmtDur(l.QueueDelay.P90), fmtDur(l.QueueDelay.P99), fmtDur(l.QueueDelay.Max))
 		fmt.Fprintf(w, "  late        p50 %s p90 %s p99 %s max %s\n",
 			fmtDur(l.Late.P50), fmtDur(l.Late.P90), fmtDur(l.Late.P99), fmtDur(l.Late.Max))
+		if l.Stalled > 0 {
+			fmt.Fprintf(w, "  STALLED     %d packets written %v or more late: the emulator was starved of CPU\n", l.Stalled, StallLate)
+		}
 		flows := append([]FlowStats(nil), l.Flows...)
 		sort.Slice(flows, func(i, j int) bool { return flows[i].Bytes > flows[j].Bytes })
 		if len(flows) > 0 {

@@ -268,6 +268,21 @@ func TestHistogramPercentiles(t *testing.T) {
 	}
 }
 
+func TestHistogramOver(t *testing.T) {
+	var h histogram
+	for _, d := range []time.Duration{0, 30 * time.Microsecond, 900 * time.Millisecond, 1100 * time.Millisecond, 142 * time.Second} {
+		h.add(d)
+	}
+	for _, c := range []struct {
+		d    time.Duration
+		want uint64
+	}{{0, 5}, {time.Microsecond, 4}, {time.Second, 2}, {100 * time.Second, 1}, {time.Hour, 0}} {
+		if got := h.over(c.d); got != c.want {
+			t.Errorf("over(%v) = %d, want %d", c.d, got, c.want)
+		}
+	}
+}
+
 func TestRetransmissionDetection(t *testing.T) {
 	var f flowState
 	seq := uint32(math.MaxUint32 - 3000) // wraps during the test

@@ -166,7 +166,22 @@ func (e *LabExecutor) Run(ctx context.Context, job Job) ([]byte, error) {
 	if job.Mode.Kind == KindGateways {
 		grace = 30 * time.Second
 	}
-	return RunCommand(ctx, cmd, e.Echo, grace)
+	stalled0 := e.stalled()
+	out, err := RunCommand(ctx, cmd, e.Echo, grace)
+	if n := e.stalled() - stalled0; n > 0 {
+		err = &LabStalled{Packets: n, Err: err}
+	}
+	return out, err
+}
+
+// stalled reads the emulator's count of packets that left it a second or
+// more late (0 when the stats cannot be read: the run then shows why).
+func (e *LabExecutor) stalled() uint64 {
+	st, err := e.Lab.Stats()
+	if err != nil {
+		return 0
+	}
+	return st.Stalled()
 }
 
 // startCross starts competing flows in both directions between the first

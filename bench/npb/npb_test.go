@@ -322,6 +322,13 @@ func TestJudge(t *testing.T) {
 	if s := judge(Cell{Workload: "cg"}, good, nil); s.OK() {
 		t.Error("result of another workload accepted")
 	}
+	// A complete, verified result from a run during which the emulator was
+	// starved is not a measurement of the WAN: refused, and said why.
+	stall := &LabStalled{Packets: 3, Err: errors.New("killed")}
+	if s := judge(cell, good, stall); s.OK() || !strings.Contains(s.Err, "lab stalled: 3 packets") ||
+		!strings.Contains(s.Err, "the run: killed") {
+		t.Errorf("stalled lab: %+v", s)
+	}
 	if s := judge(cell, []byte("mpirun: not found\n"), errors.New("exit status 127")); s.OK() ||
 		!strings.Contains(s.Err, "exit status 127: mpirun: not found") {
 		t.Errorf("failed launch: %+v", s)

@@ -231,13 +231,36 @@ func (s Sample) summary() string {
 	return msg
 }
 
+// LabStalled is an Executor's error for a run during which the lab's WAN
+// emulator was starved of CPU (packets left it a second or more late): the
+// run did not see the WAN it was meant to, so its time is no measurement.
+type LabStalled struct {
+	Packets uint64 // packets that left the emulator >= 1 s late
+	Err     error  // the run's own error, if any
+}
+
+func (e *LabStalled) Error() string {
+	msg := fmt.Sprintf("lab stalled: %d packets left the WAN emulator 1 s or more late "+
+		"(the machine starved it of CPU; see testbed/README.md)", e.Packets)
+	if e.Err != nil {
+		msg += "; the run: " + e.Err.Error()
+	}
+	return msg
+}
+
+func (e *LabStalled) Unwrap() error { return e.Err }
+
 // judge turns a job's output and error into a sample. A verified result
 // line counts even if the job then failed to exit cleanly (MPICH/UCX's
 // finalize hang, see bench/README.md); anything else is a failed cell.
 func judge(cell Cell, out []byte, runErr error) Sample {
 	s := Sample{Cell: cell}
 	o, perr := ParseOutput(bytes.NewReader(out))
+	var stalled *LabStalled
 	switch {
+	case errors.As(runErr, &stalled):
+		// Whatever the job printed, it did not run on the emulated WAN.
+		s.Err = stalled.Error()
 	case perr != nil:
 		s.Err = "unreadable output: " + perr.Error()
 	case len(o.VerifyErr) > 0:
