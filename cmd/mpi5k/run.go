@@ -91,7 +91,10 @@ func runMain(args []string) int {
 		}
 	}
 	for name, v := range map[string]string{"--chunk": *chunk, "--window": *window, "--wan-notsent-lowat": *lowat} {
-		if _, err := units.Size(v); v != "" && err != nil {
+		if v == "" {
+			continue
+		}
+		if _, err := units.Size(v); err != nil {
 			return fail(fmt.Errorf("%s: %v", name, err))
 		}
 	}
