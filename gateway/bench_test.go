@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/sitemap"
 	"github.com/mpi5k/mpi5k/units"
 )
@@ -200,7 +201,7 @@ func pingPong(b *testing.B, c *net.TCPConn) {
 // BenchmarkPingPong: 1-byte round trip (a) directly, through the gateway
 // pair, and through a chain of two socat relays, on the same loopback path.
 func BenchmarkPingPong(b *testing.B) {
-	dst := serve(b, nodeB, echoServer)
+	dst := testnet.Serve(b, nodeB, echoServer)
 	b.Run("direct", func(b *testing.B) {
 		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: nodeA.AsSlice()}, net.TCPAddrFromAddrPort(dst))
 		if err != nil {
@@ -266,7 +267,7 @@ func BenchmarkForward(b *testing.B) {
 		b.Run("chunk="+chunk, func(b *testing.B) {
 			cp := startChildren(b, "MPI5K_GW_CHUNK="+chunk)
 			done := make(chan int64, 1)
-			dst := serve(b, nodeB, func(c *net.TCPConn) { n, _ := io.Copy(io.Discard, c); done <- n })
+			dst := testnet.Serve(b, nodeB, func(c *net.TCPConn) { n, _ := io.Copy(io.Discard, c); done <- n })
 			c, err := lanOpen(cp.lan("a"), nodeA, dst)
 			if err != nil {
 				b.Fatal(err)
@@ -294,7 +295,7 @@ func BenchmarkForward(b *testing.B) {
 	}
 	b.Run("direct", func(b *testing.B) {
 		done := make(chan int64, 1)
-		dst := serve(b, nodeB, func(c *net.TCPConn) { n, _ := io.Copy(io.Discard, c); done <- n })
+		dst := testnet.Serve(b, nodeB, func(c *net.TCPConn) { n, _ := io.Copy(io.Discard, c); done <- n })
 		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: nodeA.AsSlice()}, net.TCPAddrFromAddrPort(dst))
 		if err != nil {
 			b.Fatal(err)

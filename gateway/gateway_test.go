@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/sitemap"
 	"golang.org/x/sys/unix"
 )
@@ -134,24 +135,6 @@ func lanOpen(gw netip.AddrPort, src netip.Addr, dst netip.AddrPort) (*net.TCPCon
 	return tc, nil
 }
 
-func serve(t testing.TB, addr netip.Addr, f func(c *net.TCPConn)) netip.AddrPort {
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: addr.AsSlice()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.AcceptTCP()
-			if err != nil {
-				return
-			}
-			go f(c)
-		}
-	}()
-	return ln.Addr().(*net.TCPAddr).AddrPort()
-}
-
 // cpuWork gates the tests' own CPU-heavy steps (generating and hashing
 // data): the streams stay concurrent, but at most two goroutines burn CPU at
 // once, so the gateways sharing this process are not starved for seconds by
@@ -235,7 +218,7 @@ func sendAndCheck(c *net.TCPConn, r *rand.Rand, size int) error {
 // corrupted. (Under -race the sizes are capped at 1 MiB.)
 func TestThousandStreams(t *testing.T) {
 	_, a, _ := startPair(t, nil)
-	dst := serve(t, nodeB, sumServer)
+	dst := testnet.Serve(t, nodeB, sumServer)
 	maxSize := 8 << 20
 	if raceEnabled {
 		maxSize = 1 << 20
@@ -279,7 +262,7 @@ func TestThousandStreams(t *testing.T) {
 func TestHalfCloseAndReset(t *testing.T) {
 	_, a, _ := startPair(t, nil)
 	// Half-close: the server answers only after our EOF.
-	dst := serve(t, nodeB, sumServer)
+	dst := testnet.Serve(t, nodeB, sumServer)
 	c, err := lanOpen(a.LANAddr(), nodeA, dst)
 	if err != nil {
 		t.Fatal(err)
@@ -290,7 +273,7 @@ func TestHalfCloseAndReset(t *testing.T) {
 	c.Close()
 
 	// Reset by the destination reaches the source as ECONNRESET.
-	rst := serve(t, nodeB, func(c *net.TCPConn) {
+	rst := testnet.Serve(t, nodeB, func(c *net.TCPConn) {
 		io.ReadFull(c, make([]byte, 3))
 		c.SetLinger(0)
 		c.Close()
@@ -308,7 +291,7 @@ func TestHalfCloseAndReset(t *testing.T) {
 
 	// Reset by the source reaches the destination.
 	got := make(chan error, 1)
-	sink := serve(t, nodeB, func(c *net.TCPConn) { _, err := io.Copy(io.Discard, c); got <- err })
+	sink := testnet.Serve(t, nodeB, func(c *net.TCPConn) { _, err := io.Copy(io.Discard, c); got <- err })
 	c, err = lanOpen(a.LANAddr(), nodeA, sink)
 	if err != nil {
 		t.Fatal(err)
@@ -365,7 +348,7 @@ func expectReset(t *testing.T, c *net.TCPConn, what string) {
 // TestPolicy: the gateway is never an open relay.
 func TestPolicy(t *testing.T) {
 	_, a, b := startPair(t, nil)
-	dst := serve(t, nodeB, sumServer)
+	dst := testnet.Serve(t, nodeB, sumServer)
 	// A node of another site may not use gateway a.
 	c, err := lanOpen(a.LANAddr(), nodeB, dst)
 	refused(t, c, err, "LAN connection from outside the site")
@@ -432,7 +415,7 @@ func TestPeerQuery(t *testing.T) {
 	_, a, b := startPair(t, nil)
 	type seen struct{ remote, local netip.AddrPort }
 	ch := make(chan seen, 1)
-	dst := serve(t, nodeB, func(c *net.TCPConn) {
+	dst := testnet.Serve(t, nodeB, func(c *net.TCPConn) {
 		ch <- seen{c.RemoteAddr().(*net.TCPAddr).AddrPort(), c.LocalAddr().(*net.TCPAddr).AddrPort()}
 		io.Copy(io.Discard, c)
 	})
@@ -477,7 +460,7 @@ func TestPeerQuery(t *testing.T) {
 func TestLinkLossAndReform(t *testing.T) {
 	_, a, b := startPair(t, nil)
 	farErr := make(chan error, 10)
-	dst := serve(t, nodeB, func(c *net.TCPConn) { _, err := io.Copy(io.Discard, c); farErr <- err })
+	dst := testnet.Serve(t, nodeB, func(c *net.TCPConn) { _, err := io.Copy(io.Discard, c); farErr <- err })
 	var cs []*net.TCPConn
 	for range 10 {
 		c, err := lanOpen(a.LANAddr(), nodeA, dst)
@@ -518,7 +501,7 @@ func TestLinkLossAndReform(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Logf("streams failed on both sites in %v, mesh re-formed in %v", failed.Round(time.Microsecond), time.Since(start).Round(time.Millisecond))
-	sum := serve(t, nodeB, sumServer)
+	sum := testnet.Serve(t, nodeB, sumServer)
 	c, err := lanOpen(a.LANAddr(), nodeA, sum)
 	if err != nil {
 		t.Fatal(err)
@@ -537,7 +520,7 @@ func TestWANConns(t *testing.T) {
 	}
 	hold := make(chan struct{})
 	defer close(hold)
-	dst := serve(t, nodeB, func(c *net.TCPConn) { <-hold; c.Close() })
+	dst := testnet.Serve(t, nodeB, func(c *net.TCPConn) { <-hold; c.Close() })
 	for range 9 {
 		c, err := lanOpen(a.LANAddr(), nodeA, dst)
 		if err != nil {
@@ -627,7 +610,7 @@ func TestDrainAndReadyFile(t *testing.T) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
-	dst := serve(t, nodeB, func(c *net.TCPConn) { io.Copy(io.Discard, c) })
+	dst := testnet.Serve(t, nodeB, func(c *net.TCPConn) { io.Copy(io.Discard, c) })
 	c, err := lanOpen(a.LANAddr(), nodeA, dst)
 	if err != nil {
 		t.Fatal(err)

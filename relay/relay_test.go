@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/internal/testnet"
 )
 
 // pair connects two links over loopback TCP. The acceptor side (b) dials
@@ -108,24 +109,8 @@ func openVia(t testing.TB, l *Link, dst netip.AddrPort) (*net.TCPConn, *Stream) 
 	return app, s
 }
 
-// server accepts connections and runs f on each.
-func server(t testing.TB, f func(c *net.TCPConn)) netip.AddrPort {
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.AcceptTCP()
-			if err != nil {
-				return
-			}
-			go f(c)
-		}
-	}()
-	return ln.Addr().(*net.TCPAddr).AddrPort()
-}
+// loopback is where the tests' destinations listen.
+var loopback = netip.MustParseAddr("127.0.0.1")
 
 // sumServer reads everything, then writes the SHA-256 of it and closes.
 func sumServer(c *net.TCPConn) {
@@ -139,7 +124,7 @@ func sumServer(c *net.TCPConn) {
 
 func TestHalfClose(t *testing.T) {
 	a, _ := pair(t, Config{Chunk: 16 << 10, Window: 64 << 10})
-	dst := server(t, sumServer)
+	dst := testnet.Serve(t, loopback, sumServer)
 	app, s := openVia(t, a, dst)
 	defer app.Close()
 	data := make([]byte, 1<<20+7)
@@ -185,7 +170,7 @@ func isReset(err error) bool { return errors.Is(err, syscall.ECONNRESET) }
 
 func TestResetFromDestination(t *testing.T) {
 	a, b := pair(t, Config{})
-	dst := server(t, func(c *net.TCPConn) {
+	dst := testnet.Serve(t, loopback, func(c *net.TCPConn) {
 		buf := make([]byte, 5)
 		io.ReadFull(c, buf)
 		c.SetLinger(0)
@@ -206,7 +191,7 @@ func TestResetFromDestination(t *testing.T) {
 func TestResetFromSource(t *testing.T) {
 	a, b := pair(t, Config{})
 	got := make(chan error, 1)
-	dst := server(t, func(c *net.TCPConn) {
+	dst := testnet.Serve(t, loopback, func(c *net.TCPConn) {
 		_, err := io.Copy(io.Discard, c)
 		got <- err
 	})
@@ -248,7 +233,7 @@ func TestRefused(t *testing.T) {
 // with end-to-end checksums (the gateway test does the 1000-stream version).
 func TestManyStreams(t *testing.T) {
 	a, _ := pair(t, Config{Chunk: 32 << 10, Window: 128 << 10})
-	dst := server(t, sumServer)
+	dst := testnet.Serve(t, loopback, sumServer)
 	runStreams(t, a, dst, 200, 1<<20, 1)
 }
 
@@ -305,7 +290,7 @@ func TestStalledReceiver(t *testing.T) {
 	const window = 256 << 10
 	a, b := pair(t, Config{Chunk: 64 << 10, Window: window})
 	block := make(chan struct{})
-	stuck := server(t, func(c *net.TCPConn) { <-block; c.Close() })
+	stuck := testnet.Serve(t, loopback, func(c *net.TCPConn) { <-block; c.Close() })
 	defer close(block)
 	app, s := openVia(t, a, stuck)
 	defer app.Close()
@@ -315,7 +300,7 @@ func TestStalledReceiver(t *testing.T) {
 		n, _ := io.Copy(app, io.LimitReader(zeroReader{}, 64<<20))
 		wrote <- n
 	}()
-	dst := server(t, sumServer)
+	dst := testnet.Serve(t, loopback, sumServer)
 	runStreams(t, a, dst, 20, 4<<20, 2)
 	n := <-wrote
 	// The stuck stream got as far as the kernel buffers plus one window.
@@ -346,7 +331,7 @@ func (zeroReader) Read(p []byte) (int, error) { clear(p); return len(p), nil }
 func TestLinkLoss(t *testing.T) {
 	a, b := pair(t, Config{})
 	farErr := make(chan error, 5)
-	dst := server(t, func(c *net.TCPConn) {
+	dst := testnet.Serve(t, loopback, func(c *net.TCPConn) {
 		_, err := io.Copy(io.Discard, c)
 		farErr <- err
 	})
@@ -449,7 +434,7 @@ func BenchmarkStream(b *testing.B) {
 		b.Run(fmt.Sprintf("pipeline=%d", depth), func(b *testing.B) {
 			a, _ := pair(b, Config{Pipeline: depth})
 			done := make(chan int64, 1)
-			dst := server(b, func(c *net.TCPConn) { n, _ := io.Copy(io.Discard, c); done <- n })
+			dst := testnet.Serve(b, loopback, func(c *net.TCPConn) { n, _ := io.Copy(io.Discard, c); done <- n })
 			app, _ := openVia(b, a, dst)
 			buf := make([]byte, 1<<20)
 			b.SetBytes(int64(len(buf)))
