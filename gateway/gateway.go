@@ -563,19 +563,10 @@ func (g *Gateway) handleLAN(c LANConn) {
 	}
 	// Read the first frame exactly (no read-ahead): after OPEN come the
 	// application's own bytes, which belong to the stream.
-	var hb [header.Size]byte
-	if _, err := io.ReadFull(c, hb[:]); err != nil {
-		g.refuseLAN(c, "no first frame", "err", err)
-		return
-	}
-	h, err := header.Decode(hb[:])
+	h, body, err := header.ReadOne(c, header.MaxPayload)
 	if err != nil {
-		g.refuseLAN(c, "bad first frame", "err", err)
-		return
-	}
-	body := make([]byte, h.Length)
-	if _, err := io.ReadFull(c, body); err != nil {
-		g.refuseLAN(c, "truncated first frame", "err", err)
+		// err says which: none (EOF, timeout), undecodable, or truncated.
+		g.refuseLAN(c, "no valid first frame", "err", err)
 		return
 	}
 	if dl != nil {

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
+	"strings"
 	"testing"
 	"testing/quick"
 )
@@ -426,5 +427,36 @@ func BenchmarkReaderSmallFrames(b *testing.B) {
 			br.Reset(s)
 			r.ReadFrame(buf)
 		}
+	}
+}
+
+func TestReadOne(t *testing.T) {
+	body, err := AppendOpen(nil, &Open{Dst: netip.MustParseAddrPort("10.0.2.1:1024"), Src: netip.MustParseAddrPort("10.0.1.1:40000")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := AppendFrame(nil, TypeOpen, 0, body)
+	r := bytes.NewReader(append(append([]byte(nil), open...), "app bytes"...))
+	h, p, err := ReadOne(r, MaxControl)
+	if err != nil || h.Type != TypeOpen || !bytes.Equal(p, body) {
+		t.Fatalf("ReadOne = %v %x %v", h, p, err)
+	}
+	if rest, _ := io.ReadAll(r); string(rest) != "app bytes" {
+		t.Errorf("read ahead: left %q", rest)
+	}
+	if _, _, err := ReadOne(bytes.NewReader(open), 4); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("payload above max: %v", err)
+	}
+	if _, _, err := ReadOne(bytes.NewReader(open[:len(open)-2]), MaxControl); !errors.Is(err, io.ErrUnexpectedEOF) ||
+		!strings.Contains(err.Error(), "truncated") {
+		t.Errorf("truncated payload: %v", err)
+	}
+	if _, _, err := ReadOne(bytes.NewReader(nil), MaxControl); err != io.EOF {
+		t.Errorf("empty: %v, want io.EOF", err)
+	}
+	bad := append([]byte(nil), open...)
+	bad[0] ^= 0xff // version
+	if _, _, err := ReadOne(bytes.NewReader(bad), MaxControl); err == nil {
+		t.Error("undecodable header accepted")
 	}
 }

@@ -192,3 +192,27 @@ func (r *Reader) ReadFrame(buf []byte) (Header, []byte, error) {
 	n, err := r.ReadPayload(buf[:h.Length])
 	return h, buf[:n], err
 }
+
+// ReadOne reads exactly one frame from r with no read-ahead, for a
+// connection on which the first frame is followed by bytes a Reader must
+// not have consumed: the application's data after an OPEN, or the link's
+// frames after a HELLO. A payload longer than max is refused with
+// ErrTooLarge before it is read (Decode's per-type limits apply as well).
+func ReadOne(r io.Reader, max int) (Header, []byte, error) {
+	var hb [Size]byte
+	if _, err := io.ReadFull(r, hb[:]); err != nil {
+		return Header{}, nil, err
+	}
+	h, err := Decode(hb[:])
+	if err != nil {
+		return h, nil, err
+	}
+	if int(h.Length) > max {
+		return h, nil, fmt.Errorf("%w: %v of %d bytes (limit %d)", ErrTooLarge, h.Type, h.Length, max)
+	}
+	p := make([]byte, h.Length)
+	if _, err := io.ReadFull(r, p); err != nil {
+		return h, nil, fmt.Errorf("header: %v payload of %d bytes truncated: %w", h.Type, h.Length, err)
+	}
+	return h, p, nil
+}

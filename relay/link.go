@@ -111,8 +111,8 @@ func Handshake(ctx context.Context, conn net.Conn, local header.Hello) (header.H
 	}
 	errc := make(chan error, 1)
 	go func() { _, err := conn.Write(header.AppendFrame(nil, header.TypeHello, 0, body)); errc <- err }()
-	var buf [header.MaxControl]byte
-	h, p, err := readOne(conn, buf[:])
+	// No read-ahead: the link's Reader takes over the connection afterwards.
+	h, p, err := header.ReadOne(conn, header.MaxControl)
 	if err == nil && h.Type != header.TypeHello {
 		err = fmt.Errorf("relay: first frame is %v, want HELLO", h.Type)
 	}
@@ -127,24 +127,6 @@ func Handshake(ctx context.Context, conn net.Conn, local header.Hello) (header.H
 		return peer, fmt.Errorf("relay: hello with %v: %w", conn.RemoteAddr(), err)
 	}
 	return peer, nil
-}
-
-// readOne reads exactly one frame without read-ahead (the link's Reader
-// takes over the connection afterwards).
-func readOne(r io.Reader, buf []byte) (header.Header, []byte, error) {
-	var hb [header.Size]byte
-	if _, err := io.ReadFull(r, hb[:]); err != nil {
-		return header.Header{}, nil, err
-	}
-	h, err := header.Decode(hb[:])
-	if err != nil {
-		return h, nil, err
-	}
-	if int(h.Length) > len(buf) {
-		return h, nil, fmt.Errorf("%w: %v of %d bytes", header.ErrTooLarge, h.Type, h.Length)
-	}
-	_, err = io.ReadFull(r, buf[:h.Length])
-	return h, buf[:h.Length], err
 }
 
 // Stats are a link's counters, read atomically by the metrics exporter.

@@ -66,29 +66,13 @@ func (g *fakeGW) serve(ln net.Listener, site *sitemap.Site) {
 	}
 }
 
-// readFrame reads exactly one frame (no read-ahead: raw application bytes
-// follow an OPEN on the same connection).
-func readFrame(r io.Reader) (header.Header, []byte, error) {
-	var hb [header.Size]byte
-	if _, err := io.ReadFull(r, hb[:]); err != nil {
-		return header.Header{}, nil, err
-	}
-	h, err := header.Decode(hb[:])
-	if err != nil {
-		return h, nil, err
-	}
-	p := make([]byte, h.Length)
-	_, err = io.ReadFull(r, p)
-	return h, p, err
-}
-
 func reset(c *net.TCPConn) {
 	c.SetLinger(0)
 	c.Close()
 }
 
 func (g *fakeGW) handle(c *net.TCPConn, site *sitemap.Site) {
-	h, p, err := readFrame(c)
+	h, p, err := header.ReadOne(c, header.MaxPayload)
 	if err != nil {
 		reset(c)
 		return
@@ -117,7 +101,7 @@ func (g *fakeGW) handle(c *net.TCPConn, site *sitemap.Site) {
 			if _, err := c.Write(header.AppendFrame(nil, header.TypePeerReply, h.Stream, header.AppendPeerReply(nil, &r))); err != nil {
 				return
 			}
-			if h, p, err = readFrame(c); err != nil || h.Type != header.TypePeerQuery {
+			if h, p, err = header.ReadOne(c, header.MaxPayload); err != nil || h.Type != header.TypePeerQuery {
 				c.Close()
 				return
 			}
