@@ -10,7 +10,7 @@ import (
 const (
 	minEndpoint = 7  // family, port, IPv4
 	maxEndpoint = 19 // family, port, IPv6
-	helloFixed  = 13 // site, link index, link count, reserved, max payload, window, name length
+	helloFixed  = 13 // site, link index, link count, features, max payload, window, name length
 )
 
 // EndpointLen is the encoded size of ap: 7 bytes for IPv4 (including
@@ -111,11 +111,25 @@ func appendExt(b []byte, typ uint16, val []byte) []byte {
 	return append(b, val...)
 }
 
+// HELLO feature bits (the byte after the link count).
+const (
+	// FeatureTrunk: the sender's links to this peer form one trunk. Stream
+	// ids are unique across all of them, a stream's DATA may arrive on any
+	// of them as DATA_AT (with its stream offset), and HALF_CLOSE carries
+	// the final offset.
+	FeatureTrunk uint8 = 1 << 0
+	// FeatureExpress: the trunk's last link (index LinkCount-1) is an
+	// express link that carries small frames only.
+	FeatureExpress uint8 = 1 << 1
+	knownFeatures        = FeatureTrunk | FeatureExpress
+)
+
 // Hello is the body of HELLO, the first frame each side of a WAN link sends.
 type Hello struct {
 	SiteID     uint8
 	LinkIndex  uint8  // which of the LinkCount parallel links this is
-	LinkCount  uint8  // --wan-conns of the sender
+	LinkCount  uint8  // links per site pair of the sender, the express link included
+	Features   uint8  // Feature* bits
 	MaxPayload uint32 // largest DATA payload the sender accepts
 	Window     uint32 // initial credit the sender grants on every new stream
 	Name       string // sender's site name, 1..255 bytes
@@ -126,7 +140,7 @@ func AppendHello(b []byte, h *Hello) ([]byte, error) {
 	if err := h.check(); err != nil {
 		return b, err
 	}
-	b = append(b, h.SiteID, h.LinkIndex, h.LinkCount, 0)
+	b = append(b, h.SiteID, h.LinkIndex, h.LinkCount, h.Features)
 	b = binary.BigEndian.AppendUint32(b, h.MaxPayload)
 	b = binary.BigEndian.AppendUint32(b, h.Window)
 	b = append(b, byte(len(h.Name)))
@@ -143,6 +157,10 @@ func (h *Hello) check() error {
 		return fmt.Errorf("%w: HELLO max payload %d (want 1..%d)", ErrPayload, h.MaxPayload, MaxPayload)
 	case h.Window == 0:
 		return fmt.Errorf("%w: HELLO initial window 0", ErrPayload)
+	case h.Features&^knownFeatures != 0:
+		return fmt.Errorf("%w: HELLO feature bits %#02x (known: %#02x)", ErrPayload, h.Features, knownFeatures)
+	case h.Features&FeatureExpress != 0 && (h.Features&FeatureTrunk == 0 || h.LinkCount < 2):
+		return fmt.Errorf("%w: HELLO express link without a trunk of >= 2 links", ErrPayload)
 	case len(h.Name) == 0 || len(h.Name) > 255:
 		return fmt.Errorf("%w: HELLO name of %d bytes (want 1..255)", ErrPayload, len(h.Name))
 	}
@@ -155,10 +173,7 @@ func ParseHello(p []byte) (Hello, error) {
 	if len(p) < helloFixed {
 		return h, fmt.Errorf("%w: HELLO body of %d bytes (want >= %d)", ErrPayload, len(p), helloFixed)
 	}
-	if p[3] != 0 {
-		return h, fmt.Errorf("%w: HELLO reserved byte %d", ErrPayload, p[3])
-	}
-	h.SiteID, h.LinkIndex, h.LinkCount = p[0], p[1], p[2]
+	h.SiteID, h.LinkIndex, h.LinkCount, h.Features = p[0], p[1], p[2], p[3]
 	h.MaxPayload = binary.BigEndian.Uint32(p[4:8])
 	h.Window = binary.BigEndian.Uint32(p[8:12])
 	n := int(p[12])

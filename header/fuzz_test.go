@@ -11,6 +11,8 @@ import (
 // same 12 bytes; the body parsers never panic on any payload.
 func FuzzDecode(f *testing.F) {
 	f.Add(enc(Header{Type: TypeData, Stream: 1, Length: 5}))
+	f.Add(enc(Header{Type: TypeDataAt, Stream: 3, Length: 9}))
+	f.Add(enc(Header{Type: TypeHalfClose, Stream: 3, Length: 4}))
 	f.Add(enc(Header{Type: TypeHello, Length: 18}))
 	f.Add([]byte{1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 14, 4, 0, 80, 10, 0, 0, 1, 4, 0, 81, 10, 0, 0, 2})
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -46,14 +46,15 @@ const (
 	TypePong        Type = 10
 	TypePeerQuery   Type = 11
 	TypePeerReply   Type = 12
-	maxType         Type = TypePeerReply
+	TypeDataAt      Type = 13 // DATA with its stream offset, for trunked links
+	maxType         Type = TypeDataAt
 )
 
 var typeNames = [...]string{
 	TypeHello: "HELLO", TypeOpen: "OPEN", TypeOpenOK: "OPEN_OK",
 	TypeOpenRefused: "OPEN_REFUSED", TypeData: "DATA", TypeHalfClose: "HALF_CLOSE",
 	TypeReset: "RESET", TypeWindow: "WINDOW", TypePing: "PING", TypePong: "PONG",
-	TypePeerQuery: "PEER_QUERY", TypePeerReply: "PEER_REPLY",
+	TypePeerQuery: "PEER_QUERY", TypePeerReply: "PEER_REPLY", TypeDataAt: "DATA_AT",
 }
 
 func (t Type) String() string {
@@ -106,13 +107,14 @@ var payloadBounds = [...][2]uint32{
 	TypeOpenOK:      {0, 0},
 	TypeOpenRefused: {4, 4},
 	TypeData:        {1, MaxPayload},
-	TypeHalfClose:   {0, 0},
+	TypeHalfClose:   {0, 4}, // empty, or the final stream offset (never 1..3, checked in Decode)
 	TypeReset:       {4, 4},
 	TypeWindow:      {4, 4},
 	TypePing:        {8, 8},
 	TypePong:        {8, 8},
 	TypePeerQuery:   {2 * minEndpoint, 2 * maxEndpoint},
 	TypePeerReply:   {2 + minEndpoint, 2 + maxEndpoint},
+	TypeDataAt:      {5, MaxPayload},
 }
 
 // Decode parses and validates the header in b[:Size]: version, type, flags,
@@ -146,7 +148,7 @@ func Decode(b []byte) (Header, error) {
 		}
 		return h, fmt.Errorf("%w: %v of %d bytes (want %d..%d)", ErrPayload, h.Type, h.Length, lo, hi)
 	}
-	if h.Length < lo {
+	if h.Length < lo || h.Type == TypeHalfClose && h.Length != 0 && h.Length != 4 {
 		return h, fmt.Errorf("%w: %v of %d bytes (want %d..%d)", ErrPayload, h.Type, h.Length, lo, hi)
 	}
 	switch h.Type {
@@ -154,7 +156,7 @@ func Decode(b []byte) (Header, error) {
 		if h.Stream != 0 {
 			return h, fmt.Errorf("%w: %v on stream %d (want 0)", ErrStream, h.Type, h.Stream)
 		}
-	case TypeOpenOK, TypeOpenRefused, TypeData, TypeHalfClose, TypeReset, TypeWindow:
+	case TypeOpenOK, TypeOpenRefused, TypeData, TypeDataAt, TypeHalfClose, TypeReset, TypeWindow:
 		if h.Stream == 0 {
 			return h, fmt.Errorf("%w: %v on stream 0", ErrStream, h.Type)
 		}
@@ -202,6 +204,18 @@ func DecodeCode(p []byte) (Code, error) {
 		return 0, fmt.Errorf("%w: code body of %d bytes (want 4)", ErrPayload, len(p))
 	}
 	return Code(binary.BigEndian.Uint32(p)), nil
+}
+
+// DataAtPrefix is the size of DATA_AT's offset field, before the payload.
+const DataAtPrefix = 4
+
+// DecodeOffset parses a stream offset: the first 4 bytes of DATA_AT, or
+// the body of a HALF_CLOSE that carries one.
+func DecodeOffset(p []byte) (uint32, error) {
+	if len(p) != 4 {
+		return 0, fmt.Errorf("%w: offset of %d bytes (want 4)", ErrPayload, len(p))
+	}
+	return binary.BigEndian.Uint32(p), nil
 }
 
 // DecodeWindow parses the body of WINDOW; a zero increment is malformed.

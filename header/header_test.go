@@ -36,7 +36,11 @@ func TestDecodeRejects(t *testing.T) {
 		{"version 0", []byte{0, 5, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrVersion},
 		{"version 2", []byte{2, 5, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrVersion},
 		{"type 0", []byte{1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
-		{"type 13", []byte{1, 13, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
+		{"type 14", []byte{1, 14, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
+		{"data at without payload", enc(Header{Type: TypeDataAt, Stream: 1, Length: 4}), ErrPayload},
+		{"data at on stream 0", enc(Header{Type: TypeDataAt, Length: 9}), ErrStream},
+		{"half close 3 bytes", enc(Header{Type: TypeHalfClose, Stream: 1, Length: 3}), ErrPayload},
+		{"half close 5 bytes", enc(Header{Type: TypeHalfClose, Stream: 1, Length: 5}), ErrPayload},
 		{"seq flag", []byte{1, 5, 0x80, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrFlags},
 		{"low flag", []byte{1, 5, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1}, ErrFlags},
 		{"data too large", enc(Header{Type: TypeData, Stream: 1, Length: MaxPayload + 1}), ErrTooLarge},
@@ -67,6 +71,9 @@ func TestDecodeAccepts(t *testing.T) {
 		{Type: TypeOpenOK, Stream: 2},           // empty
 		{Type: TypeData, Stream: 1, Length: 1},  // smallest data
 		{Type: TypeData, Stream: 9, Length: MaxPayload},
+		{Type: TypeDataAt, Stream: 9, Length: 5},    // offset + 1 byte
+		{Type: TypeHalfClose, Stream: 9},            // plain
+		{Type: TypeHalfClose, Stream: 9, Length: 4}, // with its final offset
 		{Type: TypePing, Length: 8},
 		{Type: TypePeerReply, Stream: 0, Length: 9},
 	} {
@@ -82,6 +89,9 @@ func randomHeader(r *rand.Rand) Header {
 	t := Type(1 + r.IntN(int(maxType)))
 	lo, hi := payloadBounds[t][0], payloadBounds[t][1]
 	h := Header{Type: t, Length: lo + uint32(r.Int64N(int64(hi-lo)+1))}
+	if t == TypeHalfClose {
+		h.Length = 4 * r.Uint32N(2)
+	}
 	switch t {
 	case TypeHello, TypePing, TypePong:
 	default:
@@ -144,7 +154,8 @@ func TestEndpoints(t *testing.T) {
 }
 
 func TestHello(t *testing.T) {
-	h := Hello{SiteID: 3, LinkIndex: 1, LinkCount: 2, MaxPayload: 128 << 10, Window: 4 << 20, Name: "nancy"}
+	h := Hello{SiteID: 3, LinkIndex: 1, LinkCount: 2, Features: FeatureTrunk | FeatureExpress,
+		MaxPayload: 128 << 10, Window: 4 << 20, Name: "nancy"}
 	b, err := AppendHello(nil, &h)
 	if err != nil {
 		t.Fatal(err)
@@ -169,11 +180,19 @@ func TestHello(t *testing.T) {
 		{SiteID: 1, LinkCount: 1, MaxPayload: MaxPayload + 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Window: 1},
+		{SiteID: 1, LinkCount: 1, Features: 4, MaxPayload: 1, Window: 1, Name: "a"},
+		{SiteID: 1, LinkCount: 2, Features: FeatureExpress, MaxPayload: 1, Window: 1, Name: "a"},
+		{SiteID: 1, LinkCount: 1, Features: FeatureTrunk | FeatureExpress, MaxPayload: 1, Window: 1, Name: "a"},
 	} {
 		if _, err := AppendHello(nil, &bad); !errors.Is(err, ErrPayload) {
 			t.Errorf("%+v: %v", bad, err)
 		}
 	}
+	b[3] = 0x80 // an undefined feature bit
+	if _, err := ParseHello(b); !errors.Is(err, ErrPayload) {
+		t.Fatalf("unknown feature: %v", err)
+	}
+	b[3] = 0
 	b[12] = 200 // name longer than the body
 	if _, err := ParseHello(b); !errors.Is(err, ErrPayload) {
 		t.Fatalf("long name: %v", err)
@@ -384,7 +403,7 @@ func TestDecodeNoAlloc(t *testing.T) {
 }
 
 func TestStrings(t *testing.T) {
-	if TypeData.String() != "DATA" || Type(99).String() != "type(99)" || Code(42).String() != "code 42" {
+	if TypeData.String() != "DATA" || TypeDataAt.String() != "DATA_AT" || Type(99).String() != "type(99)" || Code(42).String() != "code 42" {
 		t.Fatal("names")
 	}
 	_ = reflect.TypeOf(Header{})

@@ -141,12 +141,36 @@ type Stats struct {
 
 // frame is one queued outgoing frame.
 type frame struct {
-	h    header.Header
-	ctl  [8]byte // u32 and PING/PONG bodies
-	body []byte  // DATA payload or OPEN body (else ctl[:h.Length])
-	buf  *[]byte // pooled DATA buffer, released once written
-	s    *Stream // owner of DATA: gets its token back once written
-	done chan struct{}
+	h       header.Header
+	ctl     [8]byte // u32 and PING/PONG bodies; DATA_AT's offset
+	body    []byte  // DATA payload or OPEN body (else ctl[:h.Length])
+	buf     *[]byte // pooled DATA buffer, released once written
+	s       *Stream // owner of DATA: gets its token back once written
+	counted bool    // counted in s.bulkQueued (a lone link's ordering rule)
+	done    chan struct{}
+}
+
+func (f *frame) isData() bool { return f.h.Type == header.TypeData || f.h.Type == header.TypeDataAt }
+
+// dataLen is the application bytes a DATA or DATA_AT frame carries.
+func (f *frame) dataLen() int {
+	if f.h.Type == header.TypeDataAt {
+		return int(f.h.Length) - header.DataAtPrefix
+	}
+	return int(f.h.Length)
+}
+
+// appendIOV appends f's header (encoded into hb) and payload to iov.
+func (f *frame) appendIOV(iov net.Buffers, hb []byte) net.Buffers {
+	f.h.Encode(hb)
+	iov = append(iov, hb)
+	if f.h.Type == header.TypeDataAt {
+		iov = append(iov, f.ctl[:header.DataAtPrefix])
+	}
+	if f.h.Length > 0 {
+		iov = append(iov, f.payload())
+	}
+	return iov
 }
 
 // Link multiplexes streams over one connection to a peer gateway.
@@ -154,10 +178,16 @@ type Link struct {
 	conn    net.Conn
 	cfg     Config
 	peer    header.Hello
-	handler Handler
+	t       *Trunk
+	index   int
+	express bool
 	chunk   int
 	log     *slog.Logger
 	Stats   Stats
+
+	dead   atomic.Bool  // failed or closed
+	queued atomic.Int64 // DATA bytes handed to this link and not yet written
+	homed  atomic.Int32 // streams whose OPEN used this link
 
 	mu        sync.Mutex // queues and closing
 	urgent    []frame
@@ -171,31 +201,36 @@ type Link struct {
 	onClose   []func(error)
 	closeOnce sync.Once
 
-	smu     sync.Mutex // streams
-	streams map[uint32]*Stream
-	nextID  uint32
-
 	lastRecv atomic.Int64
 }
 
-// NewLink starts multiplexing on conn after a successful Handshake. dialer
-// tells which side allocates odd stream ids. handler may be nil (incoming
-// OPENs are then refused).
-func NewLink(conn net.Conn, cfg Config, peer header.Hello, dialer bool, handler Handler) *Link {
+func newLink(conn net.Conn, cfg Config, peer header.Hello, t *Trunk, index int, express bool) *Link {
 	cfg.fill()
-	l := &Link{conn: conn, cfg: cfg, peer: peer, handler: handler,
-		chunk: min(cfg.Chunk, int(peer.MaxPayload)), log: cfg.Logger,
-		wake: make(chan struct{}, 1), done: make(chan struct{}),
-		streams: make(map[uint32]*Stream), nextID: 2}
-	if dialer {
-		l.nextID = 1
+	chunk := min(cfg.Chunk, int(peer.MaxPayload))
+	if t.lanes {
+		chunk = min(chunk, int(peer.MaxPayload)-header.DataAtPrefix)
 	}
+	l := &Link{conn: conn, cfg: cfg, peer: peer, t: t, index: index, express: express,
+		chunk: max(chunk, 1), log: cfg.Logger,
+		wake: make(chan struct{}, 1), done: make(chan struct{})}
 	l.lastRecv.Store(time.Now().UnixNano())
+	return l
+}
+
+func (l *Link) start() {
 	go l.writeLoop()
 	go l.readLoop()
 	go l.keepalive()
-	return l
 }
+
+// Trunk is the trunk the link belongs to.
+func (l *Link) Trunk() *Trunk { return l.t }
+
+// Index is the link's index in its trunk.
+func (l *Link) Index() int { return l.index }
+
+// Express reports whether the link is its trunk's express link.
+func (l *Link) Express() bool { return l.express }
 
 // Peer is the peer's HELLO.
 func (l *Link) Peer() header.Hello { return l.peer }
@@ -226,13 +261,9 @@ func (l *Link) OnClose(f func(error)) {
 	f(err)
 }
 
-// NumStreams is the number of live streams (used to spread new streams
-// over parallel links).
-func (l *Link) NumStreams() int {
-	l.smu.Lock()
-	defer l.smu.Unlock()
-	return len(l.streams)
-}
+// NumStreams is the number of live streams whose home is this link (used
+// to spread new streams over parallel links).
+func (l *Link) NumStreams() int { return int(l.homed.Load()) }
 
 // ErrLinkClosed is returned by Open on a link that has ended.
 var ErrLinkClosed = errors.New("relay: link closed")
@@ -245,34 +276,14 @@ func (l *Link) Open(o *header.Open, conn Conn) (*Stream, error) {
 	if err != nil {
 		return nil, err
 	}
-	l.smu.Lock()
-	if l.isClosed() {
-		l.smu.Unlock()
+	s := newStream(l)
+	if !l.t.register(s, 0) {
 		return nil, ErrLinkClosed
 	}
-	id := l.nextID
-	l.nextID += 2
-	s := newStream(l, id)
-	l.streams[id] = s
-	l.smu.Unlock()
 	l.Stats.StreamsOpened.Add(1)
-	l.enqueue(frame{h: header.Header{Type: header.TypeOpen, Stream: id, Length: uint32(len(body))}, body: body}, nil)
+	l.enqueue(frame{h: header.Header{Type: header.TypeOpen, Stream: s.id, Length: uint32(len(body))}, body: body}, nil)
 	s.attach(conn)
 	return s, nil
-}
-
-func (l *Link) isClosed() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.closed
-}
-
-func (l *Link) remove(s *Stream) {
-	l.smu.Lock()
-	if l.streams[s.id] == s {
-		delete(l.streams, s.id)
-	}
-	l.smu.Unlock()
 }
 
 // enqueue schedules f. Control frames go to the urgent queue; DATA of more
@@ -293,12 +304,15 @@ func (l *Link) send(f frame, s *Stream, inline bool) bool {
 		l.mu.Unlock()
 		return false
 	}
+	if f.isData() {
+		l.queued.Add(int64(f.dataLen()))
+	}
 	if inline && !l.writing && l.ui == len(l.urgent) && l.bi == len(l.bulk) && int(f.h.Length) <= l.cfg.SmallFrame {
 		l.writing = true
 		l.mu.Unlock()
 		var hb [header.Size]byte
-		f.h.Encode(hb[:])
-		iov := net.Buffers{hb[:], f.payload()}
+		var a [3][]byte
+		iov := f.appendIOV(a[:0], hb[:])
 		_, err := iov.WriteTo(l.conn)
 		l.Stats.Writes.Add(1)
 		l.sent(&f)
@@ -313,10 +327,16 @@ func (l *Link) send(f frame, s *Stream, inline bool) bool {
 		}
 		return true
 	}
-	bulk := s != nil && (s.bulkQueued > 0 || f.h.Type == header.TypeData && int(f.h.Length) > l.cfg.SmallFrame)
+	// In a trunk, offsets restore a stream's order, so only size decides.
+	bulk := f.isData() && f.dataLen() > l.cfg.SmallFrame
+	if !l.t.lanes && s != nil && s.bulkQueued > 0 {
+		bulk = true
+	}
 	if bulk {
-		f.s = s // take decrements its bulkQueued
-		s.bulkQueued++
+		if !l.t.lanes && s != nil {
+			f.s, f.counted = s, true // take decrements its bulkQueued
+			s.bulkQueued++
+		}
 		l.bulk = append(l.bulk, f)
 	} else {
 		l.urgent = append(l.urgent, f)
@@ -339,8 +359,10 @@ func (f *frame) payload() []byte {
 // sent does the bookkeeping once f is on the socket (or the link failed).
 func (l *Link) sent(f *frame) {
 	l.Stats.FramesSent.Add(1)
-	if f.h.Type == header.TypeData {
-		l.Stats.BytesSent.Add(uint64(f.h.Length))
+	if f.isData() {
+		n := f.dataLen()
+		l.queued.Add(-int64(n))
+		l.Stats.BytesSent.Add(uint64(n))
 		putBuf(f.buf)
 		f.s.returnToken()
 	}
@@ -366,7 +388,9 @@ func (l *Link) take(batch []frame) []frame {
 		f := l.bulk[l.bi]
 		l.bulk[l.bi] = frame{}
 		l.bi++
-		f.s.bulkQueued--
+		if f.counted {
+			f.s.bulkQueued--
+		}
 		n += int(f.h.Length)
 		batch = append(batch, f)
 	}
@@ -381,7 +405,7 @@ func (l *Link) take(batch []frame) []frame {
 func (l *Link) writeLoop() {
 	batch := make([]frame, 0, l.cfg.MaxBatch)
 	hdrs := make([]byte, header.Size*l.cfg.MaxBatch)
-	iov := make(net.Buffers, 0, 2*l.cfg.MaxBatch)
+	iov := make(net.Buffers, 0, 3*l.cfg.MaxBatch)
 	l.mu.Lock()
 	for {
 		if l.closed {
@@ -403,13 +427,7 @@ func (l *Link) writeLoop() {
 
 		iov = iov[:0]
 		for i := range batch {
-			f := &batch[i]
-			hb := hdrs[i*header.Size : (i+1)*header.Size]
-			f.h.Encode(hb)
-			iov = append(iov, hb)
-			if f.h.Length > 0 {
-				iov = append(iov, f.payload())
-			}
+			iov = batch[i].appendIOV(iov, hdrs[i*header.Size:(i+1)*header.Size])
 		}
 		// WriteTo consumes its receiver; keep iov's backing array for reuse.
 		w := iov
@@ -442,7 +460,7 @@ func (l *Link) readLoop() {
 		}
 		l.lastRecv.Store(time.Now().UnixNano())
 		l.Stats.FramesRecv.Add(1)
-		if h.Type == header.TypeData {
+		if h.Type == header.TypeData || h.Type == header.TypeDataAt {
 			if err := l.recvData(r, h); err != nil {
 				l.fail(err)
 				return
@@ -470,61 +488,73 @@ func (p payloadReader) Read(b []byte) (int, error) {
 	return p.r.ReadPayload(b)
 }
 
-func (l *Link) lookup(id uint32) *Stream {
-	l.smu.Lock()
-	s := l.streams[id]
-	l.smu.Unlock()
-	return s
-}
+func (l *Link) lookup(id uint32) *Stream { return l.t.lookup(id) }
 
 // recvData reads a DATA payload straight into a buffer that then belongs to
-// the stream's receive queue.
+// the stream's receive queue (or, for DATA_AT ahead of its turn, to the
+// stream's reorder list).
 func (l *Link) recvData(r *header.Reader, h header.Header) error {
+	n := int(h.Length)
+	var off uint32
+	at := h.Type == header.TypeDataAt
+	if at {
+		var ob [header.DataAtPrefix]byte
+		if _, err := io.ReadFull(payloadReader{r}, ob[:]); err != nil {
+			return err
+		}
+		off, _ = header.DecodeOffset(ob[:])
+		n -= header.DataAtPrefix
+	}
 	s := l.lookup(h.Stream)
 	if s == nil {
 		return r.Discard() // the stream was reset; its data in flight is dropped
 	}
-	if !s.reserve(int(h.Length)) {
-		return fmt.Errorf("relay: protocol error from %v: stream %d sent %d bytes beyond its window", l.conn.RemoteAddr(), h.Stream, h.Length)
+	s.used.Or(1 << l.index)
+	if !s.reserve(n) {
+		return fmt.Errorf("relay: protocol error from %v: stream %d sent %d bytes beyond its window", l.conn.RemoteAddr(), h.Stream, n)
 	}
-	p := getBuf(int(h.Length))
+	p := getBuf(n)
 	if _, err := io.ReadFull(payloadReader{r}, *p); err != nil {
 		putBuf(p)
 		return err
 	}
-	l.Stats.BytesRecv.Add(uint64(h.Length))
-	s.push(p)
+	l.Stats.BytesRecv.Add(uint64(n))
+	if err := s.pushAt(off, at, p); err != nil {
+		return fmt.Errorf("relay: protocol error from %v: stream %d: %w", l.conn.RemoteAddr(), h.Stream, err)
+	}
 	return nil
 }
 
 func (l *Link) dispatch(h header.Header, p []byte) error {
 	switch h.Type {
 	case header.TypeOpen:
-		if h.Stream == 0 || h.Stream&1 == l.nextID&1 {
+		if h.Stream == 0 || h.Stream&1 == l.t.nextID&1 {
 			return fmt.Errorf("OPEN with stream id %d of the wrong parity", h.Stream)
 		}
 		o, err := header.ParseOpen(p)
 		if err != nil {
 			return err
 		}
-		s := newStream(l, h.Stream)
-		l.smu.Lock()
-		_, dup := l.streams[h.Stream]
-		if !dup {
-			l.streams[h.Stream] = s
-		}
-		l.smu.Unlock()
-		if dup {
+		s := newStream(l)
+		s.confirmed.Store(true) // we know it; the peer made it
+		if !l.t.register(s, h.Stream) {
+			if l.dead.Load() {
+				return nil
+			}
 			return fmt.Errorf("OPEN of stream %d, which is open", h.Stream)
 		}
 		l.Stats.StreamsOpened.Add(1)
-		if l.handler == nil {
+		if l.t.handler == nil {
 			s.Refuse(header.CodePolicy)
 			return nil
 		}
-		l.handler.Open(s, &o)
+		l.t.handler.Open(s, &o)
 	case header.TypeOpenOK:
-		// The opener already streams; nothing to do.
+		// The opener already streams; from now on its DATA may take any
+		// link of the trunk.
+		if s := l.lookup(h.Stream); s != nil {
+			s.confirmed.Store(true)
+		}
 	case header.TypeOpenRefused, header.TypeReset:
 		code, err := header.DecodeCode(p)
 		if err != nil {
@@ -534,9 +564,19 @@ func (l *Link) dispatch(h header.Header, p []byte) error {
 			s.remoteReset(header.Code(code))
 		}
 	case header.TypeHalfClose:
-		if s := l.lookup(h.Stream); s != nil {
-			s.pushEOF()
+		s := l.lookup(h.Stream)
+		if s == nil {
+			return nil
 		}
+		if len(p) == 0 {
+			s.pushEOF()
+			return nil
+		}
+		end, err := header.DecodeOffset(p)
+		if err != nil {
+			return err
+		}
+		return s.pushEnd(end)
 	case header.TypeWindow:
 		n, err := header.DecodeWindow(p)
 		if err != nil {
@@ -588,6 +628,7 @@ func (l *Link) keepalive() {
 // connection drop and does the same on its side.
 func (l *Link) fail(err error) {
 	l.closeOnce.Do(func() {
+		l.dead.Store(true)
 		l.mu.Lock()
 		l.closed = true
 		l.err = err
@@ -595,6 +636,13 @@ func (l *Link) fail(err error) {
 		l.onClose = nil
 		for i := l.bi; i < len(l.bulk); i++ {
 			putBuf(l.bulk[i].buf)
+			l.bulk[i].s.returnToken()
+		}
+		for i := l.ui; i < len(l.urgent); i++ {
+			if f := &l.urgent[i]; f.isData() {
+				putBuf(f.buf)
+				f.s.returnToken()
+			}
 		}
 		l.urgent, l.bulk, l.ui, l.bi = nil, nil, 0, 0
 		l.mu.Unlock()
@@ -603,17 +651,19 @@ func (l *Link) fail(err error) {
 			tc.SetLinger(0) // the peer learns at once, even with data queued
 		}
 		l.conn.Close()
-		l.smu.Lock()
-		ss := make([]*Stream, 0, len(l.streams))
-		for _, s := range l.streams {
-			ss = append(ss, s)
-		}
-		l.streams = map[uint32]*Stream{}
-		l.smu.Unlock()
-		for _, s := range ss {
+		// The peer sees the same connection fail and resets the streams homed
+		// here itself; a stream homed elsewhere whose bytes crossed this link
+		// is reset explicitly on its home link (the peer may not know that
+		// its bytes were lost).
+		home, crossing := l.t.down(l)
+		for _, s := range home {
 			s.remoteReset(header.CodeLinkLost)
 		}
-		l.log.Info("link down", "peer", l.peer.Name, "remote", l.conn.RemoteAddr().String(), "streams_reset", len(ss), "err", err)
+		for _, s := range crossing {
+			s.Reset(header.CodeLinkLost)
+		}
+		l.log.Info("link down", "peer", l.peer.Name, "link", l.index, "remote", l.conn.RemoteAddr().String(),
+			"streams_reset", len(home)+len(crossing), "err", err)
 		for _, f := range cbs {
 			f(err)
 		}
@@ -626,22 +676,16 @@ func (l *Link) Close() error {
 	return nil
 }
 
-// Drain waits until the link has no streams or ctx ends, then resets what is
-// left with code 6 (gateway shutting down), lets the writer flush, and
-// closes the link.
+// Drain waits until the link's trunk has no streams (any stream may use any
+// link of a trunk) or ctx ends, then resets what is left with code 6
+// (gateway shutting down), lets the writer flush, and closes the link.
 func (l *Link) Drain(ctx context.Context) {
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
-	for l.NumStreams() > 0 {
+	for l.t.NumStreams() > 0 {
 		select {
 		case <-ctx.Done():
-			l.smu.Lock()
-			ss := make([]*Stream, 0, len(l.streams))
-			for _, s := range l.streams {
-				ss = append(ss, s)
-			}
-			l.smu.Unlock()
-			for _, s := range ss {
+			for _, s := range l.t.all() {
 				s.Reset(header.CodeShutdown)
 			}
 			l.flush(200 * time.Millisecond)

@@ -23,6 +23,18 @@ import (
 // the OPEN's destination and accepts the stream, as a far gateway does.
 func pair(t testing.TB, cfg Config) (a, b *Link) {
 	t.Helper()
+	ca, cb, ha, hb := handshaken(t, &cfg, 0, 1, 0)
+	a = NewLink(ca, cfg, ha, true, HandlerFunc(dialHandler))
+	b = NewLink(cb, cfg, hb, false, HandlerFunc(dialHandler))
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+// handshaken returns both ends of a loopback TCP connection after the HELLO
+// exchange of link index of count (site 1 "a" dials site 2 "b"), with
+// the peer HELLO each end received.
+func handshaken(t testing.TB, cfg *Config, index, count int, features uint8) (ca, cb net.Conn, ha, hb header.Hello) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +46,7 @@ func pair(t testing.TB, cfg Config) (a, b *Link) {
 	}
 	ch := make(chan res, 1)
 	go func() { c, err := ln.Accept(); ch <- res{c, err} }()
-	ca, err := net.Dial("tcp", ln.Addr().String())
+	ca, err = net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +54,7 @@ func pair(t testing.TB, cfg Config) (a, b *Link) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	cb := r.c
+	cb = r.c
 	if cfg.PingInterval == 0 {
 		// Dead after 20 s: under -race, hundreds of busy goroutines in this
 		// one process can keep a link's reader off the CPU for seconds.
@@ -50,14 +62,18 @@ func pair(t testing.TB, cfg Config) (a, b *Link) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var hb header.Hello
 	var herr error
 	done := make(chan struct{})
+	hello := func(site uint8, name string) header.Hello {
+		h := cfg.Hello(site, name, uint8(index), uint8(count))
+		h.Features = features
+		return h
+	}
 	go func() {
-		hb, herr = Handshake(ctx, cb, cfg.Hello(2, "b", 0, 1))
+		hb, herr = Handshake(ctx, cb, hello(2, "b"))
 		close(done)
 	}()
-	ha, err := Handshake(ctx, ca, cfg.Hello(1, "a", 0, 1))
+	ha, err = Handshake(ctx, ca, hello(1, "a"))
 	<-done
 	if err != nil || herr != nil {
 		t.Fatal(err, herr)
@@ -65,10 +81,7 @@ func pair(t testing.TB, cfg Config) (a, b *Link) {
 	if ha.Name != "b" || hb.Name != "a" {
 		t.Fatalf("hello names %q %q", ha.Name, hb.Name)
 	}
-	a = NewLink(ca, cfg, ha, true, HandlerFunc(dialHandler))
-	b = NewLink(cb, cfg, hb, false, HandlerFunc(dialHandler))
-	t.Cleanup(func() { a.Close(); b.Close() })
-	return a, b
+	return ca, cb, ha, hb
 }
 
 func dialHandler(s *Stream, o *header.Open) {
@@ -381,14 +394,22 @@ func TestHostilePeer(t *testing.T) {
 		"truncated":    header.AppendFrame(nil, header.TypeData, 1, []byte("abc"))[:13],
 	}
 	for name, in := range cases {
-		t.Run(name, func(t *testing.T) { hostile(t, in, true) })
+		t.Run(name, func(t *testing.T) { hostile(t, in, false) })
 	}
 }
 
-func hostile(t testing.TB, in []byte, wantClosed bool) {
+func hostile(t testing.TB, in []byte, trunk bool) {
 	c1, c2 := net.Pipe()
-	l := NewLink(c1, Config{PingInterval: time.Hour}, header.Hello{SiteID: 9, LinkCount: 1, MaxPayload: header.MaxPayload, Window: 1 << 16, Name: "evil"}, false,
-		HandlerFunc(func(s *Stream, o *header.Open) { s.Refuse(header.CodePolicy) }))
+	ph := header.Hello{SiteID: 9, LinkCount: 1, MaxPayload: header.MaxPayload, Window: 1 << 16, Name: "evil"}
+	refuse := HandlerFunc(func(s *Stream, o *header.Open) { s.Refuse(header.CodePolicy) })
+	var l *Link
+	if trunk {
+		// Streams are accepted here (and never read), so DATA_AT and
+		// HALF_CLOSE offsets reach the reorder logic.
+		l = NewTrunk(false, HandlerFunc(func(s *Stream, o *header.Open) {})).Add(c1, Config{PingInterval: time.Hour}, ph, 0, false)
+	} else {
+		l = NewLink(c1, Config{PingInterval: time.Hour}, ph, false, refuse)
+	}
 	go io.Copy(io.Discard, c2)
 	c2.Write(in)
 	c2.Close()
@@ -411,9 +432,16 @@ func FuzzLinkReader(f *testing.F) {
 	s = header.AppendFrame(s, header.TypeHalfClose, 1, nil)
 	s = header.AppendFrame(s, header.TypeReset, 1, []byte{0, 0, 0, 7})
 	s = header.AppendFrame(s, header.TypePing, 0, []byte("12345678"))
-	f.Add(s)
-	f.Add(s[:30])
-	f.Fuzz(func(t *testing.T, in []byte) { hostile(t, in, true) })
+	f.Add(s, false)
+	f.Add(s[:30], false)
+	// A trunk link: DATA_AT out of order, a duplicate, HALF_CLOSE at an offset.
+	s = header.AppendFrame(nil, header.TypeOpen, 3, o)
+	s = header.AppendFrame(s, header.TypeDataAt, 3, []byte{0, 0, 0, 3, 'd', 'e'})
+	s = header.AppendFrame(s, header.TypeDataAt, 3, []byte{0, 0, 0, 0, 'a', 'b', 'c'})
+	s = header.AppendFrame(s, header.TypeHalfClose, 3, []byte{0, 0, 0, 5})
+	s = header.AppendFrame(s, header.TypeDataAt, 3, []byte{0, 0, 0, 1, 'x'})
+	f.Add(s, true)
+	f.Fuzz(func(t *testing.T, in []byte, trunk bool) { hostile(t, in, trunk) })
 }
 
 func TestPool(t *testing.T) {

@@ -2,9 +2,12 @@ package relay
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/mpi5k/mpi5k/header"
 )
@@ -19,17 +22,24 @@ type TryWriter interface {
 
 // Stream is one relayed connection on a Link.
 type Stream struct {
-	l          *Link
+	l          *Link // home: OPEN and the control frames use it
 	id         uint32
-	bulkQueued int // frames in the link's bulk queue; guarded by l.mu
+	bulkQueued int // frames in the link's bulk queue; guarded by l.mu (lone links only)
 
-	tokens chan struct{} // free pipeline slots
+	tokens    chan struct{} // free pipeline slots
+	confirmed atomic.Bool   // the peer knows the stream: DATA may leave the home link
+	used      atomic.Uint64 // bit i: DATA went or came over link i of the trunk
+	sendNext  uint32        // offset of the next byte sent (pumpOut only)
 
 	mu         sync.Mutex
 	conn       Conn
 	credit     int64 // bytes we may still send
 	creditc    chan struct{}
 	recvq      []*[]byte
+	recvNext   uint32    // offset of the next byte due in order
+	ahead      []segment // DATA_AT received before its turn, by offset
+	endAt      uint32    // final offset from a HALF_CLOSE that came early
+	haveEnd    bool
 	recvAvail  int64 // bytes the peer may still send
 	recvEOF    bool
 	recvc      chan struct{}
@@ -43,8 +53,14 @@ type Stream struct {
 	done       chan struct{}
 }
 
-func newStream(l *Link, id uint32) *Stream {
-	s := &Stream{l: l, id: id, tokens: make(chan struct{}, l.cfg.Pipeline),
+// segment is a DATA_AT payload waiting for the bytes before it.
+type segment struct {
+	off uint32
+	p   *[]byte
+}
+
+func newStream(l *Link) *Stream {
+	s := &Stream{l: l, tokens: make(chan struct{}, l.cfg.Pipeline),
 		credit: int64(l.peer.Window), recvAvail: int64(l.cfg.Window),
 		creditc: make(chan struct{}, 1), recvc: make(chan struct{}, 1), done: make(chan struct{})}
 	for range l.cfg.Pipeline {
@@ -134,7 +150,13 @@ func (s *Stream) end(code header.Code) bool {
 			putBuf(p)
 		}
 	}
-	s.l.remove(s)
+	s.mu.Lock()
+	for _, g := range s.ahead {
+		putBuf(g.p)
+	}
+	s.ahead = nil
+	s.mu.Unlock()
+	s.l.t.remove(s)
 	return true
 }
 
@@ -150,7 +172,7 @@ func (s *Stream) maybeFinish() {
 	s.mu.Unlock()
 	close(s.done)
 	conn.Close()
-	s.l.remove(s)
+	s.l.t.remove(s)
 }
 
 func (s *Stream) attach(conn Conn) {
@@ -185,20 +207,119 @@ func (s *Stream) returnToken() {
 func (s *Stream) reserve(n int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.recvEOF || int64(n) > s.recvAvail {
+	if s.recvEOF && !s.haveEnd || int64(n) > s.recvAvail {
 		return false
 	}
 	s.recvAvail -= int64(n)
 	return true
 }
 
-func (s *Stream) push(p *[]byte) {
+// pushAt takes a received payload at stream offset off (plain DATA, at
+// false: the next offset in order). Payloads ahead of their turn wait in
+// s.ahead; the window bounds them, as it bounds the receive queue. An offset
+// already delivered, or past a known end, is a protocol error.
+func (s *Stream) pushAt(off uint32, at bool, p *[]byte) error {
 	s.mu.Lock()
 	if s.ended {
 		s.mu.Unlock()
 		putBuf(p)
-		return
+		return nil
 	}
+	if !at {
+		off = s.recvNext
+	}
+	n := uint32(len(*p))
+	if s.haveEnd && off-s.recvNext+n > s.endAt-s.recvNext {
+		s.mu.Unlock()
+		putBuf(p)
+		return fmt.Errorf("DATA at offset %d+%d beyond its HALF_CLOSE at %d", off, n, s.endAt)
+	}
+	if off != s.recvNext {
+		d := off - s.recvNext // ahead by d bytes (mod 2^32)
+		i, found := slices.BinarySearchFunc(s.ahead, d, func(g segment, d uint32) int {
+			return int64cmp(int64(g.off-s.recvNext), int64(d))
+		})
+		if d >= 1<<31 || found {
+			s.mu.Unlock()
+			putBuf(p)
+			return fmt.Errorf("DATA at offset %d, which was already received (next %d)", off, s.recvNext)
+		}
+		s.ahead = slices.Insert(s.ahead, i, segment{off, p})
+		s.mu.Unlock()
+		return nil
+	}
+	s.recvNext += n
+	if len(s.ahead) > 0 && s.ahead[0].off == s.recvNext {
+		// p fills the gap: queue it and everything now in order behind it.
+		s.recvq = append(s.recvq, p)
+		for len(s.ahead) > 0 && s.ahead[0].off == s.recvNext {
+			g := s.ahead[0]
+			s.ahead = s.ahead[1:]
+			s.recvq = append(s.recvq, g.p)
+			s.recvNext += uint32(len(*g.p))
+		}
+		if len(s.ahead) == 0 {
+			s.ahead = nil
+		}
+		s.checkEnd()
+		s.mu.Unlock()
+		kick(s.recvc)
+		return nil
+	}
+	eof := s.checkEnd()
+	s.push(p)
+	if eof {
+		kick(s.recvc) // the fast path may have delivered p without waking pumpIn
+	}
+	return nil
+}
+
+func int64cmp(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// checkEnd turns an early HALF_CLOSE into EOF once every byte before it has
+// arrived. Called with s.mu held.
+func (s *Stream) checkEnd() bool {
+	if s.haveEnd && s.recvNext == s.endAt {
+		s.recvEOF = true
+	}
+	return s.recvEOF
+}
+
+// pushEnd is a HALF_CLOSE carrying the final offset: EOF now, or once the
+// bytes still on other links have arrived.
+func (s *Stream) pushEnd(end uint32) error {
+	s.mu.Lock()
+	if d := end - s.recvNext; d >= 1<<31 || s.haveEnd {
+		s.mu.Unlock()
+		return fmt.Errorf("HALF_CLOSE at offset %d, behind the %d bytes received", end, s.recvNext)
+	}
+	if n := len(s.ahead); n > 0 {
+		if last := s.ahead[n-1]; last.off-s.recvNext+uint32(len(*last.p)) > end-s.recvNext {
+			s.mu.Unlock()
+			return fmt.Errorf("HALF_CLOSE at offset %d, before DATA already received", end)
+		}
+	}
+	s.endAt, s.haveEnd = end, true
+	s.checkEnd()
+	eof := s.recvEOF
+	s.mu.Unlock()
+	if eof {
+		kick(s.recvc)
+	}
+	return nil
+}
+
+// push queues p, next in order, for the application. Called with s.mu held;
+// returns with it released.
+func (s *Stream) push(p *[]byte) {
 	if s.tw != nil && len(s.recvq) == 0 && !s.delivering && len(*p) <= s.l.cfg.SmallFrame {
 		// Fast path: nothing queued and nobody writing, so order is kept.
 		s.delivering = true
@@ -219,12 +340,12 @@ func (s *Stream) push(p *[]byte) {
 			s.sendWindow(w)
 			return
 		}
-		// Partial write: queue the rest for pumpIn.
+		// Partial write: queue the rest for pumpIn, ahead of whatever another
+		// link's reader queued meanwhile.
 		rest := getBuf(len(*p) - n)
 		copy(*rest, (*p)[n:])
 		putBuf(p)
-		p = rest
-		s.recvq = append(s.recvq, p)
+		s.recvq = slices.Insert(s.recvq, 0, rest)
 		s.mu.Unlock()
 		s.sendWindow(w)
 		kick(s.recvc)
@@ -312,8 +433,19 @@ func (s *Stream) pumpOut(conn Conn) {
 			s.mu.Unlock()
 			*p = (*p)[:k]
 			f := frame{h: header.Header{Type: header.TypeData, Stream: s.id, Length: uint32(k)}, body: *p, buf: p, s: s}
-			if !l.send(f, s, true) {
+			out := l
+			if l.t.lanes {
+				f.h.Type, f.h.Length = header.TypeDataAt, uint32(header.DataAtPrefix+k)
+				header.PutU32(f.ctl[:4], s.sendNext)
+				out = l.t.pick(s, k)
+				s.used.Or(1 << out.index)
+			}
+			s.sendNext += uint32(k)
+			if !out.send(f, s, true) {
 				putBuf(p)
+				if out != l { // that link just failed, and resets this stream
+					s.Reset(header.CodeLinkLost)
+				}
 				return
 			}
 		} else {
@@ -322,7 +454,12 @@ func (s *Stream) pumpOut(conn Conn) {
 		}
 		if err != nil {
 			if errors.Is(err, io.EOF) {
-				l.send(frame{h: header.Header{Type: header.TypeHalfClose, Stream: s.id}}, s, true)
+				f := frame{h: header.Header{Type: header.TypeHalfClose, Stream: s.id}}
+				if l.t.lanes { // bytes may still be on other links: say where the end is
+					f.h.Length = 4
+					header.PutU32(f.ctl[:4], s.sendNext)
+				}
+				l.send(f, s, true)
 				s.mu.Lock()
 				s.sentFin = true
 				s.mu.Unlock()

@@ -1,0 +1,177 @@
+package relay
+
+import (
+	"net"
+	"sync"
+
+	"github.com/mpi5k/mpi5k/header"
+)
+
+// Trunk is the set of links between two site gateways (docs/wire-format.md,
+// HELLO feature TRUNK). Its links share one stream table and one stream id
+// space, so a stream's DATA may travel on any of them: small frames take the
+// express link (or the least-loaded one), large ones are striped over the
+// bulk links, and the receiver puts them back in order by their offsets
+// (DATA_AT). A stream's control frames stay on its home link, the one its
+// OPEN used.
+//
+// A lone link made by NewLink is a trunk of one in the old mode: plain DATA,
+// in order, no offsets.
+type Trunk struct {
+	dialer  bool
+	handler Handler
+	lanes   bool // DATA_AT and HALF_CLOSE offsets; DATA may use any link
+
+	mu      sync.Mutex
+	streams map[uint32]*Stream
+	nextID  uint32
+	links   []*Link // by index; nil while down
+	express int     // index of the express link, -1 without one
+	rr      int     // rotates the first candidate of the least-loaded choice
+}
+
+// NewTrunk returns an empty trunk. dialer tells which side allocates odd
+// stream ids; handler receives the streams the peer opens (nil refuses them).
+func NewTrunk(dialer bool, handler Handler) *Trunk {
+	t := &Trunk{dialer: dialer, handler: handler, lanes: true, streams: map[uint32]*Stream{}, nextID: 2, express: -1}
+	if dialer {
+		t.nextID = 1
+	}
+	return t
+}
+
+// NewLink starts multiplexing on conn after a successful Handshake, as a
+// link of its own (plain DATA in order, no trunk).
+func NewLink(conn net.Conn, cfg Config, peer header.Hello, dialer bool, handler Handler) *Link {
+	t := NewTrunk(dialer, handler)
+	t.lanes = false
+	return t.Add(conn, cfg, peer, 0, false)
+}
+
+// Add starts multiplexing on conn as link index of the trunk after a
+// successful Handshake, replacing a failed link of that index. The express
+// link carries small DATA frames of every stream and never homes one.
+func (t *Trunk) Add(conn net.Conn, cfg Config, peer header.Hello, index int, express bool) *Link {
+	l := newLink(conn, cfg, peer, t, index, express)
+	t.mu.Lock()
+	for len(t.links) <= index {
+		t.links = append(t.links, nil)
+	}
+	t.links[index] = l
+	if express {
+		t.express = index
+	}
+	t.mu.Unlock()
+	l.start()
+	return l
+}
+
+// NumStreams is the number of live streams over all links.
+func (t *Trunk) NumStreams() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.streams)
+}
+
+func (t *Trunk) lookup(id uint32) *Stream {
+	t.mu.Lock()
+	s := t.streams[id]
+	t.mu.Unlock()
+	return s
+}
+
+// register allocates an id (id 0) or takes the peer's, and records s. It
+// fails when the id is live or its link is down.
+func (t *Trunk) register(s *Stream, id uint32) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s.l.dead.Load() {
+		return false
+	}
+	if id == 0 {
+		id = t.nextID
+		t.nextID += 2
+	} else if _, dup := t.streams[id]; dup {
+		return false
+	}
+	s.id = id
+	t.streams[id] = s
+	s.l.homed.Add(1)
+	return true
+}
+
+func (t *Trunk) remove(s *Stream) {
+	t.mu.Lock()
+	if t.streams[s.id] == s {
+		delete(t.streams, s.id)
+		s.l.homed.Add(-1)
+	}
+	t.mu.Unlock()
+}
+
+// all returns every live stream.
+func (t *Trunk) all() []*Stream {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ss := make([]*Stream, 0, len(t.streams))
+	for _, s := range t.streams {
+		ss = append(ss, s)
+	}
+	return ss
+}
+
+// down takes the failed link l out and returns the streams it breaks: those
+// it homes, and (in a trunk) those that have sent or received DATA on it,
+// since bytes of theirs may be lost with it.
+func (t *Trunk) down(l *Link) (home, crossing []*Stream) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if l.index < len(t.links) && t.links[l.index] == l {
+		t.links[l.index] = nil
+	}
+	bit := uint64(1) << l.index
+	for _, s := range t.streams {
+		switch {
+		case s.l == l:
+			home = append(home, s)
+		case s.used.Load()&bit != 0:
+			crossing = append(crossing, s)
+		}
+	}
+	return home, crossing
+}
+
+// pick chooses the link for n DATA bytes of s. Before the peer has
+// confirmed the stream (OPEN_OK) everything stays on the home link, so no
+// DATA can reach the peer ahead of the OPEN that creates the stream there.
+func (t *Trunk) pick(s *Stream, n int) *Link {
+	if !t.lanes || !s.confirmed.Load() {
+		return s.l
+	}
+	small := n <= s.l.cfg.SmallFrame
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if small && t.express >= 0 {
+		if x := t.links[t.express]; x != nil && !x.dead.Load() {
+			return x
+		}
+	}
+	// Least bytes waiting in user space; the rotation spreads equal ones, so
+	// a stream's consecutive chunks go out on different links (striping).
+	var best *Link
+	var bestQ int64
+	t.rr++
+	for i := range t.links {
+		l := t.links[(t.rr+i)%len(t.links)]
+		if l == nil || l.express || l.dead.Load() {
+			continue
+		}
+		if q := l.queued.Load(); best == nil || q < bestQ {
+			best, bestQ = l, q
+		}
+	}
+	if best == nil {
+		return s.l
+	}
+	return best
+}

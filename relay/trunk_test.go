@@ -1,0 +1,230 @@
+package relay
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/internal/testnet"
+)
+
+// trunkPair connects two trunks by bulk loopback links plus, if express,
+// an express link (the last index), as two gateways of a site pair do.
+func trunkPair(t testing.TB, cfg Config, bulk int, express bool) (ta, tb *Trunk, as, bs []*Link) {
+	t.Helper()
+	ta, tb = NewTrunk(true, HandlerFunc(dialHandler)), NewTrunk(false, HandlerFunc(dialHandler))
+	count := bulk
+	features := header.FeatureTrunk
+	if express {
+		count++
+		features |= header.FeatureExpress
+	}
+	for i := range count {
+		ca, cb, ha, hb := handshaken(t, &cfg, i, count, features)
+		x := express && i == count-1
+		as = append(as, ta.Add(ca, cfg, ha, i, x))
+		bs = append(bs, tb.Add(cb, cfg, hb, i, x))
+	}
+	t.Cleanup(func() {
+		for i := range as {
+			as[i].Close()
+			bs[i].Close()
+		}
+	})
+	return ta, tb, as, bs
+}
+
+// mixedWriter sends bursts of small messages between large writes, so a
+// stream's frames take the express link and the bulk links at once and
+// reach the far side out of order.
+func mixedWrite(app *net.TCPConn, h io.Writer, seed byte) error {
+	big := make([]byte, 300<<10)
+	for round := range 12 {
+		for j := range big {
+			big[j] = byte(j) ^ seed ^ byte(round)
+		}
+		if _, err := app.Write(big); err != nil {
+			return err
+		}
+		h.Write(big)
+		for k := range 20 {
+			msg := []byte{seed, byte(round), byte(k), 0xAA}
+			if _, err := app.Write(msg); err != nil {
+				return err
+			}
+			h.Write(msg)
+		}
+	}
+	return nil
+}
+
+// TestTrunkStripesAndReorders: streams whose large writes are striped over
+// two bulk links while their small ones take the express link arrive intact
+// and in order (SHA-256 end to end), and HALF_CLOSE, which carries the final
+// offset, ends each only after its last byte.
+func TestTrunkStripesAndReorders(t *testing.T) {
+	_, tb, as, bs := trunkPair(t, Config{Chunk: 32 << 10, Window: 512 << 10}, 2, true)
+	dst := testnet.Serve(t, loopback, sumServer)
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			app, st := openVia(t, as[0], dst)
+			defer app.Close()
+			h := sha256.New()
+			if err := mixedWrite(app, h, byte(i)); err != nil {
+				t.Error(err)
+				return
+			}
+			app.CloseWrite()
+			app.SetReadDeadline(time.Now().Add(30 * time.Second))
+			got, err := io.ReadAll(app)
+			if err != nil || !bytes.Equal(got, h.Sum(nil)) {
+				t.Errorf("stream %d: checksum %x, err %v, code %v", i, got, err, st.Code())
+			}
+		}()
+	}
+	wg.Wait()
+	// Both bulk links and the express link carried data.
+	for i, l := range as {
+		if l.Stats.BytesSent.Load() == 0 {
+			t.Errorf("link %d (express %v) carried no data", i, l.Express())
+		}
+	}
+	// Only frames of at most SmallFrame bytes take the express link.
+	if x, f := as[2].Stats.BytesSent.Load(), as[2].Stats.FramesSent.Load(); x > f*16<<10 {
+		t.Errorf("express link carried %d bytes in %d frames: more than small frames", x, f)
+	}
+	for i := 0; tb.NumStreams() != 0; i++ {
+		if i > 500 {
+			t.Fatalf("far trunk still has %d streams", tb.NumStreams())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_ = bs
+}
+
+// TestTrunkManyStreams: the random-size run of TestManyStreams on a trunk of
+// three bulk links and an express link.
+func TestTrunkManyStreams(t *testing.T) {
+	_, _, as, _ := trunkPair(t, Config{Chunk: 32 << 10, Window: 128 << 10}, 3, true)
+	dst := testnet.Serve(t, loopback, sumServer)
+	runStreams(t, as[1], dst, 100, 1<<20, 3)
+}
+
+// TestTrunkLinkLoss: when the express link dies, the streams whose bytes
+// crossed it are reset on both sites (their home link is still up, so the
+// reset travels as RESET), and a stream that never used it keeps working
+// over the bulk links.
+func TestTrunkLinkLoss(t *testing.T) {
+	_, tb, as, bs := trunkPair(t, Config{}, 1, true)
+	echo := testnet.Serve(t, loopback, func(c *net.TCPConn) { io.Copy(c, c); c.Close() })
+	farErr := make(chan error, 1)
+	sink := testnet.Serve(t, loopback, func(c *net.TCPConn) {
+		_, err := io.Copy(io.Discard, c)
+		farErr <- err
+	})
+	// crossing: small messages once the OPEN is confirmed, so over express.
+	crossing, _ := openVia(t, as[0], sink)
+	defer crossing.Close()
+	for range 20 {
+		crossing.Write([]byte("ping"))
+		time.Sleep(5 * time.Millisecond)
+	}
+	// quiet: opened, echoed once before any use of express... then idle.
+	quiet, _ := openVia(t, as[0], echo)
+	defer quiet.Close()
+	for i := 0; as[2-1].Stats.BytesSent.Load() == 0; i++ {
+		if i > 300 {
+			t.Fatal("the small messages never took the express link")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for i := 0; tb.NumStreams() != 2; i++ {
+		if i > 300 {
+			t.Fatalf("far trunk has %d streams, want 2", tb.NumStreams())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	bs[1].Conn().(*net.TCPConn).SetLinger(0)
+	bs[1].Conn().Close() // the express link dies under the far gateway
+	crossing.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := crossing.Read(make([]byte, 1)); !isReset(err) {
+		t.Fatalf("application of a stream that crossed the dead link read %v, want ECONNRESET", err)
+	}
+	select {
+	case err := <-farErr:
+		if !isReset(err) {
+			t.Fatalf("destination of that stream read %v, want ECONNRESET", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("destination of a stream that crossed the dead link not reset")
+	}
+	// The quiet stream goes on over the bulk link (express is down).
+	msg := bytes.Repeat([]byte("q"), 100)
+	if _, err := quiet.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	quiet.SetReadDeadline(time.Now().Add(3 * time.Second))
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(quiet, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("stream that never used the dead link: %q, %v", got, err)
+	}
+	if as[0].Err() != nil {
+		t.Fatalf("bulk link failed too: %v", as[0].Err())
+	}
+}
+
+// TestReorder drives one stream's receive side directly: payloads queued
+// in offset order whatever their arrival order; an early HALF_CLOSE becomes
+// EOF only at its offset; duplicates and bytes past the end are refused.
+func TestReorder(t *testing.T) {
+	cfg := Config{Window: 1 << 20}
+	cfg.fill()
+	tr := NewTrunk(true, nil)
+	l := newLink(nil, cfg, header.Hello{Window: 1 << 20, MaxPayload: header.MaxPayload}, tr, 0, false)
+	s := newStream(l)
+	buf := func(b string) *[]byte { p := getBuf(len(b)); copy(*p, b); return p }
+	queued := func() string {
+		var out []byte
+		for _, p := range s.recvq {
+			out = append(out, *p...)
+		}
+		return string(out)
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(s.pushAt(6, true, buf("ghi")))
+	must(s.pushAt(3, true, buf("def")))
+	if q := queued(); q != "" {
+		t.Fatalf("queued %q before offset 0 arrived", q)
+	}
+	must(s.pushEnd(12))
+	must(s.pushAt(0, true, buf("abc")))
+	if q := queued(); q != "abcdefghi" || s.recvEOF {
+		t.Fatalf("queued %q eof %v, want abcdefghi without EOF", q, s.recvEOF)
+	}
+	if err := s.pushAt(3, true, buf("xyz")); err == nil {
+		t.Fatal("a duplicate offset was accepted")
+	}
+	if err := s.pushAt(9, true, buf("jklm")); err == nil {
+		t.Fatal("bytes past the HALF_CLOSE offset were accepted")
+	}
+	must(s.pushAt(9, true, buf("jkl")))
+	if q := queued(); q != "abcdefghijkl" || !s.recvEOF {
+		t.Fatalf("queued %q eof %v, want abcdefghijkl and EOF", q, s.recvEOF)
+	}
+	if err := s.pushEnd(12); err == nil {
+		t.Fatal("a second HALF_CLOSE was accepted")
+	}
+}
