@@ -37,15 +37,20 @@ type Config struct {
 
 	Chunk    int    // DATA chunk (default 128 KiB)
 	Window   uint32 // per-stream receive window (default 4 MiB)
-	WANConns int    // parallel links per site pair (default 1)
-	// WANPace caps each site pair's WAN sending rate (bit/s, shared evenly
-	// by its WANConns links; 0 = no cap). Set a few percent below the WAN
-	// bottleneck, it keeps the bottleneck queue empty: the bulk of one
-	// stream then adds no queueing delay and no drop-tail losses to the
-	// small messages of the others (see package relay, figure (d)). It is
-	// meant for a WAN the site pair has to itself: against competing flows
-	// a capped link only loses its share. The split is static, so with
-	// WANConns > 1 one stream gets at most WANPace/WANConns.
+	WANConns int    // parallel bulk links per site pair (default 1); large writes are striped over them
+	// NoExpress drops the express link: by default every site pair has one
+	// more WAN connection that carries only small frames (up to 16 KiB), so
+	// a small message never waits behind bulk bytes queued in a bulk link's
+	// socket (see package relay, figure (d)).
+	NoExpress bool
+	// WANPace caps each site pair's bulk WAN sending rate (bit/s, shared
+	// evenly by its WANConns bulk links, which one stream's chunks are
+	// striped over; the express link is not capped; 0 = no cap). Set a few
+	// percent below the WAN bottleneck, it keeps the bottleneck queue
+	// empty: the bulk of one stream then adds no queueing delay and no
+	// drop-tail losses to the small messages of the others. It is meant for
+	// a WAN the site pair has to itself: against competing flows a capped
+	// link only loses its share.
 	WANPace uint64
 
 	ReadyFile   string // written once every WAN link is up
@@ -93,7 +98,8 @@ type Gateway struct {
 type peer struct {
 	site   *sitemap.Site
 	dialer bool          // we dial (our id is lower)
-	links  []*relay.Link // by link index; nil while down
+	trunk  *relay.Trunk  // the links' shared streams
+	links  []*relay.Link // by link index (bulk links, then the express link); nil while down
 }
 
 // New validates cfg and opens the LAN and WAN listeners (so a test can
@@ -124,8 +130,8 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.WANConns == 0 {
 		cfg.WANConns = 1
 	}
-	if cfg.WANConns < 1 || cfg.WANConns > 64 {
-		return nil, fmt.Errorf("gateway: --wan-conns %d out of range 1..64", cfg.WANConns)
+	if cfg.WANConns < 1 || cfg.WANConns > 63 {
+		return nil, fmt.Errorf("gateway: --wan-conns %d out of range 1..63", cfg.WANConns)
 	}
 	if cfg.WANPace > 0 {
 		if cfg.WANPace < 8000*uint64(cfg.WANConns) {
@@ -184,7 +190,9 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	for _, s := range cfg.Map.Sites() {
 		if s.ID != site.ID {
-			g.peers[s.ID] = &peer{site: s, dialer: site.ID < s.ID, links: make([]*relay.Link, cfg.WANConns)}
+			p := &peer{site: s, dialer: site.ID < s.ID, links: make([]*relay.Link, g.numLinks())}
+			p.trunk = relay.NewTrunk(p.dialer, relay.HandlerFunc(g.openFromWAN))
+			g.peers[s.ID] = p
 		}
 	}
 	g.records.m = map[recordKey]record{}
@@ -224,13 +232,8 @@ func (g *Gateway) Run(ctx context.Context) error {
 		go srv.Serve(ln)
 	}
 	g.log.Info("gateway up", "id", g.site.ID, "lan", g.lanLn.Addr().String(), "wan", g.wanLn.Addr().String(),
-		"peers", len(g.peers), "wan_conns", g.cfg.WANConns, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
+		"peers", len(g.peers), "wan_conns", g.cfg.WANConns, "express", !g.cfg.NoExpress, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
 		"wan_pace_bps", g.cfg.WANPace)
-	if g.cfg.WANPace > 0 && g.cfg.WANConns > 1 {
-		// Kernel pacing is per socket, and a stream lives on one link.
-		g.log.Warn("--wan-pace is split evenly over --wan-conns: one stream gets at most its link's share",
-			"per_link_bps", g.cfg.WANPace/uint64(g.cfg.WANConns))
-	}
 	g.wg.Add(3)
 	go g.serveLAN()
 	go g.serveWAN()
@@ -351,8 +354,44 @@ func (g *Gateway) allUp() bool {
 	return true
 }
 
+// numLinks is the links per site pair: the bulk ones and the express one.
+func (g *Gateway) numLinks() int {
+	if g.cfg.NoExpress {
+		return g.cfg.WANConns
+	}
+	return g.cfg.WANConns + 1
+}
+
+// isExpress tells whether link index i is the express link.
+func (g *Gateway) isExpress(i int) bool { return !g.cfg.NoExpress && i == g.cfg.WANConns }
+
+func (g *Gateway) features() uint8 {
+	f := header.FeatureTrunk
+	if !g.cfg.NoExpress {
+		f |= header.FeatureExpress
+	}
+	return f
+}
+
 func (g *Gateway) hello(i int) header.Hello {
-	return g.rcfg.Hello(g.site.ID, g.site.Name, uint8(i), uint8(g.cfg.WANConns))
+	h := g.rcfg.Hello(g.site.ID, g.site.Name, uint8(i), uint8(g.numLinks()))
+	h.Features = g.features()
+	return h
+}
+
+// addLink joins conn to p's trunk as link i. The express link is exempt from
+// --wan-pace: it carries only small frames, and they must not wait for a
+// pacing slot.
+func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello) *relay.Link {
+	x := g.isExpress(i)
+	if x && g.cfg.WAN.MaxPacingRate > 0 {
+		if err := unpace(c); err != nil {
+			g.log.Warn("express link: cannot lift the pacing cap", "peer", p.site.Name, "err", err)
+		}
+	}
+	l := p.trunk.Add(c, g.rcfg, ph, i, x)
+	g.setLink(p, i, l)
+	return l
 }
 
 // dialLoop keeps link i to p up: dial, handshake, run until it dies,
@@ -412,9 +451,7 @@ func (g *Gateway) dialOnce(p *peer, i int) (*relay.Link, error) {
 		c.Close()
 		return nil, err
 	}
-	l := relay.NewLink(c, g.rcfg, ph, true, relay.HandlerFunc(g.openFromWAN))
-	g.setLink(p, i, l)
-	return l, nil
+	return g.addLink(p, i, c.(*net.TCPConn), ph), nil
 }
 
 func (g *Gateway) checkHello(h header.Hello, p *peer, i int) error {
@@ -423,8 +460,9 @@ func (g *Gateway) checkHello(h header.Hello, p *peer, i int) error {
 		return fmt.Errorf("peer says it is site id %d, want %d", h.SiteID, p.site.ID)
 	case h.Name != p.site.Name:
 		return fmt.Errorf("peer says it is site %q, want %q", h.Name, p.site.Name)
-	case int(h.LinkCount) != g.cfg.WANConns:
-		return fmt.Errorf("peer has %d links per site pair, we have %d (use the same --wan-conns on every gateway)", h.LinkCount, g.cfg.WANConns)
+	case int(h.LinkCount) != g.numLinks() || h.Features != g.features():
+		return fmt.Errorf("peer has %d links per site pair (features %#x), we have %d (features %#x): "+
+			"use the same --wan-conns and --wan-express on every gateway", h.LinkCount, h.Features, g.numLinks(), g.features())
 	case i >= 0 && int(h.LinkIndex) != i:
 		return fmt.Errorf("peer link index %d, want %d", h.LinkIndex, i)
 	}
@@ -478,8 +516,8 @@ func (g *Gateway) acceptWAN(c *net.TCPConn) {
 		switch {
 		case p == nil:
 			err = fmt.Errorf("HELLO claims site id %d, which does not have WAN address %v", ph.SiteID, remote.Addr())
-		case int(ph.LinkIndex) >= g.cfg.WANConns:
-			err = fmt.Errorf("link index %d with --wan-conns %d", ph.LinkIndex, g.cfg.WANConns)
+		case int(ph.LinkIndex) >= g.numLinks():
+			err = fmt.Errorf("link index %d with %d links per site pair", ph.LinkIndex, g.numLinks())
 		default:
 			err = g.checkHello(ph, p, int(ph.LinkIndex))
 		}
@@ -493,21 +531,21 @@ func (g *Gateway) acceptWAN(c *net.TCPConn) {
 	}
 	// Our HELLO went out with index 0 before we knew theirs; only the
 	// dialer's index matters (the acceptor's fields are informational).
-	l := relay.NewLink(c, g.rcfg, ph, false, relay.HandlerFunc(g.openFromWAN))
-	g.setLink(p, int(ph.LinkIndex), l)
+	g.addLink(p, int(ph.LinkIndex), c, ph)
 	g.log.Info("WAN link up", "peer", p.site.Name, "link", ph.LinkIndex, "remote", remote.String())
 }
 
-// pickLink returns the up link to site with the fewest streams, waiting up
-// to OpenTimeout for one to come up.
+// pickLink returns the up bulk link to site with the fewest streams
+// homed on it, waiting up to OpenTimeout for one to come up. The express
+// link homes no stream: it must stay free for small frames.
 func (g *Gateway) pickLink(p *peer) *relay.Link {
 	deadline := time.Now().Add(g.cfg.OpenTimeout)
 	for {
 		var best *relay.Link
 		bestN := 0
 		g.peersMu.Lock()
-		for _, l := range p.links {
-			if l == nil {
+		for i, l := range p.links {
+			if l == nil || g.isExpress(i) {
 				continue
 			}
 			if n := l.NumStreams(); best == nil || n < bestN {

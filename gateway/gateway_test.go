@@ -512,11 +512,12 @@ func TestLinkLossAndReform(t *testing.T) {
 	}
 }
 
-// TestWANConns: with K links per pair, streams spread over all of them.
+// TestWANConns: with K bulk links per pair, streams are homed evenly on
+// them and none on the express link.
 func TestWANConns(t *testing.T) {
 	_, a, _ := startPair(t, func(c *Config) { c.WANConns = 3 })
-	if n := len(a.allLinks()); n != 3 {
-		t.Fatalf("%d links up, want 3", n)
+	if n := len(a.allLinks()); n != 4 {
+		t.Fatalf("%d links up, want 3 bulk + 1 express", n)
 	}
 	hold := make(chan struct{})
 	defer close(hold)
@@ -530,20 +531,68 @@ func TestWANConns(t *testing.T) {
 		time.Sleep(5 * time.Millisecond) // let the stream register before the next pick
 	}
 	for _, l := range a.allLinks() {
-		if n := l.NumStreams(); n != 3 {
-			t.Fatalf("link has %d streams, want 3 each", n)
+		want := 3
+		if l.Express() {
+			want = 0
+		}
+		if n := l.NumStreams(); n != want {
+			t.Fatalf("link %d (express %v) homes %d streams, want %d", l.Index(), l.Express(), n, want)
 		}
 	}
 }
 
-// TestWANPace: every WAN socket of the pair, dialled or accepted, carries
-// its share of --wan-pace as SO_MAX_PACING_RATE.
+// TestStriping: one stream's large writes use every bulk link of the pair,
+// its bytes arrive intact, and the express link carries no bulk frame.
+func TestStriping(t *testing.T) {
+	_, a, _ := startPair(t, func(c *Config) { c.WANConns = 3 })
+	sum := testnet.Serve(t, nodeB, sumServer)
+	c, err := lanOpen(a.LANAddr(), nodeA, sum)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := sendAndCheck(c, rand.New(rand.NewPCG(7, 7)), 24<<20); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range a.allLinks() {
+		n, f := l.Stats.BytesSent.Load(), l.Stats.FramesSent.Load()
+		t.Logf("link %d (express %v): %d bytes in %d frames", l.Index(), l.Express(), n, f)
+		if !l.Express() && n < 2<<20 {
+			t.Errorf("bulk link %d carried %d of 24 MiB: the stream was not striped", l.Index(), n)
+		}
+		if l.Express() && n > f*16<<10 {
+			t.Errorf("express link carried %d bytes in %d frames: bulk frames on it", n, f)
+		}
+	}
+}
+
+// TestTrunkMismatch: gateways that disagree on the express link refuse each
+// other's links with an error naming the flags, and never come up.
+func TestTrunkMismatch(t *testing.T) {
+	m := testMap(t)
+	a := startGW(t, m, "a", nil)
+	b := startGW(t, m, "b", func(c *Config) { c.NoExpress = true })
+	select {
+	case <-a.Ready():
+		t.Fatal("a came up with a peer that has no express link")
+	case <-b.Ready():
+		t.Fatal("b came up with a peer that has an express link")
+	case <-time.After(500 * time.Millisecond):
+	}
+	if err := b.checkHello(a.hello(0), b.peers[1], 0); err == nil || !strings.Contains(err.Error(), "--wan-express") {
+		t.Fatalf("mismatched HELLO: %v", err)
+	}
+}
+
+// TestWANPace: every bulk WAN socket of the pair, dialled or accepted,
+// carries its share of --wan-pace as SO_MAX_PACING_RATE; the express link
+// is not capped.
 func TestWANPace(t *testing.T) {
 	_, a, b := startPair(t, func(c *Config) { c.WANConns = 2; c.WANPace = 160e6 })
 	for name, g := range map[string]*testGW{"dialling a": a, "accepting b": b} {
 		links := g.allLinks()
-		if len(links) != 2 {
-			t.Fatalf("%s: %d links, want 2", name, len(links))
+		if len(links) != 3 {
+			t.Fatalf("%s: %d links, want 2 bulk + 1 express", name, len(links))
 		}
 		for _, l := range links {
 			rc, err := l.Conn().(*net.TCPConn).SyscallConn()
@@ -557,9 +606,13 @@ func TestWANPace(t *testing.T) {
 				v, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE)
 				rate = uint64(uint32(v))
 			})
-			// 160 Mbit/s over 2 links: 10 MB/s each.
-			if gerr != nil || rate != 10e6 {
-				t.Errorf("%s: SO_MAX_PACING_RATE %d (%v), want 10000000", name, rate, gerr)
+			// 160 Mbit/s over 2 links: 10 MB/s each; unlimited reads as ~0.
+			want := uint64(10e6)
+			if l.Express() {
+				want = uint64(^uint32(0))
+			}
+			if gerr != nil || rate != want {
+				t.Errorf("%s link %d: SO_MAX_PACING_RATE %d (%v), want %d", name, l.Index(), rate, gerr, want)
 			}
 		}
 	}

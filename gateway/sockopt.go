@@ -144,3 +144,20 @@ func TCPInfo(c net.Conn) (*unix.TCPInfo, error) {
 	}
 	return info, ierr
 }
+
+// unpace lifts SO_MAX_PACING_RATE on c (the listener's or dialer's options
+// set it on every WAN socket).
+func unpace(c *net.TCPConn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE, ^uint64(0))
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}

@@ -38,8 +38,9 @@ func run(args []string) int {
 	lowat := fs.String("wan-notsent-lowat", "128KiB", "TCP_NOTSENT_LOWAT of WAN sockets")
 	chunk := fs.String("chunk", "128KiB", "largest DATA frame on the WAN (≤ 1MiB)")
 	window := fs.String("window", "4MiB", "per-stream receive window granted to peers (far-side memory bound: streams x window)")
-	wanConns := fs.Int("wan-conns", 1, "parallel WAN connections per site pair (same on every gateway)")
-	wanPace := fs.String("wan-pace", "0", "cap each site pair's WAN sending rate, e.g. 190mbit (0: no cap); a few percent below the WAN bottleneck keeps its queue empty")
+	wanConns := fs.Int("wan-conns", 1, "parallel bulk WAN connections per site pair, large writes striped over them (same on every gateway)")
+	express := fs.Bool("wan-express", true, "one more WAN connection per site pair for small frames only, so they never wait behind bulk (same on every gateway)")
+	wanPace := fs.String("wan-pace", "0", "cap each site pair's bulk WAN sending rate, e.g. 190mbit (0: no cap); a few percent below the WAN bottleneck keeps its queue empty")
 	ready := fs.String("ready-file", "", "file written once every WAN link is up")
 	metrics := fs.String("metrics", "", "listen address of the HTTP server for /metrics and /ready (e.g. :9105)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -102,6 +103,7 @@ func run(args []string) int {
 		Chunk:       n["chunk"],
 		Window:      uint32(n["window"]),
 		WANConns:    *wanConns,
+		NoExpress:   !*express,
 		WANPace:     pace,
 		ReadyFile:   *ready,
 		MetricsAddr: *metrics,

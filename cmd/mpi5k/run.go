@@ -33,7 +33,8 @@ func runMain(args []string) int {
 		launcher = fs.String("launcher", "ssh", "command that runs a command on a host, e.g. oarsh")
 		lanCC    = fs.String("lan-cc", "", "congestion control of the gateways' LAN sockets")
 		wanCC    = fs.String("wan-cc", "", "congestion control of the gateways' WAN sockets")
-		wanConns = fs.Int("wan-conns", 0, "WAN connections per site pair")
+		wanConns = fs.Int("wan-conns", 0, "bulk WAN connections per site pair")
+		express  = fs.Bool("wan-express", true, "an express WAN connection per site pair for small frames")
 		chunk    = fs.String("chunk", "", "gateway chunk size, e.g. 128KiB")
 		window   = fs.String("window", "", "per-stream window, e.g. 4MiB")
 		wanPace  = fs.String("wan-pace", "", "cap each site pair's WAN rate, e.g. 950mbit for a 1 Gbit/s WAN (keeps its queue empty)")
@@ -106,6 +107,9 @@ func runMain(args []string) int {
 	}
 	if *wanConns > 0 {
 		c.GatewayArgs = append(c.GatewayArgs, "--wan-conns", fmt.Sprint(*wanConns))
+	}
+	if !*express {
+		c.GatewayArgs = append(c.GatewayArgs, "--wan-express=false")
 	}
 	for _, p := range []*string{&c.TraceDir, &c.WorkDir, &c.GatewayBin, &c.Preload} {
 		if *p != "" {
