@@ -1,8 +1,20 @@
 // Package relay multiplexes many streams (relayed application connections)
-// over one TCP connection between two site gateways: a Link. It speaks the
-// frames of docs/wire-format.md through package header.
+// over the TCP connections between two site gateways: Links, grouped in a
+// Trunk per site pair. It speaks the frames of docs/wire-format.md through
+// package header.
 //
 // # Design
+//
+// A Trunk owns the streams and the stream ids of all links of a site pair.
+// A stream is homed on the link its OPEN used (its control frames stay
+// there), but once the peer has confirmed it, each DATA frame picks a link:
+// up to SmallFrame bytes the express link (a link that carries only small
+// frames, so the kernel socket in front of a small message is always nearly
+// empty), larger ones the bulk link with the fewest bytes waiting in user
+// space, which stripes one large transfer over all bulk links. DATA_AT
+// frames carry the stream offset and the receiver restores the order;
+// HALF_CLOSE carries the final offset. A link that dies takes with it the
+// streams homed on it and, via RESET, those whose bytes crossed it.
 //
 // Per link: one writer goroutine, one reader goroutine, one keepalive
 // ticker. Per stream: pumpOut (application -> link) and pumpIn (link ->
@@ -17,8 +29,10 @@
 //   - Scheduling: the writer keeps two queues. Control frames and DATA of up
 //     to SmallFrame bytes (16 KiB) go to the urgent queue and are written
 //     first; larger DATA goes to the bulk queue, of which at most about one
-//     chunk is taken per writev. A stream whose earlier frames are still in
-//     the bulk queue keeps using it, so its bytes are never reordered.
+//     chunk is taken per writev. On a lone link (no trunk, plain DATA) a
+//     stream whose earlier frames are still in the bulk queue keeps using
+//     it, so its bytes are never reordered; in a trunk offsets make that
+//     rule unnecessary.
 //     Frames are encoded into one net.Buffers and written with one writev
 //     (header and payload together; several frames per call when queued).
 //     The gateway sets TCP_NOTSENT_LOWAT on WAN sockets (default 128 KiB)
@@ -91,44 +105,48 @@
 //
 // (b) bulk goodput over the emulated WAN, 200 Mbit/s, 20 ms RTT, 1-BDP
 // drop-tail queue (go test -run TestGatewayWAN -v ./e2e, as root, after
-// make): quiet VM 100.2 % of direct with the defaults (BBR on the WAN
-// socket, 4 MiB window), 98.5-98.6 % paced at 190 Mbit/s (below); loaded
-// VM 97.1-98.6 %. With a 1 MiB window the pair fell to 79-83 % in
-// overloaded runs (credit round trips stretched by scheduling delays).
+// make). With trunks (an express link beside the bulk link, DATA_AT
+// framing): 97.2, 100.1, 100.3 % of direct with the defaults (BBR on the
+// WAN sockets, 4 MiB window); 98.4-98.6 % paced at 190 Mbit/s (8 runs).
+// Before trunks: 100.2 % (quiet VM), 97.1-98.6 % (loaded VM). With a 1 MiB
+// window the pair fell to 79-83 % in overloaded runs (credit round trips
+// stretched by scheduling delays).
 //
 // Stalled receivers (same test): 4 streams whose destination never reads
 // fill their windows, then another stream through the same pair gets
-// 98.0 % of what it got alone; the far gateway's RSS grows 17.6 MiB for the
-// 4 x 4 MiB windows it must hold (11.9 -> 29.5 MiB).
+// 98.0-101.3 % of what it got alone; the far gateway's RSS grows 17.3-17.6
+// MiB for the 4 x 4 MiB windows it must hold (11.8 -> 29.1 MiB).
 //
 // (d) 1-byte ping-pong (5 ms gaps) while one stream saturates the WAN, same
-// lab and test, p50/p99 at 20 ms RTT (500 round trips; quiet VM):
+// lab and test, p50/p99 at 20 ms RTT (500 round trips; quiet VM; each
+// configuration 2-3 runs, MPI5K_GW_ARGS='...' selects the gateway flags):
 //
-//	direct beside a direct bulk flow                   20.2-20.4 / 27.7-39.1 ms
-//	gateways, defaults (BBR, 128 KiB chunk and unsent) 20.6 / 43.5 ms
-//	  --wan-pace 190mbit                               21.0 / 33.9 ms, max 181 ms
+//	direct idle                                          20.1-20.5 / 20.3-23.6 ms
+//	direct beside a direct bulk flow                     20.3-20.8 / 27.9-36.5 ms
+//	trunk (bulk + express link), defaults, unpaced       20.6-21.2 / 28.0-29.1 ms
+//	trunk, --wan-pace 190mbit (BBR)                      20.7-20.8 / 21.5-23.3 ms
+//	trunk, --wan-pace 190mbit --wan-cc cubic             20.6-20.8 / 21.7-21.8 ms
+//	one link (--wan-express=false), same pacing, CUBIC   20.6-21.3 / 33.8-33.9 ms
+//	before trunks, one link, defaults                    20.6 / 43.5 ms
 //	  --wan-pace 190mbit --chunk 32KiB
-//	    --wan-notsent-lowat 32KiB (or 16KiB)           20.7 / 25.0-25.2 ms
-//	  same at --wan-pace 180mbit                       20.6 / 24.3 ms, max 117 ms
-//	  same with --wan-cc cubic                         20.9 / 25.1 ms, max 25.6 ms
+//	    --wan-notsent-lowat 32KiB (BBR or CUBIC)         20.7-20.9 / 25.0-25.2 ms
 //
-// Unpaced, the bulk stream keeps the bottleneck's 1-BDP drop-tail queue
-// full, so every small message waits a queue (~20 ms) and the link sees
-// ~1 100 fast retransmissions per run. Direct TCP beside bulk suffers the
-// same, since plain TCP cannot avoid it. A gateway knows its WAN: --wan-pace caps
-// the aggregate (SO_MAX_PACING_RATE) just below the bottleneck and the
-// queue never builds. Paced runs made zero WAN retransmissions, and
-// the lab measured the bottleneck's queueing delay at p99 1.2 ms
-// (max 2.3 ms) and the emulator's lateness at p99 0.1 ms. Smaller chunks
-// and unsent queue bound what a small frame finds ahead of it in the
-// sending socket. BBR's periodic PROBE_RTT (cwnd 4 for >= 200 ms) strands
-// those bytes and gave the 117-181 ms maxima; with the rate already capped
-// CUBIC needs no probing, and its maximum stayed at 25.6 ms. The goal p99 <=
-// RTT + 2 ms is still not reached: p99 is RTT + 5 ms, about 1 ms of it at the
-// WAN queue and the rest host-side (bytes queued in the gateway's socket,
-// scheduling of sender, sink, both gateways and a 16 k packet/s emulator
-// on 2 cores; even idle p99 reached RTT + 2-3 ms in some runs). On the
-// loaded VM (first session) the unpaced p99 was 80-120 ms with one WAN
+// Two things keep a small message from waiting behind bulk. Unpaced, the
+// bulk keeps the bottleneck's 1-BDP drop-tail queue full (~870-1 100 fast
+// retransmissions per run), so every packet, direct or relayed, waits up to
+// a queue: the trunk's p99 (28-29 ms) is then no worse than direct TCP
+// beside bulk. A gateway knows its WAN: --wan-pace caps the bulk links
+// (SO_MAX_PACING_RATE) just below the bottleneck, the queue never builds
+// (zero WAN retransmissions; the lab measured its queueing delay at p99
+// 1.2 ms) and what is left is the gateway's own socket: on one link a small
+// frame queues behind up to TCP_NOTSENT_LOWAT plus one chunk of bulk bytes
+// (33.8 ms p99 at 128 KiB + 128 KiB; 25 ms at 32 + 32 KiB). The express
+// link, which carries only frames of at most 16 KiB, removes that queue:
+// p99 RTT + 1.5-3.3 ms, and RTT + 1.7-1.8 ms with CUBIC, whose rate under
+// the cap needs no probing (BBR's PROBE_RTT stranded bytes for 117-181 ms in
+// earlier one-link runs). The goal, p99 <= RTT + 2 ms, is met paced; the
+// rest is 2 shared cores (even idle, direct p99 reached RTT + 3.6 ms once).
+// On the loaded VM (first session) the unpaced p99 was 80-120 ms with one WAN
 // connection and 39.8 ms with --wan-conns 2.
 //
 // Correctness at scale: 1000 concurrent streams, sizes uniform in 0..8 MiB
