@@ -43,6 +43,12 @@ type Config struct {
 	// a small message never waits behind bulk bytes queued in a bulk link's
 	// socket (see package relay, figure (d)).
 	NoExpress bool
+	// ExpressCC is the congestion control of the express link ("" = the
+	// WAN sockets' CC).
+	ExpressCC string
+	// ExpressMax is the largest DATA frame counted as small (default
+	// 16 KiB): it takes the express link and is scheduled ahead of bulk.
+	ExpressMax int
 	// WANPace caps each site pair's bulk WAN sending rate (bit/s, shared
 	// evenly by its WANConns bulk links, which one stream's chunks are
 	// striped over; the express link is not capped; 0 = no cap). Set a few
@@ -149,7 +155,7 @@ func New(cfg Config) (*Gateway, error) {
 		// 97-101 % of direct vs 63 % with CUBIC on shared cores).
 		cfg.WAN.CC = "bbr"
 	}
-	for _, cc := range []string{cfg.LAN.CC, cfg.WAN.CC} {
+	for _, cc := range []string{cfg.LAN.CC, cfg.WAN.CC, cfg.ExpressCC} {
 		if err := CheckCC(cc); err != nil {
 			return nil, fmt.Errorf("gateway: %w", err)
 		}
@@ -183,7 +189,11 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g := &Gateway{cfg: cfg, site: site, log: cfg.Logger.With("site", site.Name),
 		peers: map[uint8]*peer{}, readyc: make(chan struct{}), stopped: make(chan struct{})}
-	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log}
+	if cfg.ExpressMax < 0 || cfg.ExpressMax > cfg.Chunk {
+		return nil, fmt.Errorf("gateway: --express-max %d out of range 0..chunk (%d)", cfg.ExpressMax, cfg.Chunk)
+	}
+	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, SmallFrame: cfg.ExpressMax,
+		PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log}
 	g.lan = cfg.Transport
 	if g.lan == nil {
 		g.lan = &TCPTransport{Opts: cfg.LAN}
@@ -201,7 +211,7 @@ func New(cfg Config) (*Gateway, error) {
 	if g.lanLn, err = g.lan.Listen(site.LAN); err != nil {
 		return nil, fmt.Errorf("gateway: LAN listener %v: %w", site.LAN, err)
 	}
-	lc := net.ListenConfig{Control: cfg.WAN.control(nil)}
+	lc := net.ListenConfig{Control: g.wanCreate().control(nil)}
 	wl, err := lc.Listen(context.Background(), "tcp", site.WAN.String())
 	if err != nil {
 		g.lanLn.Close()
@@ -379,15 +389,34 @@ func (g *Gateway) hello(i int) header.Hello {
 	return h
 }
 
+// wanCreate is the options WAN sockets are created with. With an express
+// congestion control they are created with it and the bulk links switch to
+// the WAN one after the handshake: a socket once run by BBR keeps the
+// kernel's pacing on whatever it switches to (sk_pacing_status), which
+// spreads every small burst over most of an RTT, so the express link must
+// never have been BBR.
+func (g *Gateway) wanCreate() SockOpts {
+	o := g.cfg.WAN
+	if g.cfg.ExpressCC != "" {
+		o.CC = g.cfg.ExpressCC
+	}
+	return o
+}
+
 // addLink joins conn to p's trunk as link i. The express link is exempt from
-// --wan-pace: it carries only small frames, and they must not wait for a
-// pacing slot.
+// --wan-pace (it carries only small frames, and they must not wait for a
+// pacing slot) and may have its own congestion control.
 func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello) *relay.Link {
 	x := g.isExpress(i)
-	if x && g.cfg.WAN.MaxPacingRate > 0 {
-		if err := unpace(c); err != nil {
-			g.log.Warn("express link: cannot lift the pacing cap", "peer", p.site.Name, "err", err)
-		}
+	var err error
+	switch {
+	case x && g.cfg.WAN.MaxPacingRate > 0:
+		err = tuneLink(c, true, "")
+	case !x && g.cfg.ExpressCC != "" && g.cfg.ExpressCC != g.cfg.WAN.CC:
+		err = tuneLink(c, false, g.cfg.WAN.CC)
+	}
+	if err != nil {
+		g.log.Warn("WAN link: socket options not set", "peer", p.site.Name, "link", i, "express", x, "err", err)
 	}
 	l := p.trunk.Add(c, g.rcfg, ph, i, x)
 	g.setLink(p, i, l)
@@ -433,7 +462,7 @@ func (g *Gateway) dialLoop(p *peer, i int) {
 }
 
 func (g *Gateway) dialOnce(p *peer, i int) (*relay.Link, error) {
-	d := net.Dialer{Timeout: 5 * time.Second, Control: g.cfg.WAN.control(nil),
+	d := net.Dialer{Timeout: 5 * time.Second, Control: g.wanCreate().control(nil),
 		LocalAddr: &net.TCPAddr{IP: g.site.WAN.Addr().AsSlice()}} // the acceptor checks our source address
 	c, err := d.DialContext(g.ctx, "tcp", p.site.WAN.String())
 	if err != nil {

@@ -566,6 +566,33 @@ func TestStriping(t *testing.T) {
 	}
 }
 
+// TestExpressCC: the express link runs its own congestion control, the
+// bulk links the WAN one, on both gateways.
+func TestExpressCC(t *testing.T) {
+	_, a, b := startPair(t, func(c *Config) { c.WAN.CC = "bbr"; c.ExpressCC = "reno" })
+	for name, g := range map[string]*testGW{"dialling a": a, "accepting b": b} {
+		for _, l := range g.allLinks() {
+			rc, err := l.Conn().(*net.TCPConn).SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cc string
+			var gerr error
+			rc.Control(func(fd uintptr) { cc, gerr = unix.GetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION) })
+			want := "bbr"
+			if l.Express() {
+				want = "reno"
+			}
+			if gerr != nil || cc != want {
+				t.Errorf("%s link %d (express %v): TCP_CONGESTION %q (%v), want %q", name, l.Index(), l.Express(), cc, gerr, want)
+			}
+		}
+	}
+	if _, err := New(Config{Map: testMap(t), Site: "a", ExpressCC: "nosuchcc"}); err == nil {
+		t.Error("an unknown express congestion control was accepted")
+	}
+}
+
 // TestTrunkMismatch: gateways that disagree on the express link refuse each
 // other's links with an error naming the flags, and never come up.
 func TestTrunkMismatch(t *testing.T) {

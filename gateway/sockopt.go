@@ -145,16 +145,28 @@ func TCPInfo(c net.Conn) (*unix.TCPInfo, error) {
 	return info, ierr
 }
 
-// unpace lifts SO_MAX_PACING_RATE on c (the listener's or dialer's options
-// set it on every WAN socket).
-func unpace(c *net.TCPConn) error {
+// tuneLink adjusts a WAN socket after the handshake, once its role is
+// known: unpace lifts the pacing cap the dialer's or listener's options set
+// on every WAN socket (the express link's small frames must not wait for a
+// pacing slot); cc, if set, switches its congestion control.
+func tuneLink(c *net.TCPConn, unpace bool, cc string) error {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return err
 	}
 	var serr error
 	err = rc.Control(func(fd uintptr) {
-		serr = unix.SetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE, ^uint64(0))
+		if unpace {
+			if err := unix.SetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE, ^uint64(0)); err != nil {
+				serr = fmt.Errorf("SO_MAX_PACING_RATE: %w", err)
+				return
+			}
+		}
+		if cc != "" {
+			if err := unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, cc); err != nil {
+				serr = fmt.Errorf("TCP_CONGESTION %q: %w", cc, err)
+			}
+		}
 	})
 	if err != nil {
 		return err

@@ -40,6 +40,8 @@ func run(args []string) int {
 	window := fs.String("window", "4MiB", "per-stream receive window granted to peers (far-side memory bound: streams x window)")
 	wanConns := fs.Int("wan-conns", 1, "parallel bulk WAN connections per site pair, large writes striped over them (same on every gateway)")
 	express := fs.Bool("wan-express", true, "one more WAN connection per site pair for small frames only, so they never wait behind bulk (same on every gateway)")
+	expressCC := fs.String("wan-express-cc", "", "congestion control of the express link (default: --wan-cc)")
+	expressMax := fs.String("express-max", "16KiB", "largest DATA frame that counts as small: takes the express link, goes ahead of bulk")
 	wanPace := fs.String("wan-pace", "0", "cap each site pair's bulk WAN sending rate, e.g. 190mbit (0: no cap); a few percent below the WAN bottleneck keeps its queue empty")
 	ready := fs.String("ready-file", "", "file written once every WAN link is up")
 	metrics := fs.String("metrics", "", "listen address of the HTTP server for /metrics and /ready (e.g. :9105)")
@@ -71,7 +73,7 @@ func run(args []string) int {
 		return 2
 	}
 	sizes := map[string]*string{"lan-sndbuf": lanSnd, "lan-rcvbuf": lanRcv, "wan-sndbuf": wanSnd,
-		"wan-rcvbuf": wanRcv, "wan-notsent-lowat": lowat, "chunk": chunk, "window": window}
+		"wan-rcvbuf": wanRcv, "wan-notsent-lowat": lowat, "chunk": chunk, "window": window, "express-max": expressMax}
 	n := map[string]int{}
 	for name, v := range sizes {
 		x, err := units.Size(*v)
@@ -104,6 +106,8 @@ func run(args []string) int {
 		Window:      uint32(n["window"]),
 		WANConns:    *wanConns,
 		NoExpress:   !*express,
+		ExpressCC:   *expressCC,
+		ExpressMax:  n["express-max"],
 		WANPace:     pace,
 		ReadyFile:   *ready,
 		MetricsAddr: *metrics,

@@ -33,6 +33,8 @@ func runMain(args []string) int {
 		launcher = fs.String("launcher", "ssh", "command that runs a command on a host, e.g. oarsh")
 		lanCC    = fs.String("lan-cc", "", "congestion control of the gateways' LAN sockets")
 		wanCC    = fs.String("wan-cc", "", "congestion control of the gateways' WAN sockets")
+		xCC      = fs.String("wan-express-cc", "", "congestion control of the gateways' express links (default: --wan-cc)")
+		xMax     = fs.String("express-max", "", "largest DATA frame the gateways count as small (express link), e.g. 64KiB")
 		wanConns = fs.Int("wan-conns", 0, "bulk WAN connections per site pair")
 		express  = fs.Bool("wan-express", true, "an express WAN connection per site pair for small frames")
 		chunk    = fs.String("chunk", "", "gateway chunk size, e.g. 128KiB")
@@ -91,7 +93,7 @@ func runMain(args []string) int {
 			return fail(fmt.Errorf("--wan-pace: %v", err))
 		}
 	}
-	for name, v := range map[string]string{"--chunk": *chunk, "--window": *window, "--wan-notsent-lowat": *lowat} {
+	for name, v := range map[string]string{"--chunk": *chunk, "--window": *window, "--wan-notsent-lowat": *lowat, "--express-max": *xMax} {
 		if v == "" {
 			continue
 		}
@@ -99,7 +101,7 @@ func runMain(args []string) int {
 			return fail(fmt.Errorf("%s: %v", name, err))
 		}
 	}
-	for _, kv := range [][2]string{{"--lan-cc", *lanCC}, {"--wan-cc", *wanCC}, {"--chunk", *chunk}, {"--window", *window},
+	for _, kv := range [][2]string{{"--lan-cc", *lanCC}, {"--wan-cc", *wanCC}, {"--wan-express-cc", *xCC}, {"--express-max", *xMax}, {"--chunk", *chunk}, {"--window", *window},
 		{"--wan-pace", *wanPace}, {"--wan-notsent-lowat", *lowat}} {
 		if kv[1] != "" {
 			c.GatewayArgs = append(c.GatewayArgs, kv[0], kv[1])
