@@ -83,25 +83,33 @@
 // (load < 1). They differ in instructive ways, so both are kept.
 //
 // (a) 1-byte ping-pong round trip on loopback, same path for all rows
-// (go test -run '^$' -bench PingPong -benchtime 20000x ./gateway), p50:
+// (bench/pingpong.sh: go test -run '^$' -bench PingPong -benchtime 20000x
+// ./gateway, 3 runs, p50 min / median; the rows run one after the other in
+// each run):
 //
-//	                                            loaded VM   quiet VM (3 runs)
-//	direct (both ends in the test process)      12 us       11.9-12.4 us
-//	gateway pair inside the test process        38 us       36.2-37.1 us
-//	gateway pair, each gateway its own process  65-97 us    146-149 us
-//	two Go read/write forwarders, own processes 64-93 us    137-144 us
-//	two socat forwarders (socat chain)          61-72 us    107-123 us
+//	                                            quiet VM as shipped   halt polling on  loaded VM
+//	direct (both ends in the test process)      11.9 / 12.0 us        11.9 / 11.9 us   12 us
+//	gateway pair inside the test process        36.0 / 36.5 us        35.9 / 36.3 us   38 us
+//	gateway pair, each gateway its own process  138.8 / 139.9 us      70.4 / 71.7 us   65-97 us
+//	two Go read/write forwarders, own processes 139.2 / 144.7 us      62.0 / 70.9 us   64-93 us
+//	two socat forwarders (socat chain)          111.6 / 115.4 us      58.8 / 65.3 us   61-72 us
 //
-// In one process the pair is at +25 us over direct (goal: +30 us). As
-// separate processes every relay, socat included, is slower on the quiet
-// VM than on the loaded one: each of the four process hops of a round trip
-// wakes a process whose vCPU went idle, and on this VM a wake from idle
-// costs tens of microseconds (the lab showed the same: ping RTT grows with
-// the idle gap before a packet). A loaded VM keeps its vCPUs awake. Within
-// one process Go's scheduler spins briefly before parking, so no hop
-// sleeps. GOMAXPROCS=1 in the gateways changed nothing (154-158 us). So as
-// processes the pair is level with socat and the minimal Go forwarder
-// (socat's spread alone was 107-156 us over five runs), not below it.
+// In one process the pair is at +24 us over direct (goal: +30 us). As
+// separate processes, each of the four extra process hops of a round trip
+// wakes a process whose vCPU went idle. This VM ships with the guest's
+// halt polling off (cpuidle-haltpoll, guest_halt_poll_ns = 0), so every
+// such wake is a VM exit and entry costing ~20 us: the lab's ping RTT grows
+// with the idle gap before a packet for the same reason. With the kernel's
+// default 200 us of polling (the script sets it for its second table and
+// restores it) every relay gets twice as fast, and the gateway pair comes
+// within 5-10 % of socat and of the minimal Go forwarder: what is left is Go's
+// own cost of parking and waking a goroutine's thread (GOMAXPROCS=1 or
+// GOGC=off in the gateways changed nothing: 74 us). A loaded VM keeps its
+// vCPUs awake, hence the first session's figures. The goal (<= +30 us over
+// direct as processes, below socat) is not met: as processes the pair is
+// +58 us over a direct path that never leaves one process, and level with
+// socat; busy polling, which would remove the wakes, costs a core per
+// gateway and was not tried on 2 shared cores.
 //
 // (b) bulk goodput over the emulated WAN, 200 Mbit/s, 20 ms RTT, 1-BDP
 // drop-tail queue (go test -run TestGatewayWAN -v ./e2e, as root, after
