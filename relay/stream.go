@@ -335,9 +335,15 @@ func (s *Stream) push(p *[]byte) {
 		}
 		w := s.credited(int64(n))
 		if n == len(*p) {
+			// In a trunk another link's reader may have queued the next
+			// bytes while we wrote; pumpIn waited for us and must be woken.
+			more := len(s.recvq) > 0 || s.recvEOF
 			s.mu.Unlock()
 			putBuf(p)
 			s.sendWindow(w)
+			if more {
+				kick(s.recvc)
+			}
 			return
 		}
 		// Partial write: queue the rest for pumpIn, ahead of whatever another

@@ -137,8 +137,8 @@ func TestTrunkLinkLoss(t *testing.T) {
 		crossing.Write([]byte("ping"))
 		time.Sleep(5 * time.Millisecond)
 	}
-	// quiet: opened, echoed once before any use of express... then idle.
-	quiet, _ := openVia(t, as[0], echo)
+	// quiet: opened after the express link carried data, then idle.
+	quiet, qs := openVia(t, as[0], echo)
 	defer quiet.Close()
 	for i := 0; as[2-1].Stats.BytesSent.Load() == 0; i++ {
 		if i > 300 {
@@ -166,7 +166,15 @@ func TestTrunkLinkLoss(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Fatal("destination of a stream that crossed the dead link not reset")
 	}
-	// The quiet stream goes on over the bulk link (express is down).
+	// The quiet stream goes on over the bulk link once both sides know the
+	// express link is down (a stream whose next bytes take a link in the
+	// instant it fails is reset with the link's streams, as it should be).
+	for i := 0; as[1].Err() == nil || bs[1].Err() == nil; i++ {
+		if i > 300 {
+			t.Fatalf("express link errors: near %v, far %v", as[1].Err(), bs[1].Err())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	msg := bytes.Repeat([]byte("q"), 100)
 	if _, err := quiet.Write(msg); err != nil {
 		t.Fatal(err)
@@ -174,7 +182,7 @@ func TestTrunkLinkLoss(t *testing.T) {
 	quiet.SetReadDeadline(time.Now().Add(3 * time.Second))
 	got := make([]byte, len(msg))
 	if _, err := io.ReadFull(quiet, got); err != nil || !bytes.Equal(got, msg) {
-		t.Fatalf("stream that never used the dead link: %q, %v", got, err)
+		t.Fatalf("stream that never used the dead link: %q, %v (code %v, links used %b)", got[:4], err, qs.Code(), qs.used.Load())
 	}
 	if as[0].Err() != nil {
 		t.Fatalf("bulk link failed too: %v", as[0].Err())
