@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/mpi5k/mpi5k/header"
 )
@@ -30,6 +31,9 @@ type Stream struct {
 	confirmed atomic.Bool   // the peer knows the stream: DATA may leave the home link
 	used      atomic.Uint64 // bit i: DATA went or came over link i of the trunk
 	sendNext  uint32        // offset of the next byte sent (pumpOut only)
+	burst     int           // bytes read since the application last paused (pumpOut only)
+	xTokens   int64         // express budget left, bytes (pumpOut only)
+	xAt       time.Time     // when xTokens was last refilled (pumpOut only)
 
 	mu         sync.Mutex
 	conn       Conn
@@ -402,6 +406,27 @@ func (s *Stream) addCredit(n int64) {
 	kick(s.creditc)
 }
 
+// expressBudget takes n bytes from the stream's express budget: SmallFrame
+// bytes per round trip of the express link (at least ExpressFloor), so one
+// message per round trip, a request or a reply, always fits, and a stream
+// that sends more is throughput-bound: the bulk links are for it.
+func (s *Stream) expressBudget(n int) bool {
+	full := int64(s.l.cfg.SmallFrame)
+	per := max(s.l.t.expressRTT(), ExpressFloor)
+	now := time.Now()
+	if d := now.Sub(s.xAt); d >= per {
+		s.xTokens = full
+	} else {
+		s.xTokens = min(full, s.xTokens+full*int64(d)/int64(per))
+	}
+	s.xAt = now
+	if int64(n) > s.xTokens {
+		return false
+	}
+	s.xTokens -= int64(n)
+	return true
+}
+
 // pumpOut moves bytes from the application to the link: read at most
 // min(chunk, credit) into a pooled buffer, hand it to the link writer, and
 // read the next while it is written.
@@ -432,7 +457,11 @@ func (s *Stream) pumpOut(conn Conn) {
 			return
 		}
 		p := getBuf(n)
+		t0 := time.Now()
 		k, err := conn.Read(*p)
+		if l.t.lanes && time.Since(t0) > burstGap {
+			s.burst = 0 // the application paused: a new message begins
+		}
 		if k > 0 {
 			s.mu.Lock()
 			s.credit -= int64(k)
@@ -443,7 +472,8 @@ func (s *Stream) pumpOut(conn Conn) {
 			if l.t.lanes {
 				f.h.Type, f.h.Length = header.TypeDataAt, uint32(header.DataAtPrefix+k)
 				header.PutU32(f.ctl[:4], s.sendNext)
-				out = l.t.pick(s, k)
+				s.burst += k
+				out = l.t.pick(s, s.burst <= l.cfg.SmallFrame && s.expressBudget(k))
 				s.used.Or(1 << out.index)
 			}
 			s.sendNext += uint32(k)

@@ -3,6 +3,7 @@ package relay
 import (
 	"net"
 	"sync"
+	"time"
 
 	"github.com/mpi5k/mpi5k/header"
 )
@@ -141,14 +142,42 @@ func (t *Trunk) down(l *Link) (home, crossing []*Stream) {
 	return home, crossing
 }
 
-// pick chooses the link for n DATA bytes of s. Before the peer has
-// confirmed the stream (OPEN_OK) everything stays on the home link, so no
-// DATA can reach the peer ahead of the OPEN that creates the stream there.
-func (t *Trunk) pick(s *Stream, n int) *Link {
+// Which DATA takes the express link. A message is a burst of bytes the
+// application writes without pausing; a burst of at most SmallFrame bytes
+// is small, and each stream may put SmallFrame bytes per round trip on the
+// express link (Stream.expressBudget). The bytes of a longer burst go to the
+// bulk links even when the reads return them in small pieces, as loopback's
+// 64 KiB segments or a LAN no faster than the WAN do.
+const (
+	// burstGap: a read that waited this long starts a new burst. Far
+	// shorter than the WAN round trip a message exchange across sites waits
+	// for, far longer than the gaps between the reads of a stream that has
+	// more queued.
+	burstGap = 500 * time.Microsecond
+	// ExpressFloor is the shortest round trip the express budget assumes,
+	// so a stream sends at most SmallFrame/ExpressFloor express bytes per
+	// second (105 Mbit/s at 64 KiB) whatever the link's RTT.
+	ExpressFloor = 5 * time.Millisecond
+)
+
+// expressRTT is the last PING round trip of the express link (0 unknown).
+func (t *Trunk) expressRTT() time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.express >= 0 && t.links[t.express] != nil {
+		return time.Duration(t.links[t.express].Stats.RTT.Load())
+	}
+	return 0
+}
+
+// pick chooses the link for the next DATA of s; small says it may take the
+// express link. Before the peer has confirmed the stream (OPEN_OK)
+// everything stays on the home link, so no DATA can reach the peer ahead of
+// the OPEN that creates the stream there.
+func (t *Trunk) pick(s *Stream, small bool) *Link {
 	if !t.lanes || !s.confirmed.Load() {
 		return s.l
 	}
-	small := n <= s.l.cfg.SmallFrame
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if small && t.express >= 0 {

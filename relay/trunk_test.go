@@ -39,7 +39,7 @@ func trunkPair(t testing.TB, cfg Config, bulk int, express bool) (ta, tb *Trunk,
 	return ta, tb, as, bs
 }
 
-// mixedWriter sends bursts of small messages between large writes, so a
+// mixedWrite sends bursts of small messages between large writes, so a
 // stream's frames take the express link and the bulk links at once and
 // reach the far side out of order.
 func mixedWrite(app *net.TCPConn, h io.Writer, seed byte) error {
@@ -52,6 +52,10 @@ func mixedWrite(app *net.TCPConn, h io.Writer, seed byte) error {
 			return err
 		}
 		h.Write(big)
+		// A pause longer than burstGap makes the messages a new burst,
+		// which takes the express link while the big write's chunks may
+		// still be queued on the bulk links.
+		time.Sleep(40 * burstGap)
 		for k := range 20 {
 			msg := []byte{seed, byte(round), byte(k), 0xAA}
 			if _, err := app.Write(msg); err != nil {
