@@ -7,11 +7,18 @@
 //
 // A Trunk owns the streams and the stream ids of all links of a site pair.
 // A stream is homed on the link its OPEN used (its control frames stay
-// there), but once the peer has confirmed it, each DATA frame picks a link:
-// up to SmallFrame bytes the express link (a link that carries only small
-// frames, so the kernel socket in front of a small message is always nearly
-// empty), larger ones the bulk link with the fewest bytes waiting in user
-// space, which stripes one large transfer over all bulk links. DATA_AT
+// there), but once the peer has confirmed it, each DATA frame picks a link.
+// A message takes the express link, a link that carries only messages, so
+// the kernel socket in front of one is always nearly empty. Everything else
+// takes the bulk link with the fewest bytes waiting in user space, which
+// stripes one large transfer over all bulk links. A message is a burst (the
+// bytes a stream's application writes without leaving the gateway's read
+// waiting 500 us) of at most SmallFrame bytes, within the stream's express
+// budget of SmallFrame bytes per round trip (at least 5 ms) of the express
+// link. Burst, not frame size, decides because reads return what the
+// socket holds: on loopback a bulk transfer arrives in 64 KiB pieces. The
+// budget keeps a stream that writes message after message, which is
+// throughput-bound, from filling the express link. DATA_AT
 // frames carry the stream offset and the receiver restores the order;
 // HALF_CLOSE carries the final offset. A link that dies takes with it the
 // streams homed on it and, via RESET, those whose bytes crossed it.
@@ -27,7 +34,8 @@
 //     streams x window bytes for the far side. Credit is returned in batches
 //     of window/8 once the bytes are written to the destination socket.
 //   - Scheduling: the writer keeps two queues. Control frames and DATA of up
-//     to SmallFrame bytes (16 KiB) go to the urgent queue and are written
+//     to SmallFrame bytes (default 16 KiB; the gateway's --express-max, 68 KiB)
+//     go to the urgent queue and are written
 //     first; larger DATA goes to the bulk queue, of which at most about one
 //     chunk is taken per writev. On a lone link (no trunk, plain DATA) a
 //     stream whose earlier frames are still in the bulk queue keeps using
@@ -149,13 +157,34 @@
 // 1.2 ms) and what is left is the gateway's own socket: on one link a small
 // frame queues behind up to TCP_NOTSENT_LOWAT plus one chunk of bulk bytes
 // (33.8 ms p99 at 128 KiB + 128 KiB; 25 ms at 32 + 32 KiB). The express
-// link, which carries only frames of at most 16 KiB, removes that queue:
+// link, which carries only messages, removes that queue:
 // p99 RTT + 1.5-3.3 ms, and RTT + 1.7-1.8 ms with CUBIC, whose rate under
 // the cap needs no probing (BBR's PROBE_RTT stranded bytes for 117-181 ms in
 // earlier one-link runs). The goal, p99 <= RTT + 2 ms, is met paced; the
 // rest is 2 shared cores (even idle, direct p99 reached RTT + 3.6 ms once).
 // On the loaded VM (first session) the unpaced p99 was 80-120 ms with one WAN
 // connection and 39.8 ms with --wan-conns 2.
+//
+// (e) MPI ping-pong by message size through the trunk (mpi5k bench
+// --workloads pingpong on the 20 ms lab, Open MPI 4.1, Reno hosts, 3
+// repetitions, median half round trip; old16 is the first trunk: express
+// link for frames of at most 16 KiB, BBR on every WAN socket):
+//
+//	                       1 B        4 KiB      16 KiB     64 KiB     1 MiB
+//	direct                 9.91 ms    10.03 ms   10.54 ms   32.38 ms   100.9 ms
+//	trunk, defaults        10.03 ms   10.16 ms   10.67 ms   32.69 ms    73.5 ms
+//	old16                   9.97 ms   10.69 ms   16.87 ms   38.67 ms    73.9 ms
+//
+// Two things cost old16 6 ms at 16 KiB. A 16 KiB MPI message is 16 KiB plus
+// Open MPI's headers, so it took the bulk link; and BBR paces a socket at
+// the delivery rate it measured, which for one message per round trip is
+// that message's size per RTT: each message was spread over a third of an
+// RTT. A CUBIC express link does not pace (and a socket that was ever BBR
+// keeps the kernel's pacing, so the gateway creates WAN sockets with the
+// express CC and switches the bulk links to BBR after the handshake); 68
+// KiB covers Open MPI's eager fragments (64 KiB plus a header). With both,
+// every size is within 1.3 % of direct up to 64 KiB, and 1 MiB, which
+// direct Reno sends from a cold window, is 27 % faster.
 //
 // Correctness at scale: 1000 concurrent streams, sizes uniform in 0..8 MiB
 // (4.16 GB) through two in-process gateways with SHA-256 end to end: all
