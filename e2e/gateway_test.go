@@ -133,7 +133,11 @@ func gwHelper(a []string) error {
 			return err
 		}
 		count, _ := strconv.Atoi(a[3])
-		b := []byte{1}
+		size := 1
+		if len(a) > 4 {
+			size, _ = strconv.Atoi(a[4])
+		}
+		b := make([]byte, size)
 		var lat []time.Duration
 		// Warm-up round trips, not measured: the first one includes the far
 		// gateway's connect to the destination (the direct case's TCP
@@ -418,6 +422,19 @@ func TestGatewayWAN(t *testing.T) {
 		"gateways idle %.2f/%.2f/%.2f, gateways beside a bulk stream on the same WAN link %.2f/%.2f/%.2f (gateway args %v)",
 		rtt, di[0]/1e3, di[1]/1e3, di[2]/1e3, dl[0]/1e3, dl[1]/1e3, dl[2]/1e3,
 		idle[0]/1e3, idle[1]/1e3, idle[2]/1e3, loaded[0]/1e3, loaded[1]/1e3, loaded[2]/1e3, gwArgs)
+	// (e) A message of a few KiB must cross as fast as 1 byte plus its
+	// serialization: through a BBR link it was paced at the rate of earlier
+	// app-limited messages (RTT + 13 ms for 16 KiB in the lab); the express
+	// link runs CUBIC and takes bursts up to 68 KiB.
+	for _, size := range []int{16 << 10, 64 << 10} {
+		d := run(t, ctx, l, src, "pingpong", echo, "-", "30", strconv.Itoa(size))
+		g := run(t, ctx, l, src, "pingpong", echo, gwLAN, "30", strconv.Itoa(size))
+		t.Logf("(e) %d KiB ping-pong, RTT %v, p50/p99 in ms: direct %.2f/%.2f, gateways %.2f/%.2f (gateway args %v)",
+			size>>10, rtt, d[0]/1e3, d[1]/1e3, g[0]/1e3, g[1]/1e3, gwArgs)
+		if p50 := time.Duration(g[0]) * time.Microsecond; size == 16<<10 && !custom && p50 > rtt+5*time.Millisecond {
+			t.Errorf("16 KiB ping-pong through the gateways: p50 %v, more than RTT + 5 ms", p50)
+		}
+	}
 	// With the bulk paced just below the bottleneck its queue stays empty,
 	// and the express link keeps small frames out of the bulk link's
 	// socket: p99 measured RTT + 1.5..3.3 ms over 6 runs (CUBIC 1.7..1.8), against
