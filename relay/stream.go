@@ -407,12 +407,12 @@ func (s *Stream) addCredit(n int64) {
 }
 
 // expressBudget takes n bytes from the stream's express budget: SmallFrame
-// bytes per round trip of the express link (at least ExpressFloor), so one
-// message per round trip, a request or a reply, always fits, and a stream
-// that sends more is throughput-bound: the bulk links are for it.
-func (s *Stream) expressBudget(n int) bool {
+// bytes per round trip rtt of the express link (at least ExpressFloor), so
+// one message per round trip, a request or a reply, always fits, and a
+// stream that sends more is throughput-bound: the bulk links are for it.
+func (s *Stream) expressBudget(n int, rtt time.Duration) bool {
 	full := int64(s.l.cfg.SmallFrame)
-	per := max(s.l.t.expressRTT(), ExpressFloor)
+	per := max(rtt, ExpressFloor)
 	now := time.Now()
 	if d := now.Sub(s.xAt); d >= per {
 		s.xTokens = full
@@ -473,7 +473,7 @@ func (s *Stream) pumpOut(conn Conn) {
 				f.h.Type, f.h.Length = header.TypeDataAt, uint32(header.DataAtPrefix+k)
 				header.PutU32(f.ctl[:4], s.sendNext)
 				s.burst += k
-				out = l.t.pick(s, s.burst <= l.cfg.SmallFrame && s.expressBudget(k))
+				out = l.t.pick(s, k)
 				s.used.Or(1 << out.index)
 			}
 			s.sendNext += uint32(k)

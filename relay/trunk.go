@@ -160,28 +160,18 @@ const (
 	ExpressFloor = 5 * time.Millisecond
 )
 
-// expressRTT is the last PING round trip of the express link (0 unknown).
-func (t *Trunk) expressRTT() time.Duration {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.express >= 0 && t.links[t.express] != nil {
-		return time.Duration(t.links[t.express].Stats.RTT.Load())
-	}
-	return 0
-}
-
-// pick chooses the link for the next DATA of s; small says it may take the
-// express link. Before the peer has confirmed the stream (OPEN_OK)
+// pick chooses the link for the next k DATA bytes of s, which end a burst of
+// s.burst bytes. Before the peer has confirmed the stream (OPEN_OK)
 // everything stays on the home link, so no DATA can reach the peer ahead of
-// the OPEN that creates the stream there.
-func (t *Trunk) pick(s *Stream, small bool) *Link {
+// the OPEN that creates the stream there. Called from s's pumpOut only.
+func (t *Trunk) pick(s *Stream, k int) *Link {
 	if !t.lanes || !s.confirmed.Load() {
 		return s.l
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if small && t.express >= 0 {
-		if x := t.links[t.express]; x != nil && !x.dead.Load() {
+	if s.burst <= s.l.cfg.SmallFrame && t.express >= 0 {
+		if x := t.links[t.express]; x != nil && !x.dead.Load() && s.expressBudget(k, time.Duration(x.Stats.RTT.Load())) {
 			return x
 		}
 	}
