@@ -39,9 +39,9 @@ type Config struct {
 	Window   uint32 // per-stream receive window (default 4 MiB)
 	WANConns int    // parallel bulk links per site pair (default 1); large writes are striped over them
 	// NoExpress drops the express link: by default every site pair has one
-	// more WAN connection that carries only small frames (up to ExpressMax), so
-	// a small message never waits behind bulk bytes queued in a bulk link's
-	// socket (see package relay, figure (d)).
+	// more WAN connection that carries only messages (bursts of up to
+	// ExpressMax bytes), so a small message never waits behind bulk bytes
+	// queued in a bulk link's socket (see package relay, figure (d)).
 	NoExpress bool
 	// ExpressCC is the congestion control of the express link ("" = CUBIC
 	// when --wan-cc is set, else the WAN sockets' CC).
@@ -417,7 +417,7 @@ func (g *Gateway) wanCreate() SockOpts {
 }
 
 // addLink joins conn to p's trunk as link i. The express link is exempt from
-// --wan-pace (it carries only small frames, and they must not wait for a
+// --wan-pace (it carries only messages, and they must not wait for a
 // pacing slot) and may have its own congestion control.
 func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello) *relay.Link {
 	x := g.isExpress(i)
