@@ -46,9 +46,8 @@ type Config struct {
 	// ExpressCC is the congestion control of the express link ("" = CUBIC
 	// when --wan-cc is set, else the WAN sockets' CC).
 	ExpressCC string
-	// ExpressMax is the largest burst counted as small (0 = 68 KiB, or
-	// the chunk if smaller): it takes the express link and is scheduled
-	// ahead of bulk.
+	// ExpressMax is the largest burst counted as a message (0 = 68 KiB, or
+	// the chunk if smaller): it takes the express link.
 	ExpressMax int
 	// WANPace caps each site pair's bulk WAN sending rate (bit/s, shared
 	// evenly by its WANConns bulk links, which one stream's chunks are
@@ -205,7 +204,7 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g := &Gateway{cfg: cfg, site: site, log: cfg.Logger.With("site", site.Name),
 		peers: map[uint8]*peer{}, readyc: make(chan struct{}), stopped: make(chan struct{})}
-	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, SmallFrame: cfg.ExpressMax,
+	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, ExpressMax: cfg.ExpressMax,
 		PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log}
 	g.lan = cfg.Transport
 	if g.lan == nil {

@@ -13,8 +13,8 @@
 // takes the bulk link with the fewest bytes waiting in user space, which
 // stripes one large transfer over all bulk links. A message is a burst (the
 // bytes a stream's application writes without leaving the gateway's read
-// waiting 500 us) of at most SmallFrame bytes, within the stream's express
-// budget of SmallFrame bytes per round trip (at least 5 ms) of the express
+// waiting 500 us) of at most ExpressMax bytes, within the stream's express
+// budget of ExpressMax bytes per round trip (at least 5 ms) of the express
 // link. Burst, not frame size, decides because reads return what the
 // socket holds: on loopback a bulk transfer arrives in 64 KiB pieces. The
 // budget keeps a stream that writes message after message, which is
@@ -34,8 +34,7 @@
 //     streams x window bytes for the far side. Credit is returned in batches
 //     of window/8 once the bytes are written to the destination socket.
 //   - Scheduling: the writer keeps two queues. Control frames and DATA of up
-//     to SmallFrame bytes (default 16 KiB; the gateway's --express-max, 68 KiB)
-//     go to the urgent queue and are written
+//     to SmallFrame bytes (16 KiB) go to the urgent queue and are written
 //     first; larger DATA goes to the bulk queue, of which at most about one
 //     chunk is taken per writev. On a lone link (no trunk, plain DATA) a
 //     stream whose earlier frames are still in the bulk queue keeps using

@@ -52,6 +52,7 @@ type Config struct {
 	Chunk      int    // largest DATA payload sent (default 128 KiB, clamped to the peer's max payload)
 	Window     uint32 // credit granted to the peer on every new stream (default 1 MiB)
 	SmallFrame int    // DATA up to this many bytes is scheduled ahead of bulk (default 16 KiB)
+	ExpressMax int    // largest burst a trunk's express link takes (default SmallFrame; see Trunk)
 	MaxBatch   int    // most frames per writev (default 64)
 	// Pipeline is how many chunks of one stream may wait for the link
 	// writer (default 2): with two, a stream reads chunk B from its
@@ -73,6 +74,9 @@ func (c *Config) fill() {
 	}
 	if c.SmallFrame <= 0 {
 		c.SmallFrame = 16 << 10
+	}
+	if c.ExpressMax <= 0 {
+		c.ExpressMax = c.SmallFrame
 	}
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = 64

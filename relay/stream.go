@@ -406,12 +406,12 @@ func (s *Stream) addCredit(n int64) {
 	kick(s.creditc)
 }
 
-// expressBudget takes n bytes from the stream's express budget: SmallFrame
+// expressBudget takes n bytes from the stream's express budget: ExpressMax
 // bytes per round trip rtt of the express link (at least ExpressFloor), so
 // one message per round trip, a request or a reply, always fits, and a
 // stream that sends more is throughput-bound: the bulk links are for it.
 func (s *Stream) expressBudget(n int, rtt time.Duration) bool {
-	full := int64(s.l.cfg.SmallFrame)
+	full := int64(s.l.cfg.ExpressMax)
 	per := max(rtt, ExpressFloor)
 	now := time.Now()
 	if d := now.Sub(s.xAt); d >= per {

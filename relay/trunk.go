@@ -143,8 +143,8 @@ func (t *Trunk) down(l *Link) (home, crossing []*Stream) {
 }
 
 // Which DATA takes the express link. A message is a burst of bytes the
-// application writes without pausing; a burst of at most SmallFrame bytes
-// is small, and each stream may put SmallFrame bytes per round trip on the
+// application writes without pausing; a burst of at most ExpressMax bytes
+// is small, and each stream may put ExpressMax bytes per round trip on the
 // express link (Stream.expressBudget). The bytes of a longer burst go to the
 // bulk links even when the reads return them in small pieces, as loopback's
 // 64 KiB segments or a LAN no faster than the WAN do.
@@ -155,7 +155,7 @@ const (
 	// more queued.
 	burstGap = 500 * time.Microsecond
 	// ExpressFloor is the shortest round trip the express budget assumes,
-	// so a stream sends at most SmallFrame/ExpressFloor express bytes per
+	// so a stream sends at most ExpressMax/ExpressFloor express bytes per
 	// second (105 Mbit/s at 64 KiB) whatever the link's RTT.
 	ExpressFloor = 5 * time.Millisecond
 )
@@ -170,7 +170,7 @@ func (t *Trunk) pick(s *Stream, k int) *Link {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if s.burst <= s.l.cfg.SmallFrame && t.express >= 0 {
+	if s.burst <= s.l.cfg.ExpressMax && t.express >= 0 {
 		if x := t.links[t.express]; x != nil && !x.dead.Load() && s.expressBudget(k, time.Duration(x.Stats.RTT.Load())) {
 			return x
 		}

@@ -245,7 +245,7 @@ func TestReorder(t *testing.T) {
 // express link on it, refilled in proportion to the time elapsed, and never
 // assumes a round trip shorter than ExpressFloor.
 func TestExpressBudget(t *testing.T) {
-	cfg := Config{SmallFrame: 64 << 10}
+	cfg := Config{ExpressMax: 64 << 10}
 	cfg.fill()
 	l := newLink(nil, cfg, header.Hello{Window: 1 << 20, MaxPayload: header.MaxPayload}, NewTrunk(true, nil), 0, false)
 	s := newStream(l)

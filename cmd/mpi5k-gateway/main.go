@@ -41,7 +41,7 @@ func run(args []string) int {
 	wanConns := fs.Int("wan-conns", 1, "parallel bulk WAN connections per site pair, large writes striped over them (same on every gateway)")
 	express := fs.Bool("wan-express", true, "one more WAN connection per site pair for small frames only, so they never wait behind bulk (same on every gateway)")
 	expressCC := fs.String("wan-express-cc", "", "congestion control of the express link (default: cubic; BBR paces app-limited messages slowly)")
-	expressMax := fs.String("express-max", "68KiB", "largest message (burst of bytes a rank writes without pausing) that takes the express link and goes ahead of bulk; at most --chunk")
+	expressMax := fs.String("express-max", "68KiB", "largest message (burst of bytes a rank writes without pausing) that takes the express link; at most --chunk")
 	wanPace := fs.String("wan-pace", "0", "cap each site pair's bulk WAN sending rate, e.g. 190mbit (0: no cap); a few percent below the WAN bottleneck keeps its queue empty")
 	ready := fs.String("ready-file", "", "file written once every WAN link is up")
 	metrics := fs.String("metrics", "", "listen address of the HTTP server for /metrics and /ready (e.g. :9105)")
