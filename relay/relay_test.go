@@ -181,6 +181,20 @@ func waitStreams(t testing.TB, l *Link, n int) {
 
 func isReset(err error) bool { return errors.Is(err, syscall.ECONNRESET) }
 
+// expectReset waits up to within for what (a destination's read error,
+// sent on got) and fails the test unless it is ECONNRESET.
+func expectReset(t *testing.T, got <-chan error, within time.Duration, what string) {
+	t.Helper()
+	select {
+	case err := <-got:
+		if !isReset(err) {
+			t.Fatalf("%s read %v, want ECONNRESET", what, err)
+		}
+	case <-time.After(within):
+		t.Fatalf("%s not reset within %v", what, within)
+	}
+}
+
 func TestResetFromDestination(t *testing.T) {
 	a, b := pair(t, Config{})
 	dst := testnet.Serve(t, loopback, func(c *net.TCPConn) {
@@ -213,14 +227,7 @@ func TestResetFromSource(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	app.SetLinger(0)
 	app.Close()
-	select {
-	case err := <-got:
-		if !isReset(err) {
-			t.Fatalf("destination saw %v, want ECONNRESET", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("reset did not reach the destination")
-	}
+	expectReset(t, got, 5*time.Second, "destination")
 	waitStreams(t, a, 0)
 	waitStreams(t, b, 0)
 }
@@ -366,14 +373,7 @@ func TestLinkLoss(t *testing.T) {
 		app.Close()
 	}
 	for range 5 {
-		select {
-		case err := <-farErr:
-			if !isReset(err) {
-				t.Fatalf("destination read after link loss: %v", err)
-			}
-		case <-time.After(3 * time.Second):
-			t.Fatal("destination not reset after link loss")
-		}
+		expectReset(t, farErr, 3*time.Second, "destination after link loss")
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("streams failed after %v", d)

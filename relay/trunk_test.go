@@ -175,14 +175,7 @@ func TestTrunkLinkLoss(t *testing.T) {
 	if _, err := crossing.Read(make([]byte, 1)); !isReset(err) {
 		t.Fatalf("application of a stream that crossed the dead link read %v, want ECONNRESET", err)
 	}
-	select {
-	case err := <-farErr:
-		if !isReset(err) {
-			t.Fatalf("destination of that stream read %v, want ECONNRESET", err)
-		}
-	case <-time.After(3 * time.Second):
-		t.Fatal("destination of a stream that crossed the dead link not reset")
-	}
+	expectReset(t, farErr, 3*time.Second, "destination of a stream that crossed the dead link")
 	// The quiet stream goes on over the bulk link once both sides know the
 	// express link is down (a stream whose next bytes take a link in the
 	// instant it fails is reset with the link's streams, as it should be).
