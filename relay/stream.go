@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -241,7 +242,7 @@ func (s *Stream) pushAt(off uint32, at bool, p *[]byte) error {
 	if off != s.recvNext {
 		d := off - s.recvNext // ahead by d bytes (mod 2^32)
 		i, found := slices.BinarySearchFunc(s.ahead, d, func(g segment, d uint32) int {
-			return int64cmp(int64(g.off-s.recvNext), int64(d))
+			return cmp.Compare(g.off-s.recvNext, d)
 		})
 		if d >= 1<<31 || found {
 			s.mu.Unlock()
@@ -276,16 +277,6 @@ func (s *Stream) pushAt(off uint32, at bool, p *[]byte) error {
 		kick(s.recvc) // the fast path may have delivered p without waking pumpIn
 	}
 	return nil
-}
-
-func int64cmp(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // checkEnd turns an early HALF_CLOSE into EOF once every byte before it has

@@ -10,11 +10,10 @@ import (
 
 // Trunk is the set of links between two site gateways (docs/wire-format.md,
 // HELLO feature TRUNK). Its links share one stream table and one stream id
-// space, so a stream's DATA may travel on any of them: small frames take the
-// express link (or the least-loaded one), large ones are striped over the
-// bulk links, and the receiver puts them back in order by their offsets
-// (DATA_AT). A stream's control frames stay on its home link, the one its
-// OPEN used.
+// space, so a stream's DATA may travel on any of them: messages take the
+// express link, everything else is striped over the bulk links, and the
+// receiver puts them back in order by their offsets (DATA_AT). A stream's
+// control frames stay on its home link, the one its OPEN used.
 //
 // A lone link made by NewLink is a trunk of one in the old mode: plain DATA,
 // in order, no offsets.
@@ -51,7 +50,7 @@ func NewLink(conn net.Conn, cfg Config, peer header.Hello, dialer bool, handler 
 
 // Add starts multiplexing on conn as link index of the trunk after a
 // successful Handshake, replacing a failed link of that index. The express
-// link carries small DATA frames of every stream and never homes one.
+// link carries the messages of every stream and never homes one.
 func (t *Trunk) Add(conn net.Conn, cfg Config, peer header.Hello, index int, express bool) *Link {
 	l := newLink(conn, cfg, peer, t, index, express)
 	t.mu.Lock()
