@@ -227,9 +227,6 @@ func (l *Link) start() {
 	go l.keepalive()
 }
 
-// Trunk is the trunk the link belongs to.
-func (l *Link) Trunk() *Trunk { return l.t }
-
 // Index is the link's index in its trunk.
 func (l *Link) Index() int { return l.index }
 
