@@ -24,6 +24,7 @@ import (
 	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/sitemap"
+	"github.com/mpi5k/mpi5k/tcpinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -596,7 +597,7 @@ func TestExpressCC(t *testing.T) {
 				}
 				var cc string
 				var gerr error
-				rc.Control(func(fd uintptr) { cc, gerr = unix.GetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION) })
+				rc.Control(func(fd uintptr) { cc, gerr = tcpinfo.CongestionControl(int(fd)) })
 				want := "bbr"
 				if l.Express() {
 					want = tc.want
