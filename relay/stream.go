@@ -401,10 +401,9 @@ func (s *Stream) addCredit(n int64) {
 // bytes per round trip rtt of the express link (at least ExpressFloor), so
 // one message per round trip, a request or a reply, always fits, and a
 // stream that sends more is throughput-bound: the bulk links are for it.
-func (s *Stream) expressBudget(n int, rtt time.Duration) bool {
+func (s *Stream) expressBudget(n int, rtt time.Duration, now time.Time) bool {
 	full := int64(s.l.cfg.ExpressMax)
 	per := max(rtt, ExpressFloor)
-	now := time.Now()
 	if d := now.Sub(s.xAt); d >= per {
 		s.xTokens = full
 	} else {
@@ -450,7 +449,8 @@ func (s *Stream) pumpOut(conn Conn) {
 		p := getBuf(n)
 		t0 := time.Now()
 		k, err := conn.Read(*p)
-		if l.t.lanes && time.Since(t0) > burstGap {
+		now := time.Now()
+		if now.Sub(t0) > burstGap {
 			s.burst = 0 // the application paused: a new message begins
 		}
 		if k > 0 {
@@ -464,7 +464,7 @@ func (s *Stream) pumpOut(conn Conn) {
 				f.h.Type, f.h.Length = header.TypeDataAt, uint32(header.DataAtPrefix+k)
 				header.PutU32(f.ctl[:4], s.sendNext)
 				s.burst += k
-				out = l.t.pick(s, k)
+				out = l.t.pick(s, k, now)
 				s.used.Or(1 << out.index)
 			}
 			s.sendNext += uint32(k)

@@ -160,17 +160,17 @@ const (
 )
 
 // pick chooses the link for the next k DATA bytes of s, which end a burst of
-// s.burst bytes. Before the peer has confirmed the stream (OPEN_OK)
+// s.burst bytes, read at now. Before the peer has confirmed the stream (OPEN_OK)
 // everything stays on the home link, so no DATA can reach the peer ahead of
 // the OPEN that creates the stream there. Called from s's pumpOut only.
-func (t *Trunk) pick(s *Stream, k int) *Link {
+func (t *Trunk) pick(s *Stream, k int, now time.Time) *Link {
 	if !t.lanes || !s.confirmed.Load() {
 		return s.l
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if s.burst <= s.l.cfg.ExpressMax && t.express >= 0 {
-		if x := t.links[t.express]; x != nil && !x.dead.Load() && s.expressBudget(k, time.Duration(x.Stats.RTT.Load())) {
+		if x := t.links[t.express]; x != nil && !x.dead.Load() && s.expressBudget(k, time.Duration(x.Stats.RTT.Load()), now) {
 			return x
 		}
 	}

@@ -247,7 +247,7 @@ func TestReorder(t *testing.T) {
 	}
 }
 
-// TestExpressBudget: a stream may put SmallFrame bytes per round trip of the
+// TestExpressBudget: a stream may put ExpressMax bytes per round trip of the
 // express link on it, refilled in proportion to the time elapsed, and never
 // assumes a round trip shorter than ExpressFloor.
 func TestExpressBudget(t *testing.T) {
@@ -256,28 +256,27 @@ func TestExpressBudget(t *testing.T) {
 	l := newLink(nil, cfg, header.Hello{Window: 1 << 20, MaxPayload: header.MaxPayload}, NewTrunk(true, nil), 0, false)
 	s := newStream(l)
 	const rtt = 20 * time.Millisecond
-	if !s.expressBudget(64<<10, rtt) {
+	now := time.Now()
+	if !s.expressBudget(64<<10, rtt, now) {
 		t.Fatal("a new stream cannot send one full message express")
 	}
-	// (The budget refills continuously: 4 KiB takes 1.25 ms, far more than
-	// these calls take even under the race detector.)
-	if s.expressBudget(4<<10, rtt) {
+	if s.expressBudget(4<<10, rtt, now) {
 		t.Fatal("a stream sent more than its budget express")
 	}
-	s.xAt = s.xAt.Add(-rtt / 2) // half a round trip later: half the budget
-	if !s.expressBudget(30<<10, rtt) {
+	now = now.Add(rtt / 2) // half a round trip later: half the budget
+	if !s.expressBudget(30<<10, rtt, now) {
 		t.Error("half a round trip did not refill half the budget")
 	}
-	if s.expressBudget(8<<10, rtt) {
+	if s.expressBudget(8<<10, rtt, now) {
 		t.Error("half a round trip refilled more than half the budget")
 	}
-	s.xAt = s.xAt.Add(-2 * rtt) // long idle: full, never more
-	if !s.expressBudget(64<<10, rtt) || s.expressBudget(4<<10, rtt) {
+	now = now.Add(2 * rtt) // long idle: full, never more
+	if !s.expressBudget(64<<10, rtt, now) || s.expressBudget(4<<10, rtt, now) {
 		t.Error("after a long pause the budget is not exactly one message")
 	}
 	// A 1 ms link counts as ExpressFloor: after 1 ms, a fifth of the budget.
-	s.xAt = s.xAt.Add(-time.Millisecond)
-	if s.expressBudget(32<<10, time.Millisecond) {
+	now = now.Add(time.Millisecond)
+	if s.expressBudget(32<<10, time.Millisecond, now) {
 		t.Errorf("a link RTT below ExpressFloor (%v) refilled the budget faster", ExpressFloor)
 	}
 }
