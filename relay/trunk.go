@@ -159,10 +159,11 @@ const (
 	ExpressFloor = 5 * time.Millisecond
 )
 
-// pick chooses the link for the next k DATA bytes of s, which end a burst of
-// s.burst bytes, read at now. Before the peer has confirmed the stream (OPEN_OK)
-// everything stays on the home link, so no DATA can reach the peer ahead of
-// the OPEN that creates the stream there. Called from s's pumpOut only.
+// pick chooses the link for the next k DATA bytes of s, read at now, which
+// end a burst of s.burst bytes. Before the peer has confirmed the stream
+// (OPEN_OK) everything stays on the home link, so no DATA can reach the peer
+// ahead of the OPEN that creates the stream there. Called from s's pumpOut
+// only.
 func (t *Trunk) pick(s *Stream, k int, now time.Time) *Link {
 	if !t.lanes || !s.confirmed.Load() {
 		return s.l
