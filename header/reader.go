@@ -113,6 +113,37 @@ func (r *Reader) Next() (Header, error) {
 	return h, nil
 }
 
+// FrameBuffered reports whether the next frame, header and payload, is in
+// the buffer, so reading it cannot block (or whether the next header is
+// malformed, which Next reports without reading). An event loop reads
+// frames while it is true and leaves a partial frame to a blocking reader.
+func (r *Reader) FrameBuffered() bool {
+	if r.pending > 0 || r.end-r.off < Size {
+		return false
+	}
+	h, err := Decode(r.buf[r.off : r.off+Size])
+	return err != nil || r.end-r.off-Size >= int(h.Length)
+}
+
+// FillFrom makes one read into the buffer's free space with read, which an
+// event loop makes non-blocking, and returns its result; (0, nil) when the
+// buffer has no room. It compacts the buffer first.
+func (r *Reader) FillFrom(read func([]byte) (int, error)) (int, error) {
+	if r.pending > 0 {
+		return 0, nil // the payload may go straight to the caller's buffer
+	}
+	if r.off > 0 {
+		r.end = copy(r.buf, r.buf[r.off:r.end])
+		r.off = 0
+	}
+	if r.end == len(r.buf) {
+		return 0, nil
+	}
+	n, err := read(r.buf[r.end:])
+	r.end += max(n, 0)
+	return n, err
+}
+
 // Remaining is the number of payload bytes of the current frame not yet read.
 func (r *Reader) Remaining() int { return int(r.pending) }
 
