@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,6 +63,9 @@ type Config struct {
 	PingInterval time.Duration // keepalive period (default 1 s)
 	DeadAfter    time.Duration // a link silent this long is dead (default 4 × PingInterval)
 	Logger       *slog.Logger
+	// NoPoller keeps idle sockets in Go's network poller instead of the
+	// relay's poller thread (see poller.go); for measuring the difference.
+	NoPoller bool
 }
 
 func (c *Config) fill() {
@@ -141,6 +145,10 @@ type Stats struct {
 	WindowStalls           atomic.Uint64 // times a stream waited for credit
 	StreamsOpened          atomic.Uint64
 	RTT                    atomic.Int64 // last PING round trip, ns
+	// The poller thread's share (see poller.go): frames it received, and
+	// frames it wrote without blocking, of which the socket took only part
+	// (the writer sent the rest).
+	PollRecv, PollSent, PollPartial atomic.Uint64
 }
 
 // frame is one queued outgoing frame.
@@ -151,6 +159,7 @@ type frame struct {
 	buf     *[]byte // pooled DATA buffer, released once written
 	s       *Stream // owner of DATA: gets its token back once written
 	counted bool    // counted in s.bulkQueued (a lone link's ordering rule)
+	skip    int     // leading bytes already written (the rest of a partial write)
 	done    chan struct{}
 }
 
@@ -164,18 +173,34 @@ func (f *frame) dataLen() int {
 	return int(f.h.Length)
 }
 
-// appendIOV appends f's header (encoded into hb) and payload to iov.
+// appendIOV appends f's header (encoded into hb) and payload to iov,
+// less the f.skip bytes already written.
 func (f *frame) appendIOV(iov net.Buffers, hb []byte) net.Buffers {
 	f.h.Encode(hb)
-	iov = append(iov, hb)
+	parts := [3][]byte{hb}
+	n := 1
 	if f.h.Type == header.TypeDataAt {
-		iov = append(iov, f.ctl[:header.DataAtPrefix])
+		parts[n] = f.ctl[:header.DataAtPrefix]
+		n++
 	}
 	if f.h.Length > 0 {
-		iov = append(iov, f.payload())
+		parts[n] = f.payload()
+		n++
+	}
+	skip := f.skip
+	for _, b := range parts[:n] {
+		if skip >= len(b) {
+			skip -= len(b)
+			continue
+		}
+		iov = append(iov, b[skip:])
+		skip = 0
 	}
 	return iov
 }
+
+// wireLen is the frame's size on the wire.
+func (f *frame) wireLen() int { return header.Size + int(f.h.Length) }
 
 // Link multiplexes streams over one connection to a peer gateway.
 type Link struct {
@@ -188,6 +213,13 @@ type Link struct {
 	chunk   int
 	log     *slog.Logger
 	Stats   Stats
+
+	// The reader's state, which the poller thread uses while the link is
+	// idle (see poller.go); w is nil without a poller.
+	w    *waiter
+	r    *header.Reader
+	ctl  [header.MaxControl]byte
+	rerr error // what ended the poller's reading
 
 	dead   atomic.Bool  // failed or closed
 	queued atomic.Int64 // DATA bytes handed to this link and not yet written
@@ -218,6 +250,10 @@ func newLink(conn net.Conn, cfg Config, peer header.Hello, t *Trunk, index int, 
 		chunk: max(chunk, 1), log: cfg.Logger,
 		wake: make(chan struct{}, 1), done: make(chan struct{})}
 	l.lastRecv.Store(time.Now().UnixNano())
+	l.r = header.NewReader(conn, 0)
+	if !cfg.NoPoller {
+		l.w = newWaiter(conn, l.readStep)
+	}
 	return l
 }
 
@@ -291,15 +327,26 @@ func (l *Link) Open(o *header.Open, conn Conn) (*Stream, error) {
 // than SmallFrame bytes goes to the bulk queue, and so does every later frame
 // of a stream while it has bulk frames waiting, so a stream's bytes and its
 // HALF_CLOSE never overtake each other.
-func (l *Link) enqueue(f frame, s *Stream) bool { return l.send(f, s, false) }
+func (l *Link) enqueue(f frame, s *Stream) bool { return l.send(f, s, sendQueue) }
 
-// send is enqueue with an inline fast path: when inline is set, the frame is
-// small and nobody is writing or waiting, the caller writes it to the socket
-// itself. That saves the hand-off to the writer goroutine (a thread wake-up,
-// several microseconds) on the latency-critical small-message path. Only
-// stream pumps pass inline: the link reader must never block on a write, or
-// two gateways could deadlock each waiting for the other to read.
-func (l *Link) send(f frame, s *Stream, inline bool) bool {
+// How send may write a frame itself.
+type sendMode int
+
+const (
+	sendQueue  sendMode = iota // never: the writer goroutine does
+	sendInline                 // when the link is idle, blocking
+	sendTry                    // when the link is idle, without blocking (the poller thread)
+)
+
+// send is enqueue with an inline fast path: unless mode is sendQueue, the
+// frame is small and nobody is writing or waiting, the caller writes it to
+// the socket itself. That saves the hand-off to the writer goroutine (a
+// thread wake-up, several microseconds) on the latency-critical
+// small-message path. Only stream pumps write inline: the link reader must
+// never block on a write, or two gateways could deadlock each waiting for
+// the other to read. The poller thread reads links too, so it writes with
+// sendTry: whatever the socket does not take at once goes to the writer.
+func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -308,13 +355,40 @@ func (l *Link) send(f frame, s *Stream, inline bool) bool {
 	if f.isData() {
 		l.queued.Add(int64(f.dataLen()))
 	}
-	if inline && !l.writing && l.ui == len(l.urgent) && l.bi == len(l.bulk) && int(f.h.Length) <= l.cfg.SmallFrame {
+	if mode == sendTry && l.w == nil {
+		mode = sendQueue // no raw socket to try
+	}
+	if mode != sendQueue && !l.writing && l.ui == len(l.urgent) && l.bi == len(l.bulk) && int(f.h.Length) <= l.cfg.SmallFrame {
 		l.writing = true
 		l.mu.Unlock()
 		var hb [header.Size]byte
 		var a [3][]byte
 		iov := f.appendIOV(a[:0], hb[:])
-		_, err := iov.WriteTo(l.conn)
+		var err error
+		if mode == sendTry {
+			var n int
+			n, err = l.w.writev(iov)
+			l.Stats.PollSent.Add(1)
+			if err == nil && n < f.wireLen() {
+				l.Stats.PollPartial.Add(1)
+				// The socket took part of the frame, or none of it: the
+				// writer sends the rest before anything else.
+				f.skip = n
+				l.mu.Lock()
+				l.writing = false
+				if !l.closed {
+					l.urgent = slices.Insert(l.urgent, l.ui, f)
+					l.mu.Unlock()
+					kick(l.wake)
+					return true
+				}
+				l.mu.Unlock()
+				l.sent(&f) // the link failed meanwhile
+				return true
+			}
+		} else {
+			_, err = iov.WriteTo(l.conn)
+		}
 		l.Stats.Writes.Add(1)
 		l.sent(&f)
 		l.mu.Lock()
@@ -322,7 +396,12 @@ func (l *Link) send(f frame, s *Stream, inline bool) bool {
 		pending := l.ui < len(l.urgent) || l.bi < len(l.bulk)
 		l.mu.Unlock()
 		if err != nil {
-			l.fail(fmt.Errorf("relay: write to %v: %w", l.conn.RemoteAddr(), err))
+			err = fmt.Errorf("relay: write to %v: %w", l.conn.RemoteAddr(), err)
+			if mode == sendTry {
+				go l.fail(err) // fail runs callbacks; never on the poller thread
+			} else {
+				l.fail(err)
+			}
 		} else if pending {
 			kick(l.wake)
 		}
@@ -447,37 +526,95 @@ func (l *Link) writeLoop() {
 	}
 }
 
+// errPeerClosed is a link whose peer closed the connection between frames.
+var errPeerClosed = errors.New("relay: peer closed the link")
+
 func (l *Link) readLoop() {
-	r := header.NewReader(l.conn, 0)
-	var ctl [header.MaxControl]byte
+	defer l.w.close()
+	r := l.r
 	for {
-		h, err := r.Next()
-		if err != nil {
-			if err == io.EOF {
-				err = errors.New("relay: peer closed the link")
+		if l.w != nil && r.Buffered() == 0 && r.Remaining() == 0 {
+			// Nothing buffered: if the socket is empty too, the poller
+			// thread waits for it and reads while frames arrive whole.
+			_, err := r.FillFrom(l.w.read)
+			if err == errWouldBlock && l.w.wait() {
+				if l.rerr != nil {
+					l.fail(l.rerr)
+					return
+				}
+				continue
 			}
-			l.fail(err)
-			return
-		}
-		l.lastRecv.Store(time.Now().UnixNano())
-		l.Stats.FramesRecv.Add(1)
-		if h.Type == header.TypeData || h.Type == header.TypeDataAt {
-			if err := l.recvData(r, h); err != nil {
+			if err != nil && err != errWouldBlock {
+				if err == io.EOF {
+					err = errPeerClosed
+				}
 				l.fail(err)
 				return
 			}
-			continue
 		}
-		p := ctl[:h.Length]
-		if _, err := io.ReadFull(payloadReader{r}, p); err != nil {
+		h, err := r.Next()
+		if err == nil {
+			err = l.handle(r, h)
+		} else if err == io.EOF {
+			err = errPeerClosed
+		}
+		if err != nil {
 			l.fail(err)
 			return
 		}
-		if err := l.dispatch(h, p); err != nil {
-			l.fail(fmt.Errorf("relay: protocol error from %v: %w", l.conn.RemoteAddr(), err))
-			return
+	}
+}
+
+// readStep runs on the poller thread when the idle link becomes readable:
+// it handles every frame that has arrived whole and hands a partial one
+// (a large DATA, or one still arriving) back to readLoop.
+func (l *Link) readStep() bool {
+	r := l.r
+	for {
+		n, err := r.FillFrom(l.w.read)
+		if err == errWouldBlock {
+			break
+		}
+		if err != nil {
+			if err == io.EOF {
+				err = errPeerClosed
+			}
+			l.rerr = err
+			return false
+		}
+		for r.FrameBuffered() {
+			h, err := r.Next()
+			if err == nil {
+				l.Stats.PollRecv.Add(1)
+				err = l.handle(r, h)
+			}
+			if err != nil {
+				l.rerr = err
+				return false
+			}
+		}
+		if n == 0 { // no room: the frame is larger than the buffer
+			break
 		}
 	}
+	return r.Buffered() == 0
+}
+
+// handle processes one received frame whose header r has just read.
+func (l *Link) handle(r *header.Reader, h header.Header) error {
+	l.lastRecv.Store(time.Now().UnixNano())
+	l.Stats.FramesRecv.Add(1)
+	if h.Type == header.TypeData || h.Type == header.TypeDataAt {
+		return l.recvData(r, h)
+	}
+	p := l.ctl[:h.Length]
+	if _, err := io.ReadFull(payloadReader{r}, p); err != nil {
+		return err
+	}
+	if err := l.dispatch(h, p); err != nil {
+		return fmt.Errorf("relay: protocol error from %v: %w", l.conn.RemoteAddr(), err)
+	}
+	return nil
 }
 
 type payloadReader struct{ r *header.Reader }
@@ -648,6 +785,7 @@ func (l *Link) fail(err error) {
 		l.urgent, l.bulk, l.ui, l.bi = nil, nil, 0, 0
 		l.mu.Unlock()
 		close(l.done)
+		l.w.cancel() // before the socket closes: its number may be reused
 		if tc, ok := l.conn.(*net.TCPConn); ok {
 			tc.SetLinger(0) // the peer learns at once, even with data queued
 		}

@@ -398,8 +398,29 @@ func TestHostilePeer(t *testing.T) {
 	}
 }
 
+// hostile feeds in to a link over a pipe, where the link reads in its own
+// goroutine, and over loopback TCP, where the poller thread reads whole
+// frames.
 func hostile(t testing.TB, in []byte, trunk bool) {
 	c1, c2 := net.Pipe()
+	hostileOn(t, c1, c2, in, trunk)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c3, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c4, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostileOn(t, c4, c3, in, trunk)
+}
+
+func hostileOn(t testing.TB, c1, c2 net.Conn, in []byte, trunk bool) {
 	ph := header.Hello{SiteID: 9, LinkCount: 1, MaxPayload: header.MaxPayload, Window: 1 << 16, Name: "evil"}
 	refuse := HandlerFunc(func(s *Stream, o *header.Open) { s.Refuse(header.CodePolicy) })
 	var l *Link

@@ -36,6 +36,16 @@ type Stream struct {
 	xTokens   int64         // express budget left, bytes (pumpOut only)
 	xAt       time.Time     // when xTokens was last refilled (pumpOut only)
 
+	// The reading side's state, which the poller thread uses while the
+	// application is quiet (see poller.go); owned by pumpOut otherwise.
+	w       *waiter
+	next    *[]byte   // buffer for the next read, with a token and credit for it
+	nextAt  time.Time // when next was prepared (the burst clock)
+	hotK    int       // a read result the poller leaves to pumpOut
+	hotErr  error
+	hotHave bool
+	hotExit bool // the poller ended the pump's work
+
 	mu         sync.Mutex
 	conn       Conn
 	credit     int64 // bytes we may still send
@@ -143,10 +153,12 @@ func (s *Stream) end(code header.Code) bool {
 	}
 	s.ended, s.code = true, code
 	conn := s.conn
+	w := s.w
 	q := s.recvq
 	s.recvq = nil
 	s.mu.Unlock()
 	close(s.done)
+	w.cancel() // before the socket closes: its number may be reused
 	if conn != nil {
 		conn.Abort()
 	}
@@ -174,8 +186,10 @@ func (s *Stream) maybeFinish() {
 	}
 	s.ended = true
 	conn := s.conn
+	w := s.w
 	s.mu.Unlock()
 	close(s.done)
+	w.cancel()
 	conn.Close()
 	s.l.t.remove(s)
 }
@@ -189,6 +203,9 @@ func (s *Stream) attach(conn Conn) {
 	}
 	s.conn = conn
 	s.tw, _ = conn.(TryWriter)
+	if !s.l.cfg.NoPoller {
+		s.w = newWaiter(conn, s.outStep)
+	}
 	s.mu.Unlock()
 	go s.pumpOut(conn)
 	go s.pumpIn(conn)
@@ -419,84 +436,165 @@ func (s *Stream) expressBudget(n int, rtt time.Duration, now time.Time) bool {
 
 // pumpOut moves bytes from the application to the link: read at most
 // min(chunk, credit) into a pooled buffer, hand it to the link writer, and
-// read the next while it is written.
+// read the next while it is written. While the application is quiet the
+// poller thread waits for its bytes and runs the same steps (outStep).
 func (s *Stream) pumpOut(conn Conn) {
-	l := s.l
+	defer s.w.close()
 	for {
-		select {
-		case <-s.tokens:
-		case <-s.done:
+		if s.next == nil && !s.acquire() {
 			return
 		}
-		s.mu.Lock()
-		if s.credit <= 0 && !s.ended {
-			l.Stats.WindowStalls.Add(1)
-		}
-		for s.credit <= 0 && !s.ended {
-			s.mu.Unlock()
-			select {
-			case <-s.creditc:
-			case <-s.done:
-			}
-			s.mu.Lock()
-		}
-		n := int(min(int64(l.chunk), s.credit))
-		ended := s.ended
-		s.mu.Unlock()
-		if ended {
-			return
-		}
-		p := getBuf(n)
-		t0 := time.Now()
-		k, err := conn.Read(*p)
-		now := time.Now()
-		if now.Sub(t0) > burstGap {
-			s.burst = 0 // the application paused: a new message begins
-		}
-		if k > 0 {
-			s.mu.Lock()
-			s.credit -= int64(k)
-			s.mu.Unlock()
-			*p = (*p)[:k]
-			f := frame{h: header.Header{Type: header.TypeData, Stream: s.id, Length: uint32(k)}, body: *p, buf: p, s: s}
-			out := l
-			if l.t.lanes {
-				f.h.Type, f.h.Length = header.TypeDataAt, uint32(header.DataAtPrefix+k)
-				header.PutU32(f.ctl[:4], s.sendNext)
-				s.burst += k
-				out = l.t.pick(s, k, now)
-				s.used.Or(1 << out.index)
-			}
-			s.sendNext += uint32(k)
-			if !out.send(f, s, true) {
-				putBuf(p)
-				if out != l { // that link just failed, and resets this stream
-					s.Reset(header.CodeLinkLost)
+		p, t0 := s.next, s.nextAt
+		k, err := 0, errWouldBlock
+		switch {
+		case s.hotHave:
+			k, err, s.hotHave = s.hotK, s.hotErr, false
+		case s.w != nil:
+			k, err = s.w.read(*p)
+			if err == errWouldBlock && s.w.wait() {
+				if s.hotExit {
+					return
 				}
-				return
+				continue
 			}
-		} else {
-			putBuf(p)
-			s.returnToken()
 		}
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				f := frame{h: header.Header{Type: header.TypeHalfClose, Stream: s.id}}
-				if l.t.lanes { // bytes may still be on other links: say where the end is
-					f.h.Length = 4
-					header.PutU32(f.ctl[:4], s.sendNext)
-				}
-				l.send(f, s, true)
-				s.mu.Lock()
-				s.sentFin = true
-				s.mu.Unlock()
-				s.maybeFinish()
-			} else {
-				s.Reset(header.CodeAppReset) // no-op when the stream ended first
-			}
+		if err == errWouldBlock {
+			k, err = conn.Read(*p)
+		}
+		s.next = nil
+		if !s.forward(p, k, err, t0, time.Now(), sendInline) {
 			return
 		}
 	}
+}
+
+// acquire waits for a pipeline token and for credit, then prepares the
+// buffer for the next read; false once the stream has ended.
+func (s *Stream) acquire() bool {
+	l := s.l
+	select {
+	case <-s.tokens:
+	case <-s.done:
+		return false
+	}
+	s.mu.Lock()
+	if s.credit <= 0 && !s.ended {
+		l.Stats.WindowStalls.Add(1)
+	}
+	for s.credit <= 0 && !s.ended {
+		s.mu.Unlock()
+		select {
+		case <-s.creditc:
+		case <-s.done:
+		}
+		s.mu.Lock()
+	}
+	n := int(min(int64(l.chunk), s.credit))
+	ended := s.ended
+	s.mu.Unlock()
+	if ended {
+		return false
+	}
+	s.next, s.nextAt = getBuf(n), time.Now()
+	return true
+}
+
+// tryAcquire is acquire without waiting, for the poller thread.
+func (s *Stream) tryAcquire() bool {
+	select {
+	case <-s.tokens:
+	default:
+		return false
+	}
+	s.mu.Lock()
+	if s.credit <= 0 || s.ended {
+		s.mu.Unlock()
+		s.returnToken()
+		return false
+	}
+	n := int(min(int64(s.l.chunk), s.credit))
+	s.mu.Unlock()
+	s.next, s.nextAt = getBuf(n), time.Now()
+	return true
+}
+
+// outStep runs on the poller thread when the quiet application's socket
+// becomes readable. It forwards what it reads and waits again; it hands
+// the stream back to pumpOut at end of file or an error, when it has to
+// wait for a token or credit, and when a read fills the buffer (the
+// application is streaming: that is pumpOut's work).
+func (s *Stream) outStep() bool {
+	p := s.next
+	k, err := s.w.read(*p)
+	if err == errWouldBlock {
+		return true
+	}
+	if err != nil {
+		s.hotK, s.hotErr, s.hotHave = k, err, true
+		return false
+	}
+	s.next = nil
+	full := k == len(*p) // p belongs to the link once forwarded
+	if !s.forward(p, k, nil, s.nextAt, time.Now(), sendTry) {
+		s.hotExit = true
+		return false
+	}
+	return !full && s.tryAcquire()
+}
+
+// forward sends what a read returned (k bytes into p, then err) and reports
+// whether the stream goes on reading. now is when the read returned; t0
+// when the reader began to wait: a wait longer than burstGap means the
+// application paused, so a new message begins.
+func (s *Stream) forward(p *[]byte, k int, err error, t0, now time.Time, mode sendMode) bool {
+	l := s.l
+	if now.Sub(t0) > burstGap {
+		s.burst = 0
+	}
+	if k > 0 {
+		s.mu.Lock()
+		s.credit -= int64(k)
+		s.mu.Unlock()
+		*p = (*p)[:k]
+		f := frame{h: header.Header{Type: header.TypeData, Stream: s.id, Length: uint32(k)}, body: *p, buf: p, s: s}
+		out := l
+		if l.t.lanes {
+			f.h.Type, f.h.Length = header.TypeDataAt, uint32(header.DataAtPrefix+k)
+			header.PutU32(f.ctl[:4], s.sendNext)
+			s.burst += k
+			out = l.t.pick(s, k, now)
+			s.used.Or(1 << out.index)
+		}
+		s.sendNext += uint32(k)
+		if !out.send(f, s, mode) {
+			putBuf(p)
+			if out != l { // that link just failed, and resets this stream
+				s.Reset(header.CodeLinkLost)
+			}
+			return false
+		}
+	} else {
+		putBuf(p)
+		s.returnToken()
+	}
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			f := frame{h: header.Header{Type: header.TypeHalfClose, Stream: s.id}}
+			if l.t.lanes { // bytes may still be on other links: say where the end is
+				f.h.Length = 4
+				header.PutU32(f.ctl[:4], s.sendNext)
+			}
+			l.send(f, s, mode)
+			s.mu.Lock()
+			s.sentFin = true
+			s.mu.Unlock()
+			s.maybeFinish()
+		} else {
+			s.Reset(header.CodeAppReset) // no-op when the stream ended first
+		}
+		return false
+	}
+	return true
 }
 
 // pumpIn delivers received payloads to the application, several per

@@ -1,0 +1,308 @@
+package relay
+
+import (
+	"errors"
+	"io"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The poller thread: why a relay waits for its idle sockets in an event
+// loop of its own.
+//
+// A gateway's latency is the sum of its wake-ups: a small message crosses
+// a gateway when a socket becomes readable and some thread wakes to read it
+// and write it on. With Go's network poller the woken goroutine runs on
+// whichever thread the scheduler picks, and each wake-up after idleness
+// involves two or three runtime threads (the poller, the goroutine's M, and
+// sysmon, which the next system call wakes). On a VM each thread wake-up on
+// an idle vCPU costs tens of microseconds, and measured in bench/pingpong.sh
+// a gateway pair cost twice what a chain of socat relays does.
+//
+// So a stream or link that would block waiting for bytes hands its socket
+// to one OS thread per process, which waits for all such sockets in
+// epoll_wait and, when one becomes readable, runs that socket's step right
+// there: read, frame, write to the next socket, wait again. A small message
+// then costs one thread wake-up per gateway, as in a C event loop. The step
+// never blocks (non-blocking reads and writes, short mutexes); anything it
+// cannot finish without blocking (a frame larger than the reader's buffer,
+// no credit, end of file, an error) it hands back to the socket's goroutine,
+// which carries on as before. Bulk transfers therefore never touch the
+// poller: their sockets always have bytes waiting.
+
+// errWouldBlock is a non-blocking read or write that found nothing to do.
+var errWouldBlock = errors.New("relay: would block")
+
+type poller struct {
+	ep   int
+	mu   sync.Mutex
+	ws   map[uint32]*waiter
+	next uint32
+}
+
+var thePoller struct {
+	once sync.Once
+	p    *poller
+}
+
+// getPoller starts the process's poller thread on first use; nil if epoll is
+// unavailable (the relay then waits in Go's poller, as without it).
+func getPoller() *poller {
+	thePoller.once.Do(func() {
+		ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+		if err != nil {
+			return
+		}
+		p := &poller{ep: ep, ws: make(map[uint32]*waiter)}
+		// The thread spends its life in epoll_wait holding a P in a system
+		// call. One more P keeps it from taking one from the forwarding
+		// goroutines, and while an idle P exists the runtime leaves the
+		// blocked thread its P, so its wake-up needs no scheduler at all.
+		runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + 1)
+		go p.loop()
+		thePoller.p = p
+	})
+	return thePoller.p
+}
+
+func (p *poller) loop() {
+	runtime.LockOSThread() // one thread: the point of the poller
+	evs := make([]unix.EpollEvent, 64)
+	last := time.Now()
+	for {
+		n, err := unix.EpollWait(p.ep, evs, int(sweepEvery/time.Millisecond))
+		if now := time.Now(); now.Sub(last) >= sweepEvery {
+			last = now
+			p.sweep()
+		}
+		if err != nil {
+			continue // EINTR
+		}
+		for _, ev := range evs[:n] {
+			p.mu.Lock()
+			w := p.ws[uint32(ev.Fd)]
+			p.mu.Unlock()
+			if w != nil {
+				w.fire()
+			}
+		}
+	}
+}
+
+// sweepEvery is how often the poller looks for sockets closed under it.
+// Closing a socket removes it from the epoll set without an event, so a
+// socket closed by someone other than its stream or link (which cancel
+// first) would leave its goroutine waiting; the sweep hands it back.
+const sweepEvery = 100 * time.Millisecond
+
+func (p *poller) sweep() {
+	p.mu.Lock()
+	ws := make([]*waiter, 0, len(p.ws))
+	for _, w := range p.ws {
+		ws = append(ws, w)
+	}
+	p.mu.Unlock()
+	for _, w := range ws {
+		w.mu.Lock()
+		gone := w.armed && w.rc.Control(func(uintptr) {}) != nil
+		if gone {
+			w.armed = false
+		}
+		w.mu.Unlock()
+		if gone {
+			w.back <- struct{}{}
+		}
+	}
+}
+
+// A waiter is one socket's registration. Its goroutine owns the socket
+// except between wait and the hand-back, when the poller thread does.
+type waiter struct {
+	p    *poller
+	id   uint32
+	rc   syscall.RawConn
+	step func() bool   // on the poller thread; true: wait for more bytes
+	back chan struct{} // the poller hands the socket back
+	mu   sync.Mutex
+	// armed: registered for one readiness event. added: known to epoll.
+	// cancelled: the socket is closing; never arm again.
+	armed, added, cancelled bool
+}
+
+// newWaiter registers c (which must expose its file descriptor) with the
+// process's poller; nil when there is no poller or c is not a socket.
+func newWaiter(c any, step func() bool) *waiter {
+	sc, ok := c.(interface {
+		SyscallConn() (syscall.RawConn, error)
+	})
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	p := getPoller()
+	if p == nil {
+		return nil
+	}
+	w := &waiter{p: p, rc: rc, step: step, back: make(chan struct{}, 1)}
+	p.mu.Lock()
+	p.next++
+	w.id = p.next
+	p.ws[w.id] = w
+	p.mu.Unlock()
+	return w
+}
+
+// ctl changes the registration while holding Go's reference to the
+// descriptor, so a concurrent Close cannot let its number be reused under
+// us. A closed socket has left the epoll set with its last reference.
+func (w *waiter) ctl(op int) error {
+	var cerr error
+	err := w.rc.Control(func(fd uintptr) {
+		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT, Fd: int32(w.id)}
+		cerr = unix.EpollCtl(w.p.ep, op, int(fd), &ev)
+	})
+	if err != nil {
+		return err
+	}
+	return cerr
+}
+
+// wait gives the socket to the poller thread until its step hands it back,
+// and reports whether it did; false means the socket could not be armed
+// (closing, or epoll refused it) and the caller should read it itself.
+func (w *waiter) wait() bool {
+	w.mu.Lock()
+	if w.cancelled {
+		w.mu.Unlock()
+		return false
+	}
+	op := unix.EPOLL_CTL_MOD
+	if !w.added {
+		op = unix.EPOLL_CTL_ADD
+	}
+	w.armed = true
+	if err := w.ctl(op); err != nil {
+		w.armed = false
+		w.mu.Unlock()
+		return false
+	}
+	w.added = true
+	w.mu.Unlock()
+	<-w.back
+	return true
+}
+
+// fire runs the step for one readiness event, then waits again or hands
+// the socket back.
+func (w *waiter) fire() {
+	w.mu.Lock()
+	if !w.armed { // cancelled meanwhile: the event is stale
+		w.mu.Unlock()
+		return
+	}
+	w.armed = false
+	w.mu.Unlock()
+	if w.step() {
+		w.mu.Lock()
+		if !w.cancelled {
+			w.armed = true
+			if w.ctl(unix.EPOLL_CTL_MOD) == nil {
+				w.mu.Unlock()
+				return
+			}
+			w.armed = false
+		}
+		w.mu.Unlock()
+	}
+	w.back <- struct{}{}
+}
+
+// cancel takes the socket back from the poller before it is closed, and
+// keeps it from being armed again. Any goroutine may call it.
+func (w *waiter) cancel() {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	w.cancelled = true
+	armed := w.armed
+	if armed {
+		w.armed = false
+		w.ctl(unix.EPOLL_CTL_DEL)
+	}
+	w.mu.Unlock()
+	if armed {
+		w.back <- struct{}{}
+	}
+}
+
+// close unregisters the waiter once its goroutine is done with the socket.
+func (w *waiter) close() {
+	if w == nil {
+		return
+	}
+	w.cancel()
+	w.mu.Lock()
+	if w.added {
+		w.ctl(unix.EPOLL_CTL_DEL)
+		w.added = false
+	}
+	w.mu.Unlock()
+	w.p.mu.Lock()
+	delete(w.p.ws, w.id)
+	w.p.mu.Unlock()
+}
+
+// read makes one non-blocking read(2) (Go's sockets are O_NONBLOCK; the
+// callback never asks Go's poller to wait).
+func (w *waiter) read(b []byte) (int, error) {
+	var n int
+	var rerr error
+	if err := w.rc.Read(func(fd uintptr) bool {
+		for {
+			n, rerr = unix.Read(int(fd), b)
+			if rerr != unix.EINTR {
+				return true
+			}
+		}
+	}); err != nil {
+		return 0, err
+	}
+	switch {
+	case rerr == unix.EAGAIN:
+		return 0, errWouldBlock
+	case rerr != nil:
+		return 0, rerr
+	case n == 0 && len(b) > 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// writev makes one non-blocking writev(2); (0, nil) when the socket's
+// buffer is full.
+func (w *waiter) writev(iov [][]byte) (int, error) {
+	var n int
+	var werr error
+	if err := w.rc.Write(func(fd uintptr) bool {
+		for {
+			n, werr = unix.Writev(int(fd), iov)
+			if werr != unix.EINTR {
+				return true
+			}
+		}
+	}); err != nil {
+		return 0, err
+	}
+	if werr == unix.EAGAIN {
+		return 0, nil
+	}
+	return max(n, 0), werr
+}
