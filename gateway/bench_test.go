@@ -55,6 +55,7 @@ func childGateway(spec string) int {
 	}
 	cfg := Config{Map: m, Site: f[1], ReadyFile: f[2],
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	cfg.NoPollThread = os.Getenv("MPI5K_GW_NOPOLL") != ""
 	if v := os.Getenv("MPI5K_GW_CHUNK"); v != "" {
 		cfg.Chunk, _ = units.Size(v)
 	}
@@ -212,6 +213,16 @@ func BenchmarkPingPong(b *testing.B) {
 	})
 	b.Run("gateway", func(b *testing.B) {
 		cp := startChildren(b)
+		c, err := lanOpen(cp.lan("a"), nodeA, dst)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		pingPong(b, c)
+	})
+	b.Run("gateway-go-poller", func(b *testing.B) {
+		// The same pair waiting in Go's network poller (--poll-thread=false).
+		cp := startChildren(b, "MPI5K_GW_NOPOLL=1")
 		c, err := lanOpen(cp.lan("a"), nodeA, dst)
 		if err != nil {
 			b.Fatal(err)

@@ -58,6 +58,10 @@ type Config struct {
 	// a WAN the site pair has to itself: against competing flows a capped
 	// link only loses its share.
 	WANPace uint64
+	// NoPollThread waits for idle sockets in Go's network poller instead of
+	// the relay's poller thread, which forwards small messages with one
+	// thread wake-up per gateway (see package relay, figure (a)).
+	NoPollThread bool
 
 	ReadyFile   string // written once every WAN link is up
 	MetricsAddr string // HTTP listener for /metrics and /ready ("" = none)
@@ -205,7 +209,8 @@ func New(cfg Config) (*Gateway, error) {
 	g := &Gateway{cfg: cfg, site: site, log: cfg.Logger.With("site", site.Name),
 		peers: map[uint8]*peer{}, readyc: make(chan struct{}), stopped: make(chan struct{})}
 	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, ExpressMax: cfg.ExpressMax,
-		PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log}
+		PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log,
+		NoPoller: cfg.NoPollThread}
 	g.lan = cfg.Transport
 	if g.lan == nil {
 		g.lan = &TCPTransport{Opts: cfg.LAN}

@@ -706,7 +706,8 @@ func TestDrainAndReadyFile(t *testing.T) {
 		t.Fatalf("/ready with the mesh up: %d", code)
 	}
 	_, body := get("/metrics")
-	for _, want := range []string{`mpi5k_wan_link_up{link="0",peer="b",site="a"} 1`, "mpi5k_wan_tcp_cwnd_segments", "mpi5k_window_stalls_total", "mpi5k_lan_refused_total 0"} {
+	for _, want := range []string{`mpi5k_wan_link_up{link="0",peer="b",site="a"} 1`, "mpi5k_wan_tcp_cwnd_segments", "mpi5k_window_stalls_total", "mpi5k_lan_refused_total 0",
+		`mpi5k_wan_frames_poll_thread_total{dir="rx",link="0",peer="b",site="a"}`, "mpi5k_wan_poll_thread_partial_writes_total"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}

@@ -25,6 +25,7 @@ type metrics struct {
 	peerQueries     *prometheus.CounterVec
 
 	bytes, frames, writes, stalls, streams, up, rtt *prometheus.Desc
+	polled, partial                                 *prometheus.Desc
 	cwnd, srtt, retrans, lost, notsent              *prometheus.Desc
 	// Derived from periodic TCP_INFO samples (tcpevents.go).
 	ev                                      wanEvents
@@ -49,6 +50,8 @@ func newMetrics(g *Gateway) *metrics {
 	}
 	m.bytes = d("mpi5k_wan_bytes_total", "DATA payload bytes on the WAN link.", "dir")
 	m.frames = d("mpi5k_wan_frames_total", "Frames on the WAN link.", "dir")
+	m.polled = d("mpi5k_wan_frames_poll_thread_total", "Frames the relay's poller thread forwarded (small messages of quiet streams; see mpi5k_wan_frames_total).", "dir")
+	m.partial = d("mpi5k_wan_poll_thread_partial_writes_total", "Frames the poller thread wrote of which the socket took only part.")
 	m.writes = d("mpi5k_wan_writes_total", "writev calls on the WAN socket (frames/writes = batching).")
 	m.stalls = d("mpi5k_window_stalls_total", "Times a stream waited for credit from the peer.")
 	m.streams = d("mpi5k_open_streams", "Streams open on the link.")
@@ -71,7 +74,7 @@ func newMetrics(g *Gateway) *metrics {
 
 // Describe implements prometheus.Collector.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.bytes, m.frames, m.writes, m.stalls, m.streams, m.up, m.rtt,
+	for _, d := range []*prometheus.Desc{m.bytes, m.frames, m.polled, m.partial, m.writes, m.stalls, m.streams, m.up, m.rtt,
 		m.cwnd, m.srtt, m.retrans, m.lost, m.notsent, m.samples, m.rtxFast, m.rtxRTO, m.rtos, m.idleRst} {
 		ch <- d
 	}
@@ -105,6 +108,9 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		c(m.bytes, prometheus.CounterValue, float64(st.BytesRecv.Load()), "rx")
 		c(m.frames, prometheus.CounterValue, float64(st.FramesSent.Load()), "tx")
 		c(m.frames, prometheus.CounterValue, float64(st.FramesRecv.Load()), "rx")
+		c(m.polled, prometheus.CounterValue, float64(st.PollSent.Load()), "tx")
+		c(m.polled, prometheus.CounterValue, float64(st.PollRecv.Load()), "rx")
+		c(m.partial, prometheus.CounterValue, float64(st.PollPartial.Load()))
 		c(m.writes, prometheus.CounterValue, float64(st.Writes.Load()))
 		c(m.stalls, prometheus.CounterValue, float64(st.WindowStalls.Load()))
 		c(m.streams, prometheus.GaugeValue, float64(r.l.NumStreams()))

@@ -43,6 +43,7 @@ func run(args []string) int {
 	expressCC := fs.String("wan-express-cc", "", "congestion control of the express link (default: cubic; BBR paces app-limited messages slowly)")
 	expressMax := fs.String("express-max", "68KiB", "largest message (burst of bytes a rank writes without pausing) that takes the express link; at most --chunk")
 	wanPace := fs.String("wan-pace", "0", "cap each site pair's bulk WAN sending rate, e.g. 190mbit (0: no cap); a few percent below the WAN bottleneck keeps its queue empty")
+	pollThread := fs.Bool("poll-thread", true, "forward small messages on one event-loop thread that waits for every idle socket (false: Go's network poller)")
 	ready := fs.String("ready-file", "", "file written once every WAN link is up")
 	metrics := fs.String("metrics", "", "listen address of the HTTP server for /metrics and /ready (e.g. :9105)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -100,18 +101,19 @@ func run(args []string) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	g, err := gateway.New(gateway.Config{
 		Map: m, Site: *site,
-		LAN:         gateway.SockOpts{CC: *lanCC, SndBuf: n["lan-sndbuf"], RcvBuf: n["lan-rcvbuf"]},
-		WAN:         gateway.SockOpts{CC: *wanCC, SndBuf: n["wan-sndbuf"], RcvBuf: n["wan-rcvbuf"], NotSentLowat: n["wan-notsent-lowat"]},
-		Chunk:       n["chunk"],
-		Window:      uint32(n["window"]),
-		WANConns:    *wanConns,
-		NoExpress:   !*express,
-		ExpressCC:   *expressCC,
-		ExpressMax:  n["express-max"],
-		WANPace:     pace,
-		ReadyFile:   *ready,
-		MetricsAddr: *metrics,
-		Logger:      log,
+		LAN:          gateway.SockOpts{CC: *lanCC, SndBuf: n["lan-sndbuf"], RcvBuf: n["lan-rcvbuf"]},
+		WAN:          gateway.SockOpts{CC: *wanCC, SndBuf: n["wan-sndbuf"], RcvBuf: n["wan-rcvbuf"], NotSentLowat: n["wan-notsent-lowat"]},
+		Chunk:        n["chunk"],
+		Window:       uint32(n["window"]),
+		WANConns:     *wanConns,
+		NoExpress:    !*express,
+		ExpressCC:    *expressCC,
+		ExpressMax:   n["express-max"],
+		WANPace:      pace,
+		NoPollThread: !*pollThread,
+		ReadyFile:    *ready,
+		MetricsAddr:  *metrics,
+		Logger:       log,
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "mpi5k-gateway: %v\n", err)
