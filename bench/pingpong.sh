@@ -31,7 +31,7 @@ run() {
 	echo "== $label: p50 round trip in us over $reps runs (min / median)"
 	sort -k1,1 -k2,2n "$out" | awk '
 		{ v[$1] = v[$1] " " $2; n[$1]++ }
-		END { for (k in v) { split(substr(v[k], 2), a, " "); printf "  %-22s %7.1f / %7.1f\n", k, a[1], a[int((n[k] + 1) / 2)] } }' | sort -k2,2n
+		END { for (k in v) { split(substr(v[k], 2), a, " "); printf "  %-26s %7.1f / %7.1f\n", k, a[1], a[int((n[k] + 1) / 2)] } }' | sort -k2,2n
 }
 
 knob=/sys/module/haltpoll/parameters/guest_halt_poll_ns

@@ -11,9 +11,11 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +23,8 @@ import (
 	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/sitemap"
 	"github.com/mpi5k/mpi5k/units"
+
+	"golang.org/x/sys/unix"
 )
 
 // The benchmarks run each gateway in its own process (this test binary
@@ -33,13 +37,17 @@ func TestMain(m *testing.M) {
 		os.Exit(childGateway(spec))
 	}
 	if spec := os.Getenv("MPI5K_COPY_CHILD"); spec != "" {
-		// A minimal Go forwarder process: "listen,to".
+		// A minimal forwarder process: "listen,to[,epoll]".
 		f := strings.Split(spec, ",")
 		ln, err := net.Listen("tcp", f[0])
 		if err != nil {
 			os.Exit(1)
 		}
-		serveCopy(ln.(*net.TCPListener), netip.MustParseAddrPort(f[1]))
+		if len(f) > 2 && f[2] == "epoll" {
+			serveEpoll(ln.(*net.TCPListener), netip.MustParseAddrPort(f[1]))
+		} else {
+			serveCopy(ln.(*net.TCPListener), netip.MustParseAddrPort(f[1]))
+		}
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
@@ -231,7 +239,19 @@ func BenchmarkPingPong(b *testing.B) {
 		pingPong(b, c)
 	})
 	b.Run("gateway-inproc", func(b *testing.B) {
+		// Both gateways in this process (one poller thread for both).
 		_, a, _ := startPair(b, nil)
+		c, err := lanOpen(a.LANAddr(), nodeA, dst)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		pingPong(b, c)
+	})
+	b.Run("gateway-inproc-go-poller", func(b *testing.B) {
+		// Without the poller thread the whole round trip runs on this
+		// process's threads without sleeping: the gateways' own cost.
+		_, a, _ := startPair(b, func(c *Config) { c.NoPollThread = true })
 		c, err := lanOpen(a.LANAddr(), nodeA, dst)
 		if err != nil {
 			b.Fatal(err)
@@ -242,7 +262,7 @@ func BenchmarkPingPong(b *testing.B) {
 	b.Run("go-copy-chain-inproc", func(b *testing.B) {
 		// Floor of a Go relay: two plain read/write forwarders (a goroutine
 		// per direction), no framing, no multiplexing, in this process.
-		p := goChain(b, dst, false)
+		p := goChain(b, dst, false, "")
 		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: nodeA.AsSlice()}, net.TCPAddrFromAddrPort(p))
 		if err != nil {
 			b.Fatal(err)
@@ -252,7 +272,20 @@ func BenchmarkPingPong(b *testing.B) {
 	})
 	b.Run("go-copy-chain", func(b *testing.B) {
 		// The same two forwarders, each in its own process.
-		p := goChain(b, dst, true)
+		p := goChain(b, dst, true, "")
+		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: nodeA.AsSlice()}, net.TCPAddrFromAddrPort(p))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		pingPong(b, c)
+	})
+	b.Run("go-epoll-chain", func(b *testing.B) {
+		// The floor of a relay process on this machine: two forwarders
+		// that each wait in epoll_wait on one locked thread and read and
+		// write right there, as a C event loop does (and the gateway's
+		// poller thread). No framing, no multiplexing.
+		p := goChain(b, dst, true, "epoll")
 		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: nodeA.AsSlice()}, net.TCPAddrFromAddrPort(p))
 		if err != nil {
 			b.Fatal(err)
@@ -326,13 +359,13 @@ func BenchmarkForward(b *testing.B) {
 
 // goChain starts two minimal forwarders in front of dst, in this process or
 // (separate) each in its own process like the gateways and socat.
-func goChain(b testing.TB, dst netip.AddrPort, separate bool) netip.AddrPort {
+func goChain(b testing.TB, dst netip.AddrPort, separate bool, mode string) netip.AddrPort {
 	next := dst
 	for _, a := range []netip.Addr{gwB, gwA} {
 		if separate {
 			p := netip.AddrPortFrom(a, freePort(b, a))
 			c := exec.Command(os.Args[0], "-test.run=^$")
-			c.Env = append(os.Environ(), "MPI5K_COPY_CHILD="+p.String()+","+next.String())
+			c.Env = append(os.Environ(), "MPI5K_COPY_CHILD="+p.String()+","+next.String()+","+mode)
 			if err := c.Start(); err != nil {
 				b.Fatal(err)
 			}
@@ -387,5 +420,74 @@ func serveCopy(ln *net.TCPListener, to netip.AddrPort) {
 		}
 		go pump(d, c)
 		go pump(c, d)
+	}
+}
+
+// serveEpoll forwards each accepted connection to "to" like serveCopy, but
+// with one locked OS thread per process that waits in epoll_wait for every
+// socket and reads and writes right after (blocking writes: a 1-byte
+// ping-pong never fills a socket).
+func serveEpoll(ln *net.TCPListener, to netip.AddrPort) {
+	ep, err := unix.EpollCreate1(0)
+	if err != nil {
+		os.Exit(1)
+	}
+	var mu sync.Mutex
+	peer := map[int32]int{} // fd -> fd it forwards to
+	var keep []any
+	go func() {
+		runtime.LockOSThread()
+		evs := make([]unix.EpollEvent, 16)
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := unix.EpollWait(ep, evs, -1)
+			if err != nil {
+				continue
+			}
+			for _, ev := range evs[:n] {
+				mu.Lock()
+				dst, ok := peer[ev.Fd]
+				mu.Unlock()
+				if !ok {
+					continue
+				}
+				k, err := unix.Read(int(ev.Fd), buf)
+				if k <= 0 && err != unix.EAGAIN {
+					unix.EpollCtl(ep, unix.EPOLL_CTL_DEL, int(ev.Fd), nil)
+					unix.Shutdown(dst, unix.SHUT_WR)
+					continue
+				}
+				for off := 0; off < k; {
+					w, err := unix.Write(dst, buf[off:k])
+					if err != nil && err != unix.EAGAIN {
+						break
+					}
+					off += max(w, 0)
+				}
+			}
+		}
+	}()
+	for {
+		c, err := ln.AcceptTCP()
+		if err != nil {
+			return
+		}
+		d, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(to))
+		if err != nil {
+			c.Close()
+			continue
+		}
+		// File() dups each socket (the dup is blocking; the originals stay
+		// open, unused, so the descriptors stay valid).
+		fc, _ := c.File()
+		fd, _ := d.File()
+		a, b := int32(fc.Fd()), int32(fd.Fd())
+		mu.Lock()
+		keep = append(keep, c, d, fc, fd) // finalizers would close them
+		peer[a], peer[b] = int(b), int(a)
+		mu.Unlock()
+		for _, x := range []int32{a, b} {
+			unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, int(x), &unix.EpollEvent{Events: unix.EPOLLIN, Fd: x})
+		}
 	}
 }

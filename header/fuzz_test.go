@@ -114,6 +114,7 @@ func FuzzReaderEventLoop(f *testing.F) {
 			for len(q) == 0 && qerr == nil && r.Buffered() == 0 && r.Remaining() == 0 && src.pos < len(data) {
 				src.arrive()
 				for {
+					room := r.Room()
 					n, err := r.FillFrom(src.tryRead)
 					if err == errAgain {
 						break
@@ -130,7 +131,7 @@ func FuzzReaderEventLoop(f *testing.F) {
 							q = append(q, fr{h, string(p)})
 						}
 					}
-					if qerr != nil || err != nil || n == 0 {
+					if qerr != nil || err != nil || n == 0 || n < room {
 						break
 					}
 				}

@@ -125,6 +125,14 @@ func (r *Reader) FrameBuffered() bool {
 	return err != nil || r.end-r.off-Size >= int(h.Length)
 }
 
+// Room is how many bytes FillFrom can read now.
+func (r *Reader) Room() int {
+	if r.pending > 0 {
+		return 0
+	}
+	return len(r.buf) - (r.end - r.off)
+}
+
 // FillFrom makes one read into the buffer's free space with read, which an
 // event loop makes non-blocking, and returns its result; (0, nil) when the
 // buffer has no room. It compacts the buffer first.

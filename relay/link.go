@@ -571,6 +571,7 @@ func (l *Link) readLoop() {
 func (l *Link) readStep() bool {
 	r := l.r
 	for {
+		room := r.Room()
 		n, err := r.FillFrom(l.w.read)
 		if err == errWouldBlock {
 			break
@@ -593,7 +594,7 @@ func (l *Link) readStep() bool {
 				return false
 			}
 		}
-		if n == 0 { // no room: the frame is larger than the buffer
+		if n == 0 || n < room { // no room (a frame larger than the buffer), or the socket is drained
 			break
 		}
 	}
