@@ -220,6 +220,10 @@ type Link struct {
 	r    *header.Reader
 	ctl  [header.MaxControl]byte
 	rerr error // what ended the poller's reading
+	// bulk1: the last frame was a DATA larger than SmallFrame. A link
+	// carrying bulk waits in Go's poller: its next bytes are due at once,
+	// and the poller thread would only hand the next large frame back.
+	bulk1 bool
 
 	dead   atomic.Bool  // failed or closed
 	queued atomic.Int64 // DATA bytes handed to this link and not yet written
@@ -533,7 +537,7 @@ func (l *Link) readLoop() {
 	defer l.w.close()
 	r := l.r
 	for {
-		if l.w != nil && r.Buffered() == 0 && r.Remaining() == 0 {
+		if l.w != nil && !l.bulk1 && r.Buffered() == 0 && r.Remaining() == 0 {
 			// Nothing buffered: if the socket is empty too, the poller
 			// thread waits for it and reads while frames arrive whole.
 			_, err := r.FillFrom(l.w.read)
@@ -605,7 +609,9 @@ func (l *Link) readStep() bool {
 func (l *Link) handle(r *header.Reader, h header.Header) error {
 	l.lastRecv.Store(time.Now().UnixNano())
 	l.Stats.FramesRecv.Add(1)
+	l.bulk1 = false
 	if h.Type == header.TypeData || h.Type == header.TypeDataAt {
+		l.bulk1 = int(h.Length) > l.cfg.SmallFrame
 		return l.recvData(r, h)
 	}
 	p := l.ctl[:h.Length]

@@ -38,13 +38,14 @@ type Stream struct {
 
 	// The reading side's state, which the poller thread uses while the
 	// application is quiet (see poller.go); owned by pumpOut otherwise.
-	w       *waiter
-	next    *[]byte   // buffer for the next read, with a token and credit for it
-	nextAt  time.Time // when next was prepared (the burst clock)
-	hotK    int       // a read result the poller leaves to pumpOut
-	hotErr  error
-	hotHave bool
-	hotExit bool // the poller ended the pump's work
+	w         *waiter
+	next      *[]byte   // buffer for the next read, with a token and credit for it
+	nextAt    time.Time // when next was prepared (the burst clock)
+	hotK      int       // a read result the poller leaves to pumpOut
+	hotErr    error
+	hotHave   bool
+	hotExit   bool // the poller ended the pump's work
+	streaming bool // the last read filled its buffer: wait in Go's poller
 
 	mu         sync.Mutex
 	conn       Conn
@@ -449,7 +450,7 @@ func (s *Stream) pumpOut(conn Conn) {
 		switch {
 		case s.hotHave:
 			k, err, s.hotHave = s.hotK, s.hotErr, false
-		case s.w != nil:
+		case s.w != nil && !s.streaming:
 			k, err = s.w.read(*p)
 			if err == errWouldBlock && s.w.wait() {
 				if s.hotExit {
@@ -462,7 +463,13 @@ func (s *Stream) pumpOut(conn Conn) {
 			k, err = conn.Read(*p)
 		}
 		s.next = nil
-		if !s.forward(p, k, err, t0, time.Now(), sendInline) {
+		// A read that fills the buffer means the application streams, and
+		// it streams on until it pauses (burstGap): its next bytes are due
+		// at once, and waiting in Go's poller costs one wake-up where the
+		// poller thread's hand-back costs two.
+		now := time.Now()
+		s.streaming = k == len(*p) || s.streaming && now.Sub(t0) < burstGap
+		if !s.forward(p, k, err, t0, now, sendInline) {
 			return
 		}
 	}
