@@ -92,43 +92,60 @@
 // (a) 1-byte ping-pong round trip on loopback, same path for all rows
 // (bench/pingpong.sh: go test -run '^$' -bench PingPong -benchtime 20000x
 // ./gateway, 3 runs, p50 min / median; the rows run one after the other in
-// each run):
+// each run). With the poller thread (see poller.go; fifth session):
 //
-//	                                            quiet VM as shipped   halt polling on  loaded VM
-//	direct (both ends in the test process)      11.9 / 12.0 us        11.9 / 11.9 us   12 us
-//	gateway pair inside the test process        36.0 / 36.5 us        35.9 / 36.3 us   38 us
-//	gateway pair, each gateway its own process  138.8 / 139.9 us      70.4 / 71.7 us   65-97 us
-//	two Go read/write forwarders, own processes 139.2 / 144.7 us      62.0 / 70.9 us   64-93 us
-//	two socat forwarders (socat chain)          111.6 / 115.4 us      58.8 / 65.3 us   61-72 us
+//	                                             quiet VM as shipped   halt polling on
+//	direct (both ends in the test process)       11.8 / 11.8 us        11.6 / 11.6 us
+//	gateway pair in this process, Go's poller    36.5 / 36.5 us        35.7 / 35.9 us
+//	gateway pair in this process, poller thread  97.8 / 98.8 us        52.5 / 53.2 us
+//	gateway pair, own processes (as shipped)     77.7 / 80.1 us        64.0 / 67.9 us
+//	the same, --poll-thread=false                138.6 / 142.9 us      76.4 / 78.7 us
+//	two epoll forwarders, own processes (floor)  70.2 / 73.0 us        58.2 / 59.0 us
+//	two Go read/write forwarders, own processes  136.0 / 143.8 us      73.1 / 76.4 us
+//	two socat forwarders (socat chain)           95.4 / 98.4 us        69.4 / 69.9 us
 //
-// In one process the pair is at +24 us over direct (goal: +30 us). As
-// separate processes, each of the four extra process hops of a round trip
-// wakes a process whose vCPU went idle. This VM ships with the guest's
-// halt polling off (cpuidle-haltpoll, guest_halt_poll_ns = 0), so every
-// such wake is a VM exit and entry costing ~20 us: the lab's ping RTT grows
-// with the idle gap before a packet for the same reason. With the kernel's
-// default 200 us of polling (the script sets it for its second table and
-// restores it) every relay gets twice as fast, and the gateway pair comes
-// within 5-10 % of socat and of the minimal Go forwarder: what is left is Go's
-// own cost of parking and waking a goroutine's thread (GOMAXPROCS=1 or
-// GOGC=off in the gateways changed nothing: 74 us). A loaded VM keeps its
-// vCPUs awake, hence the first session's figures. The goal (<= +30 us over
-// direct as processes, below socat) is not met: as processes the pair is
-// +58 us over a direct path that never leaves one process, and level with
-// socat. Busy polling, which removes the wakes at the price of a core per
-// spinning reader, was tried (an experiment, not kept: every LAN and WAN
-// read retried non-blocking reads for a set time before waiting in the
-// poller). On these 2 vCPUs, shared by both gateways and the test process,
-// the spinners took the cores the other hops needed: p50 274-276 us
-// spinning 50 us, 623-679 us spinning 200 us, against 151-180 us without
-// and socat's 116-150 us in the same runs.
+// (bench/figures/pollthread/pingpong.txt.) As separate processes, each of
+// the four extra process hops of a round trip wakes a process whose vCPU
+// went idle. This VM ships with the guest's halt polling off
+// (cpuidle-haltpoll, guest_halt_poll_ns = 0), so such a wake costs a VM
+// exit and entry; the script measures once more with the kernel's default
+// 200 us of polling and restores the setting. Go's poller made it worse:
+// perf sched showed each hop waking two or three runtime threads of the
+// gateway (the netpoller's M, another M, sysmon from entersyscall), so the
+// pair cost what two minimal Go forwarders cost and more than socat. The
+// poller thread forwards a quiet socket's bytes on the thread that woke,
+// like a C event loop, and the pair is now below socat in both
+// configurations and 6-8 us above the floor: two minimal forwarders that
+// wait in epoll_wait on one locked thread each and do nothing but read and
+// write. That floor, +58 us over direct as shipped, is the price of four
+// process wake-ups on this VM, which no relay avoids, so the goal's +30 us
+// over direct holds only in one process, where no hop sleeps: +25 us with
+// Go's poller (there the poller thread adds a thread hop the round trip
+// otherwise does without). Bulk forwarding pays for it: about 10 % more CPU
+// per byte in BenchmarkForward, because every WINDOW frame wakes the
+// poller thread where a busy Go runtime finds it by polling; streaming
+// sockets therefore wait in Go's poller.
+//
+// Before the poller thread (fourth session, same VM): pair as processes
+// 138.8 / 139.9 us, socat 111.6 / 115.4 us; with halt polling 70.4 / 71.7
+// and 58.8 / 65.3 us. Busy polling, which removes the wakes at the price
+// of a core per spinning reader, was tried then (an experiment, not kept:
+// every LAN and WAN read retried non-blocking reads for a set time before
+// waiting in the poller). On these 2 vCPUs, shared by both gateways and
+// the test process, the spinners took the cores the other hops needed: p50
+// 274-276 us spinning 50 us, 623-679 us spinning 200 us, against 151-180
+// us without and socat's 116-150 us in the same runs. The first session,
+// on a VM loaded by other jobs (load 8-17, vCPUs kept awake), measured
+// direct 12 us, in one process 38 us, as processes 65-97 us, socat 61-72
+// us.
 //
 // (b) bulk goodput over the emulated WAN, 200 Mbit/s, 20 ms RTT, 1-BDP
 // drop-tail queue (go test -run TestGatewayWAN -v ./e2e, as root, after
 // make). With trunks (an express link beside the bulk link, DATA_AT
 // framing): 97.2, 100.1, 100.3 % of direct with the defaults (BBR bulk
 // link, 4 MiB window); with today's (CUBIC express link for messages)
-// 100.2 % three times; 98.4-98.6 % paced at 190 Mbit/s (11 runs).
+// 100.2 % three times; 98.4-98.6 % paced at 190 Mbit/s (11 runs); with
+// the poller thread 97.5 % (one run).
 // Before trunks: 100.2 % (quiet VM), 97.1-98.6 % (loaded VM). With a 1 MiB
 // window the pair fell to 79-83 % in overloaded runs (credit round trips
 // stretched by scheduling delays).

@@ -37,6 +37,7 @@ func runMain(args []string) int {
 		xMax     = fs.String("express-max", "", "largest message the gateways send on the express link (gateway default: 68KiB)")
 		wanConns = fs.Int("wan-conns", 0, "bulk WAN connections per site pair")
 		express  = fs.Bool("wan-express", true, "an express WAN connection per site pair for messages")
+		pollThr  = fs.Bool("poll-thread", true, "gateways forward small messages of quiet connections on one event-loop thread")
 		chunk    = fs.String("chunk", "", "gateway chunk size, e.g. 128KiB")
 		window   = fs.String("window", "", "per-stream window, e.g. 4MiB")
 		wanPace  = fs.String("wan-pace", "", "cap each site pair's WAN rate, e.g. 950mbit for a 1 Gbit/s WAN (keeps its queue empty)")
@@ -109,6 +110,9 @@ func runMain(args []string) int {
 	}
 	if *wanConns > 0 {
 		c.GatewayArgs = append(c.GatewayArgs, "--wan-conns", fmt.Sprint(*wanConns))
+	}
+	if !*pollThr {
+		c.GatewayArgs = append(c.GatewayArgs, "--poll-thread=false")
 	}
 	if !*express {
 		c.GatewayArgs = append(c.GatewayArgs, "--wan-express=false")
