@@ -211,97 +211,54 @@ func pingPong(b *testing.B, c *net.TCPConn) {
 // pair, and through a chain of two socat relays, on the same loopback path.
 func BenchmarkPingPong(b *testing.B) {
 	dst := testnet.Serve(b, nodeB, echoServer)
-	b.Run("direct", func(b *testing.B) {
-		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: nodeA.AsSlice()}, net.TCPAddrFromAddrPort(dst))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		pingPong(b, c)
-	})
-	b.Run("gateway", func(b *testing.B) {
-		cp := startChildren(b)
-		c, err := lanOpen(cp.lan("a"), nodeA, dst)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		pingPong(b, c)
-	})
-	b.Run("gateway-go-poller", func(b *testing.B) {
+	// via dials the first hop: a gateway's LAN side (with the OPEN the shim
+	// sends) or a plain forwarder.
+	gw := func(lan netip.AddrPort) (*net.TCPConn, error) { return lanOpen(lan, nodeA, dst) }
+	plain := func(p netip.AddrPort) (*net.TCPConn, error) {
+		return net.DialTCP("tcp", &net.TCPAddr{IP: nodeA.AsSlice()}, net.TCPAddrFromAddrPort(p))
+	}
+	for _, r := range []struct {
+		name string
+		via  func(b *testing.B) (*net.TCPConn, error)
+	}{
+		{"direct", func(b *testing.B) (*net.TCPConn, error) { return plain(dst) }},
+		{"gateway", func(b *testing.B) (*net.TCPConn, error) { return gw(startChildren(b).lan("a")) }},
 		// The same pair waiting in Go's network poller (--poll-thread=false).
-		cp := startChildren(b, "MPI5K_GW_NOPOLL=1")
-		c, err := lanOpen(cp.lan("a"), nodeA, dst)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		pingPong(b, c)
-	})
-	b.Run("gateway-inproc", func(b *testing.B) {
+		{"gateway-go-poller", func(b *testing.B) (*net.TCPConn, error) {
+			return gw(startChildren(b, "MPI5K_GW_NOPOLL=1").lan("a"))
+		}},
 		// Both gateways in this process (one poller thread for both).
-		_, a, _ := startPair(b, nil)
-		c, err := lanOpen(a.LANAddr(), nodeA, dst)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		pingPong(b, c)
-	})
-	b.Run("gateway-inproc-go-poller", func(b *testing.B) {
+		{"gateway-inproc", func(b *testing.B) (*net.TCPConn, error) {
+			_, a, _ := startPair(b, nil)
+			return gw(a.LANAddr())
+		}},
 		// Without the poller thread the whole round trip runs on this
 		// process's threads without sleeping: the gateways' own cost.
-		_, a, _ := startPair(b, func(c *Config) { c.NoPollThread = true })
-		c, err := lanOpen(a.LANAddr(), nodeA, dst)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		pingPong(b, c)
-	})
-	b.Run("go-copy-chain-inproc", func(b *testing.B) {
+		{"gateway-inproc-go-poller", func(b *testing.B) (*net.TCPConn, error) {
+			_, a, _ := startPair(b, func(c *Config) { c.NoPollThread = true })
+			return gw(a.LANAddr())
+		}},
 		// Floor of a Go relay: two plain read/write forwarders (a goroutine
-		// per direction), no framing, no multiplexing, in this process.
-		p := goChain(b, dst, false, "")
-		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: nodeA.AsSlice()}, net.TCPAddrFromAddrPort(p))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		pingPong(b, c)
-	})
-	b.Run("go-copy-chain", func(b *testing.B) {
-		// The same two forwarders, each in its own process.
-		p := goChain(b, dst, true, "")
-		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: nodeA.AsSlice()}, net.TCPAddrFromAddrPort(p))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		pingPong(b, c)
-	})
-	b.Run("go-epoll-chain", func(b *testing.B) {
-		// The floor of a relay process on this machine: two forwarders
-		// that each wait in epoll_wait on one locked thread and read and
-		// write right there, as a C event loop does (and the gateway's
-		// poller thread). No framing, no multiplexing.
-		p := goChain(b, dst, true, "epoll")
-		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: nodeA.AsSlice()}, net.TCPAddrFromAddrPort(p))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		pingPong(b, c)
-	})
-	b.Run("socat", func(b *testing.B) {
-		p := socatChain(b, dst)
-		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: nodeA.AsSlice()}, net.TCPAddrFromAddrPort(p))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		pingPong(b, c)
-	})
+		// per direction), no framing, no multiplexing, in this process...
+		{"go-copy-chain-inproc", func(b *testing.B) (*net.TCPConn, error) { return plain(goChain(b, dst, false, "")) }},
+		// ... and each in its own process.
+		{"go-copy-chain", func(b *testing.B) (*net.TCPConn, error) { return plain(goChain(b, dst, true, "")) }},
+		// The floor of a relay process on this machine: two forwarders that
+		// each wait in epoll_wait on one locked thread and read and write
+		// right there, as a C event loop does (and the gateway's poller
+		// thread). No framing, no multiplexing.
+		{"go-epoll-chain", func(b *testing.B) (*net.TCPConn, error) { return plain(goChain(b, dst, true, "epoll")) }},
+		{"socat", func(b *testing.B) (*net.TCPConn, error) { return plain(socatChain(b, dst)) }},
+	} {
+		b.Run(r.name, func(b *testing.B) {
+			c, err := r.via(b)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			pingPong(b, c)
+		})
+	}
 }
 
 // BenchmarkForward: (c) one bulk stream through the pair, unthrottled;
