@@ -351,7 +351,9 @@ func goChain(b testing.TB, dst netip.AddrPort, separate bool, mode string) netip
 	return next
 }
 
-func serveCopy(ln *net.TCPListener, to netip.AddrPort) {
+// forwardEach accepts connections on ln until it closes and hands each,
+// with a new connection to "to", to forward.
+func forwardEach(ln *net.TCPListener, to netip.AddrPort, forward func(c, d *net.TCPConn)) {
 	for {
 		c, err := ln.AcceptTCP()
 		if err != nil {
@@ -362,6 +364,12 @@ func serveCopy(ln *net.TCPListener, to netip.AddrPort) {
 			c.Close()
 			continue
 		}
+		forward(c, d)
+	}
+}
+
+func serveCopy(ln *net.TCPListener, to netip.AddrPort) {
+	forwardEach(ln, to, func(c, d *net.TCPConn) {
 		pump := func(dst, src *net.TCPConn) {
 			buf := make([]byte, 64<<10)
 			for {
@@ -377,7 +385,7 @@ func serveCopy(ln *net.TCPListener, to netip.AddrPort) {
 		}
 		go pump(d, c)
 		go pump(c, d)
-	}
+	})
 }
 
 // serveEpoll forwards each accepted connection to "to" like serveCopy, but
@@ -424,16 +432,7 @@ func serveEpoll(ln *net.TCPListener, to netip.AddrPort) {
 			}
 		}
 	}()
-	for {
-		c, err := ln.AcceptTCP()
-		if err != nil {
-			return
-		}
-		d, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(to))
-		if err != nil {
-			c.Close()
-			continue
-		}
+	forwardEach(ln, to, func(c, d *net.TCPConn) {
 		// File() dups each socket (the dup is blocking; the originals stay
 		// open, unused, so the descriptors stay valid).
 		fc, _ := c.File()
@@ -446,5 +445,5 @@ func serveEpoll(ln *net.TCPListener, to netip.AddrPort) {
 		for _, x := range []int32{a, b} {
 			unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, int(x), &unix.EpollEvent{Events: unix.EPOLLIN, Fd: x})
 		}
-	}
+	})
 }
