@@ -533,6 +533,14 @@ func (l *Link) writeLoop() {
 // errPeerClosed is a link whose peer closed the connection between frames.
 var errPeerClosed = errors.New("relay: peer closed the link")
 
+// readErr names a clean end of the link's byte stream.
+func readErr(err error) error {
+	if err == io.EOF {
+		return errPeerClosed
+	}
+	return err
+}
+
 func (l *Link) readLoop() {
 	defer l.w.close()
 	r := l.r
@@ -549,21 +557,16 @@ func (l *Link) readLoop() {
 				continue
 			}
 			if err != nil && err != errWouldBlock {
-				if err == io.EOF {
-					err = errPeerClosed
-				}
-				l.fail(err)
+				l.fail(readErr(err))
 				return
 			}
 		}
 		h, err := r.Next()
 		if err == nil {
 			err = l.handle(r, h)
-		} else if err == io.EOF {
-			err = errPeerClosed
 		}
 		if err != nil {
-			l.fail(err)
+			l.fail(readErr(err))
 			return
 		}
 	}
@@ -581,10 +584,7 @@ func (l *Link) readStep() bool {
 			break
 		}
 		if err != nil {
-			if err == io.EOF {
-				err = errPeerClosed
-			}
-			l.rerr = err
+			l.rerr = readErr(err)
 			return false
 		}
 		for r.FrameBuffered() {

@@ -41,11 +41,9 @@ type Stream struct {
 	w         *waiter
 	next      *[]byte   // buffer for the next read, with a token and credit for it
 	nextAt    time.Time // when next was prepared (the burst clock)
-	hotK      int       // a read result the poller leaves to pumpOut
-	hotErr    error
-	hotHave   bool
-	hotExit   bool // the poller ended the pump's work
-	streaming bool // the last read filled its buffer: wait in Go's poller
+	hotErr    error     // a read's end of file or error, which the poller leaves to pumpOut
+	hotExit   bool      // the poller ended the pump's work
+	streaming bool      // the last read filled its buffer: wait in Go's poller
 
 	mu         sync.Mutex
 	conn       Conn
@@ -448,8 +446,8 @@ func (s *Stream) pumpOut(conn Conn) {
 		p, t0 := s.next, s.nextAt
 		k, err := 0, errWouldBlock
 		switch {
-		case s.hotHave:
-			k, err, s.hotHave = s.hotK, s.hotErr, false
+		case s.hotErr != nil:
+			err, s.hotErr = s.hotErr, nil
 		case s.w != nil && !s.streaming:
 			k, err = s.w.read(*p)
 			if err == errWouldBlock && s.w.wait() {
@@ -537,7 +535,7 @@ func (s *Stream) outStep() bool {
 		return true
 	}
 	if err != nil {
-		s.hotK, s.hotErr, s.hotHave = k, err, true
+		s.hotErr = err // no bytes come with it
 		return false
 	}
 	s.next = nil
