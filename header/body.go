@@ -121,7 +121,10 @@ const (
 	// FeatureExpress: the trunk's last link (index LinkCount-1) is an
 	// express link that carries small frames only.
 	FeatureExpress uint8 = 1 << 1
-	knownFeatures        = FeatureTrunk | FeatureExpress
+	// FeatureClamp: the sender applies CLAMP frames to its socket of the
+	// link they arrive on (TCP_WINDOW_CLAMP).
+	FeatureClamp  uint8 = 1 << 2
+	knownFeatures       = FeatureTrunk | FeatureExpress | FeatureClamp
 )
 
 // Hello is the body of HELLO, the first frame each side of a WAN link sends.

@@ -47,7 +47,8 @@ const (
 	TypePeerQuery   Type = 11
 	TypePeerReply   Type = 12
 	TypeDataAt      Type = 13 // DATA with its stream offset, for trunked links
-	maxType         Type = TypeDataAt
+	TypeClamp       Type = 14 // cap on the receive window of the link's socket
+	maxType         Type = TypeClamp
 )
 
 var typeNames = [...]string{
@@ -55,6 +56,7 @@ var typeNames = [...]string{
 	TypeOpenRefused: "OPEN_REFUSED", TypeData: "DATA", TypeHalfClose: "HALF_CLOSE",
 	TypeReset: "RESET", TypeWindow: "WINDOW", TypePing: "PING", TypePong: "PONG",
 	TypePeerQuery: "PEER_QUERY", TypePeerReply: "PEER_REPLY", TypeDataAt: "DATA_AT",
+	TypeClamp: "CLAMP",
 }
 
 func (t Type) String() string {
@@ -115,6 +117,7 @@ var payloadBounds = [...][2]uint32{
 	TypePeerQuery:   {2 * minEndpoint, 2 * maxEndpoint},
 	TypePeerReply:   {2 + minEndpoint, 2 + maxEndpoint},
 	TypeDataAt:      {5, MaxPayload},
+	TypeClamp:       {4, 4},
 }
 
 // Decode parses and validates the header in b[:Size]: version, type, flags,
@@ -152,7 +155,7 @@ func Decode(b []byte) (Header, error) {
 		return h, fmt.Errorf("%w: %v of %d bytes (want %d..%d)", ErrPayload, h.Type, h.Length, lo, hi)
 	}
 	switch h.Type {
-	case TypeHello, TypePing, TypePong:
+	case TypeHello, TypePing, TypePong, TypeClamp:
 		if h.Stream != 0 {
 			return h, fmt.Errorf("%w: %v on stream %d (want 0)", ErrStream, h.Type, h.Stream)
 		}
@@ -194,7 +197,7 @@ func (c Code) String() string {
 	return fmt.Sprintf("code %d", uint32(c))
 }
 
-// PutU32 writes the 4-byte body of OPEN_REFUSED, RESET or WINDOW into b.
+// PutU32 writes the 4-byte body of OPEN_REFUSED, RESET, WINDOW or CLAMP into b.
 func PutU32(b []byte, v uint32) { binary.BigEndian.PutUint32(b, v) }
 
 // DecodeCode parses the body of OPEN_REFUSED or RESET. Unknown codes are
@@ -228,6 +231,15 @@ func DecodeWindow(p []byte) (uint32, error) {
 		return 0, fmt.Errorf("%w: WINDOW increment 0", ErrPayload)
 	}
 	return v, nil
+}
+
+// DecodeClamp parses the body of CLAMP: the largest receive window, in
+// bytes, the link's receiver should advertise; 0 lifts the cap.
+func DecodeClamp(p []byte) (uint32, error) {
+	if len(p) != 4 {
+		return 0, fmt.Errorf("%w: CLAMP body of %d bytes (want 4)", ErrPayload, len(p))
+	}
+	return binary.BigEndian.Uint32(p), nil
 }
 
 // AppendFrame appends a header for (t, stream) and payload to b. It is a

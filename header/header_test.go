@@ -36,9 +36,11 @@ func TestDecodeRejects(t *testing.T) {
 		{"version 0", []byte{0, 5, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrVersion},
 		{"version 2", []byte{2, 5, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrVersion},
 		{"type 0", []byte{1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
-		{"type 14", []byte{1, 14, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
+		{"type 15", []byte{1, 15, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
 		{"data at without payload", enc(Header{Type: TypeDataAt, Stream: 1, Length: 4}), ErrPayload},
 		{"data at on stream 0", enc(Header{Type: TypeDataAt, Length: 9}), ErrStream},
+		{"clamp on a stream", enc(Header{Type: TypeClamp, Stream: 1, Length: 4}), ErrStream},
+		{"clamp of 8 bytes", enc(Header{Type: TypeClamp, Length: 8}), ErrPayload},
 		{"half close 3 bytes", enc(Header{Type: TypeHalfClose, Stream: 1, Length: 3}), ErrPayload},
 		{"half close 5 bytes", enc(Header{Type: TypeHalfClose, Stream: 1, Length: 5}), ErrPayload},
 		{"seq flag", []byte{1, 5, 0x80, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrFlags},
@@ -75,6 +77,7 @@ func TestDecodeAccepts(t *testing.T) {
 		{Type: TypeHalfClose, Stream: 9},            // plain
 		{Type: TypeHalfClose, Stream: 9, Length: 4}, // with its final offset
 		{Type: TypePing, Length: 8},
+		{Type: TypeClamp, Length: 4},
 		{Type: TypePeerReply, Stream: 0, Length: 9},
 	} {
 		got, err := Decode(enc(h))
@@ -93,7 +96,7 @@ func randomHeader(r *rand.Rand) Header {
 		h.Length = 4 * r.Uint32N(2)
 	}
 	switch t {
-	case TypeHello, TypePing, TypePong:
+	case TypeHello, TypePing, TypePong, TypeClamp:
 	default:
 		h.Stream = 1 + r.Uint32N(1<<31)
 	}
@@ -180,7 +183,7 @@ func TestHello(t *testing.T) {
 		{SiteID: 1, LinkCount: 1, MaxPayload: MaxPayload + 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Window: 1},
-		{SiteID: 1, LinkCount: 1, Features: 4, MaxPayload: 1, Window: 1, Name: "a"},
+		{SiteID: 1, LinkCount: 1, Features: 8, MaxPayload: 1, Window: 1, Name: "a"}, // undefined bit
 		{SiteID: 1, LinkCount: 2, Features: FeatureExpress, MaxPayload: 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, Features: FeatureTrunk | FeatureExpress, MaxPayload: 1, Window: 1, Name: "a"},
 	} {
@@ -263,6 +266,16 @@ func TestCodesWindow(t *testing.T) {
 	}
 	if w, err := DecodeWindow([]byte{0, 1, 0, 0}); err != nil || w != 65536 {
 		t.Fatalf("%d %v", w, err)
+	}
+	// CLAMP 0 is valid: it lifts the cap.
+	if c, err := DecodeClamp([]byte{0, 0, 0, 0}); err != nil || c != 0 {
+		t.Fatalf("%d %v", c, err)
+	}
+	if c, err := DecodeClamp([]byte{0, 8, 0, 0}); err != nil || c != 512<<10 {
+		t.Fatalf("%d %v", c, err)
+	}
+	if _, err := DecodeClamp(b[:3]); !errors.Is(err, ErrPayload) {
+		t.Fatal("3-byte clamp accepted")
 	}
 }
 
