@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/mpi5k/mpi5k/header"
@@ -66,6 +67,10 @@ type Config struct {
 	// NoPoller keeps idle sockets in Go's network poller instead of the
 	// relay's poller thread (see poller.go); for measuring the difference.
 	NoPoller bool
+	// QueueTarget turns on queue control (queue.go) on bulk links whose
+	// peer applies CLAMP frames: the WAN bottleneck queue a saturating
+	// link may keep (0 = off).
+	QueueTarget time.Duration
 }
 
 func (c *Config) fill() {
@@ -149,6 +154,14 @@ type Stats struct {
 	// frames it wrote without blocking, of which the socket took only part
 	// (the writer sent the rest).
 	PollRecv, PollSent, PollPartial atomic.Uint64
+	// Queue control (queue.go): the receive-window cap this side asks of
+	// the peer (bytes, 0 = none), the standing queue it measured (ns), how
+	// often it lifted the cap for another flow's queue, and the cap the
+	// peer last asked of this side.
+	Clamp      atomic.Uint32
+	QueueDelay atomic.Int64
+	ClampLifts atomic.Uint64
+	PeerClamp  atomic.Uint32
 }
 
 // frame is one queued outgoing frame.
@@ -225,9 +238,10 @@ type Link struct {
 	// and the poller thread would only hand the next large frame back.
 	bulk1 bool
 
-	dead   atomic.Bool  // failed or closed
-	queued atomic.Int64 // DATA bytes handed to this link and not yet written
-	homed  atomic.Int32 // streams whose OPEN used this link
+	dead      atomic.Bool   // failed or closed
+	clampErrs atomic.Uint32 // CLAMP frames the socket refused (logged once)
+	queued    atomic.Int64  // DATA bytes handed to this link and not yet written
+	homed     atomic.Int32  // streams whose OPEN used this link
 
 	mu        sync.Mutex // queues and closing
 	urgent    []frame
@@ -265,6 +279,9 @@ func (l *Link) start() {
 	go l.writeLoop()
 	go l.readLoop()
 	go l.keepalive()
+	if sc, ok := l.conn.(syscall.Conn); ok && l.cfg.QueueTarget > 0 && !l.express && l.peer.Features&header.FeatureClamp != 0 {
+		go l.controlQueue(sc)
+	}
 }
 
 // Index is the link's index in its trunk.
@@ -734,6 +751,12 @@ func (l *Link) dispatch(h header.Header, p []byte) error {
 		f := frame{h: header.Header{Type: header.TypePong, Length: 8}}
 		copy(f.ctl[:], p)
 		l.enqueue(f, nil)
+	case header.TypeClamp:
+		n, err := header.DecodeClamp(p)
+		if err != nil {
+			return err
+		}
+		l.applyClamp(n)
 	case header.TypePong:
 		var t int64
 		for _, b := range p {

@@ -66,6 +66,18 @@ func (t *Trunk) Add(conn net.Conn, cfg Config, peer header.Hello, index int, exp
 	return l
 }
 
+// expressSent returns the DATA bytes the trunk's express link has sent,
+// and false when it has no working express link (messages then share the
+// bulk links).
+func (t *Trunk) expressSent() (uint64, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.express < 0 || t.links[t.express] == nil || t.links[t.express].dead.Load() {
+		return 0, false
+	}
+	return t.links[t.express].Stats.BytesSent.Load(), true
+}
+
 // NumStreams is the number of live streams over all links.
 func (t *Trunk) NumStreams() int {
 	t.mu.Lock()

@@ -1,0 +1,306 @@
+package relay
+
+import (
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/tcpinfo"
+)
+
+// Queue control keeps the WAN bottleneck's queue near Config.QueueTarget
+// while a bulk link saturates it, so the small messages of other streams
+// (on the express link, through the same bottleneck) do not wait behind a
+// full drop-tail queue. Unpaced, a bulk TCP flow fills that queue: BBR's
+// 2 x BDP congestion window and CUBIC's loss-driven growth both do.
+//
+// The sending side measures and the receiving side's kernel enforces. Every
+// few milliseconds the sender reads its link socket's TCP_INFO: the
+// standing queue is the least of srtt - min_rtt over the last round trip,
+// and the delivery rate is the bytes acknowledged over that round trip. It
+// then asks the peer (CLAMP frame) to cap its receive window at
+// rate x (min_rtt + target): in flight never exceeds one bandwidth-delay
+// product plus the target's worth of queue. While the bottleneck has a
+// queue, the delivery rate is the bottleneck rate, so the cap holds the
+// queue at the target without knowing the WAN's rate. While it has none,
+// the cap is at least the best rate of the last 2 s times (min_rtt +
+// target): a cap that fell below the path's rate is restored at once, and
+// the target's headroom lets a faster path show itself (the cap then
+// follows by target/min_rtt per round trip).
+//
+// Only while messages cross the bottleneck: when the trunk's express link
+// has sent none for queueMsgWindow, a bulk link's queue delays nobody and
+// the cap is dropped (a lone bulk transfer then keeps its full rate; the
+// cap costs 2-5 % of it in the lab, where ACK timing alone puts srtt 0.5-1
+// ms above min_rtt). A trunk without an express link is always capped.
+//
+// A window cap cannot tell its own queue from another flow's, and against
+// a flow that keeps the queue full a capped link would lose its share
+// round by round (its rate is cap / (min_rtt + foreign queue)). The cap
+// itself allows at most about the target of own queue, so a standing queue
+// well above it (target + max(2 ms, min_rtt/4)) for 8 round trips (at
+// least 250 ms) is someone else's: the cap is lifted and the link competes
+// with its plain congestion control, then tries again after a hold that
+// doubles from 5 s up to 60 s while competition persists.
+const (
+	queueClampMin  = 16 << 10 // smallest cap: a handful of segments
+	queueRefresh   = 250 * time.Millisecond
+	queueIdleTick  = 200 * time.Millisecond
+	queueHoldFirst = 5 * time.Second
+	queueHoldMax   = 60 * time.Second
+	// queuePeakBucket x 8 is how long the best rate seen is remembered.
+	queuePeakBucket = 250 * time.Millisecond
+	// queueMsgWindow: queue control stays on this long after the last
+	// message went out on the express link.
+	queueMsgWindow = 5 * time.Second
+	// clampLifted is what a receiver sets for CLAMP 0: at least the largest
+	// window TCP can advertise, so its own buffer tuning decides again.
+	clampLifted = 1 << 30
+)
+
+// queueSample is what the controller reads from one TCP_INFO.
+type queueSample struct {
+	at      time.Time
+	srtt    time.Duration
+	minRTT  time.Duration
+	acked   uint64        // bytes acknowledged, cumulative
+	rwndLim time.Duration // time limited by the peer's window, cumulative
+	backlog bool          // bytes were waiting to be sent (not app-limited)
+	// messages: small messages cross the same bottleneck now (the express
+	// link sent some within queueMsgWindow, or there is no express link).
+	// Without them a bulk link may keep any queue it likes.
+	messages bool
+}
+
+// queueCtl decides one bulk link's receive-window cap from its sender-side
+// samples. It is pure (no clock, no socket) so it can be driven by a model
+// of a bottleneck in tests.
+type queueCtl struct {
+	target time.Duration
+
+	clamp     uint32 // current cap, bytes; 0 = none
+	hist      [32]queueSample
+	n, next   int
+	highSince time.Time // standing queue above the foreign threshold since
+	engaged   time.Time // when the current cap was first set
+	holdUntil time.Time // lifted: do not cap again before
+	hold      time.Duration
+	backlog   time.Time // backlogged in every sample since (zero: not now)
+	sent      uint32    // last value sent to the peer
+	sentAt    time.Time
+	lifts     uint64
+	queue     time.Duration // last standing queue estimate
+	rate      float64       // last delivery rate over a round trip, bytes/s
+	peak      [8]float64    // largest rate in each of the last 8 buckets of queuePeakBucket
+	peakI     int
+	peakAt    time.Time // start of bucket peakI
+}
+
+// step takes one sample and returns when to sample next and whether to
+// send a CLAMP frame carrying c.clamp now.
+func (c *queueCtl) step(s queueSample) (next time.Duration, send bool) {
+	c.hist[c.next] = s
+	c.next = (c.next + 1) % len(c.hist)
+	c.n = min(c.n+1, len(c.hist))
+	r0 := s.minRTT
+	if r0 <= 0 {
+		return queueIdleTick, false
+	}
+	tick := min(max(r0/4, 5*time.Millisecond), 25*time.Millisecond)
+
+	// The reference is the newest sample at least one round trip old (or
+	// the oldest kept); the queue is the least delay seen since.
+	ref, q := s, s.srtt-r0
+	for i := 1; i < c.n; i++ {
+		p := c.hist[(c.next-1-i+2*len(c.hist))%len(c.hist)]
+		ref = p
+		if s.at.Sub(p.at) >= r0 {
+			break
+		}
+		q = min(q, p.srtt-r0)
+	}
+	q = max(q, 0)
+	c.queue = q
+	dt := s.at.Sub(ref.at)
+	if !s.backlog {
+		c.backlog = time.Time{}
+	} else if c.backlog.IsZero() {
+		c.backlog = s.at
+	}
+	if dt <= 0 || s.acked == ref.acked {
+		// Idle: nothing to measure and nothing to repeat (the receiver's
+		// autotuning only moves while data flows). Keep the cap: the path
+		// has not changed, and the next burst starts under it.
+		return queueIdleTick, false
+	}
+	if !s.messages {
+		// Bulk alone: its queue delays no one (beyond other flows, which
+		// the foreign-queue rule leaves alone anyway). Let it run free.
+		c.clamp, c.highSince, c.engaged = 0, time.Time{}, time.Time{}
+		return tick, c.refresh(s.at)
+	}
+	if c.backlog.IsZero() || s.at.Sub(c.backlog) < r0 {
+		// App-limited within the last round trip (a burst starting or
+		// ending): the delivery rate is the application's, not the
+		// bottleneck's, and srtt may be stale. Keep the cap.
+		return tick, c.refresh(s.at)
+	}
+	bw := float64(s.acked-ref.acked) / dt.Seconds() // bytes/s
+	c.rate = bw
+	setpoint := func(rate float64) float64 {
+		return min(max(rate*(r0+c.target).Seconds(), queueClampMin), clampLifted)
+	}
+	peak := c.notePeak(s.at, bw)
+	foreign := c.target + max(2*time.Millisecond, r0/4)
+	// step is how far this sample may lower the cap: at most half per
+	// round trip.
+	step := min(s.at.Sub(c.hist[(c.next-2+len(c.hist))%len(c.hist)].at).Seconds()/r0.Seconds(), 1)
+
+	if c.clamp == 0 {
+		if q >= c.target && !s.at.Before(c.holdUntil) {
+			c.clamp, c.engaged, c.highSince = uint32(setpoint(bw)), s.at, time.Time{}
+			return tick, c.refresh(s.at)
+		}
+		return tick, false
+	}
+	cur := float64(c.clamp)
+	if q > foreign {
+		// Too much queue: if it is ours (the bottleneck slowed down), the
+		// setpoint drains it within a round trip or two; if it stays, it
+		// is not ours.
+		if c.highSince.IsZero() {
+			c.highSince = s.at
+		} else if s.at.Sub(c.highSince) >= max(8*r0, 250*time.Millisecond) {
+			c.lift(s.at)
+			return tick, c.refresh(s.at)
+		}
+	} else {
+		c.highSince = time.Time{}
+	}
+	if q >= c.target {
+		// A queue: the bottleneck is saturated, so the delivery rate is
+		// its rate (forget faster ones: the path slowed down or is
+		// shared), and the setpoint holds the queue at the target.
+		c.resetPeak(bw)
+		c.clamp = uint32(max(setpoint(bw), cur*(1-0.5*step)))
+	} else {
+		// No queue: let through at least the best rate of the last 2 s
+		// plus the target. Its headroom (target / min_rtt) lets a faster
+		// path show itself, and the cap follows within round trips.
+		c.clamp = uint32(max(cur, setpoint(peak)))
+	}
+	if !c.engaged.IsZero() && s.at.Sub(c.engaged) >= c.hold {
+		c.hold = 0 // held without lifting: competition is over
+	}
+	return tick, c.refresh(s.at)
+}
+
+// notePeak records bw in the current bucket and returns the best rate of
+// the last len(c.peak) buckets.
+func (c *queueCtl) notePeak(now time.Time, bw float64) float64 {
+	if now.Sub(c.peakAt) >= queuePeakBucket {
+		c.peakI = (c.peakI + 1) % len(c.peak)
+		c.peak[c.peakI], c.peakAt = 0, now
+	}
+	c.peak[c.peakI] = max(c.peak[c.peakI], bw)
+	m := 0.0
+	for _, v := range c.peak {
+		m = max(m, v)
+	}
+	return m
+}
+
+func (c *queueCtl) resetPeak(bw float64) {
+	clear(c.peak[:])
+	c.peak[c.peakI] = bw
+}
+
+// lift drops the cap: the standing queue is another flow's.
+func (c *queueCtl) lift(now time.Time) {
+	c.hold = min(max(2*c.hold, queueHoldFirst), queueHoldMax)
+	c.clamp, c.highSince, c.engaged = 0, time.Time{}, time.Time{}
+	c.holdUntil = now.Add(c.hold)
+	c.lifts++
+}
+
+// refresh reports whether the peer must hear c.clamp now: it changed by
+// more than 1/32, was lifted, or, while data flows, has not been repeated
+// for queueRefresh (the receiver's buffer autotuning may have raised its
+// window clamp).
+func (c *queueCtl) refresh(now time.Time) bool {
+	d := int64(c.clamp) - int64(c.sent)
+	changed := c.clamp != c.sent && (c.clamp == 0 || c.sent == 0 || 32*max(d, -d) > int64(c.sent))
+	if !changed && (c.clamp == 0 || now.Sub(c.sentAt) < queueRefresh) {
+		return false
+	}
+	c.sent, c.sentAt = c.clamp, now
+	return true
+}
+
+// controlQueue runs queue control for a bulk link until it ends. It only
+// runs when the peer applies CLAMP frames and the link is a TCP socket.
+func (l *Link) controlQueue(sc syscall.Conn) {
+	c := queueCtl{target: l.cfg.QueueTarget}
+	var in tcpinfo.Info
+	var xSent uint64
+	var xAt time.Time
+	t := time.NewTimer(queueIdleTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.done:
+			return
+		case <-t.C:
+		}
+		if err := tcpinfo.ReadConn(sc, &in); err != nil {
+			l.log.Warn("queue control stopped: TCP_INFO", "peer", l.peer.Name, "link", l.index, "err", err)
+			return
+		}
+		now := time.Now()
+		msgs := true
+		if x, ok := l.t.expressSent(); ok {
+			if x != xSent {
+				xSent, xAt = x, now
+			}
+			msgs = now.Sub(xAt) < queueMsgWindow
+		}
+		next, send := c.step(queueSample{at: now, srtt: in.RTT, minRTT: in.MinRTT, acked: in.BytesAcked,
+			rwndLim: in.RwndLimited, backlog: in.NotsentBytes > 0 || l.queued.Load() > 0, messages: msgs})
+		l.Stats.Clamp.Store(c.clamp)
+		l.Stats.QueueDelay.Store(int64(c.queue))
+		l.Stats.ClampLifts.Store(c.lifts)
+		if send {
+			l.log.Debug("queue control", "peer", l.peer.Name, "link", l.index, "clamp", c.sent, "queue", c.queue,
+				"srtt", in.RTT, "min_rtt", in.MinRTT, "rate_mbit", c.rate*8/1e6, "lifts", c.lifts)
+			f := frame{h: header.Header{Type: header.TypeClamp, Length: 4}}
+			header.PutU32(f.ctl[:4], c.sent)
+			l.enqueue(f, nil)
+		}
+		t.Reset(next)
+	}
+}
+
+// applyClamp caps this side's receive window as the peer asked (CLAMP).
+func (l *Link) applyClamp(n uint32) {
+	l.Stats.PeerClamp.Store(n)
+	sc, ok := l.conn.(syscall.Conn)
+	if !ok {
+		return // not a kernel socket (tests over pipes): nothing to cap
+	}
+	v := n
+	if v == 0 || v > clampLifted {
+		v = clampLifted
+	}
+	rc, err := sc.SyscallConn()
+	if err == nil {
+		cerr := rc.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP, int(v)) })
+		if err == nil {
+			err = cerr
+		}
+	}
+	if err != nil && !l.dead.Load() && l.clampErrs.Add(1) == 1 {
+		l.log.Warn("CLAMP from peer not applied", "peer", l.peer.Name, "link", l.index, "bytes", n, "err", err)
+	}
+}
