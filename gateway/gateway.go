@@ -58,6 +58,13 @@ type Config struct {
 	// a WAN the site pair has to itself: against competing flows a capped
 	// link only loses its share.
 	WANPace uint64
+	// WANQueue turns on queue control on the bulk links (0 = off; the
+	// mpi5k-gateway command defaults to 1 ms): a link that saturates the
+	// WAN keeps about this much queue at the bottleneck, by capping the
+	// peer's receive window at the measured rate x (min RTT + WANQueue),
+	// and lifts the cap while another flow keeps the queue full (see
+	// package relay, queue control).
+	WANQueue time.Duration
 	// NoPollThread waits for idle sockets in Go's network poller instead of
 	// the relay's poller thread, which forwards small messages with one
 	// thread wake-up per gateway (see package relay, figure (a)).
@@ -143,6 +150,9 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.WANConns < 1 || cfg.WANConns > 63 {
 		return nil, fmt.Errorf("gateway: --wan-conns %d out of range 1..63", cfg.WANConns)
 	}
+	if cfg.WANQueue < 0 {
+		return nil, fmt.Errorf("gateway: --wan-queue %v is negative (0 turns queue control off)", cfg.WANQueue)
+	}
 	if cfg.WANPace > 0 {
 		if cfg.WANPace < 8000*uint64(cfg.WANConns) {
 			return nil, fmt.Errorf("gateway: --wan-pace %d bit/s is below 8 kbit/s per WAN connection", cfg.WANPace)
@@ -210,7 +220,7 @@ func New(cfg Config) (*Gateway, error) {
 		peers: map[uint8]*peer{}, readyc: make(chan struct{}), stopped: make(chan struct{})}
 	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, ExpressMax: cfg.ExpressMax,
 		PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log,
-		NoPoller: cfg.NoPollThread}
+		NoPoller: cfg.NoPollThread, QueueTarget: cfg.WANQueue}
 	g.lan = cfg.Transport
 	if g.lan == nil {
 		g.lan = &TCPTransport{Opts: cfg.LAN}
@@ -260,7 +270,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	}
 	g.log.Info("gateway up", "id", g.site.ID, "lan", g.lanLn.Addr().String(), "wan", g.wanLn.Addr().String(),
 		"peers", len(g.peers), "wan_conns", g.cfg.WANConns, "express", !g.cfg.NoExpress, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
-		"wan_pace_bps", g.cfg.WANPace)
+		"wan_pace_bps", g.cfg.WANPace, "wan_queue", g.cfg.WANQueue.String())
 	g.wg.Add(3)
 	go g.serveLAN()
 	go g.serveWAN()
@@ -393,7 +403,7 @@ func (g *Gateway) numLinks() int {
 func (g *Gateway) isExpress(i int) bool { return !g.cfg.NoExpress && i == g.cfg.WANConns }
 
 func (g *Gateway) features() uint8 {
-	f := header.FeatureTrunk
+	f := header.FeatureTrunk | header.FeatureClamp
 	if !g.cfg.NoExpress {
 		f |= header.FeatureExpress
 	}

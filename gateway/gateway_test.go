@@ -670,6 +670,47 @@ func TestWANPace(t *testing.T) {
 	}
 }
 
+// TestQueueControl: with queue control on, the sending gateway's bulk link
+// caps the peer's receive window while it saturates, and the peer's
+// socket carries that cap (TCP_WINDOW_CLAMP). Loopback has no bottleneck
+// queue to speak of, so the target is set below what loopback shows.
+func TestQueueControl(t *testing.T) {
+	_, a, b := startPair(t, func(c *Config) { c.WANQueue = time.Microsecond; c.NoExpress = true })
+	dst := testnet.Serve(t, nodeB, func(c *net.TCPConn) { io.Copy(io.Discard, c) })
+	c, err := lanOpen(a.LANAddr(), nodeA, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	buf := make([]byte, 1<<20)
+	deadline := time.Now().Add(5 * time.Second)
+	var sent, applied uint32
+	for time.Now().Before(deadline) {
+		if _, err := c.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+		la, lb := a.allLinks(), b.allLinks()
+		if len(la) == 0 || len(lb) == 0 {
+			continue
+		}
+		sent, applied = la[0].Stats.Clamp.Load(), lb[0].Stats.PeerClamp.Load()
+		if sent != 0 && applied != 0 {
+			break
+		}
+	}
+	if sent == 0 || applied == 0 {
+		t.Fatalf("no cap after 5 s of bulk: a asks %d, b applied %d", sent, applied)
+	}
+	rc, _ := b.allLinks()[0].Conn().(*net.TCPConn).SyscallConn()
+	var v int
+	rc.Control(func(fd uintptr) { v, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP) })
+	if v < 2048 || v > 1<<30 {
+		t.Fatalf("b's socket TCP_WINDOW_CLAMP %d after CLAMP %d", v, applied)
+	}
+	t.Logf("a asks a cap of %d bytes (queue %v), b applied %d, its socket's clamp %d",
+		sent, time.Duration(a.allLinks()[0].Stats.QueueDelay.Load()), applied, v)
+}
+
 // TestDrain: on shutdown, open streams get the drain timeout, then reset.
 func TestDrainAndReadyFile(t *testing.T) {
 	dir := t.TempDir()
@@ -707,7 +748,9 @@ func TestDrainAndReadyFile(t *testing.T) {
 	}
 	_, body := get("/metrics")
 	for _, want := range []string{`mpi5k_wan_link_up{link="0",peer="b",site="a"} 1`, "mpi5k_wan_tcp_cwnd_segments", "mpi5k_window_stalls_total", "mpi5k_lan_refused_total 0",
-		`mpi5k_wan_frames_poll_thread_total{dir="rx",link="0",peer="b",site="a"}`, "mpi5k_wan_poll_thread_partial_writes_total"} {
+		`mpi5k_wan_frames_poll_thread_total{dir="rx",link="0",peer="b",site="a"}`, "mpi5k_wan_poll_thread_partial_writes_total",
+		`mpi5k_wan_window_clamp_bytes{link="0",peer="b",site="a"} 0`, "mpi5k_wan_peer_window_clamp_bytes", "mpi5k_wan_queue_delay_seconds",
+		`mpi5k_wan_clamp_lifts_total{link="0",peer="b",site="a"} 0`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}

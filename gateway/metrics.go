@@ -26,6 +26,7 @@ type metrics struct {
 
 	bytes, frames, writes, stalls, streams, up, rtt *prometheus.Desc
 	polled, partial                                 *prometheus.Desc
+	clamp, peerClamp, queue, lifts                  *prometheus.Desc
 	cwnd, srtt, retrans, lost, notsent              *prometheus.Desc
 	// Derived from periodic TCP_INFO samples (tcpevents.go).
 	ev                                      wanEvents
@@ -57,6 +58,10 @@ func newMetrics(g *Gateway) *metrics {
 	m.streams = d("mpi5k_open_streams", "Streams open on the link.")
 	m.up = d("mpi5k_wan_link_up", "1 while the link is up.")
 	m.rtt = d("mpi5k_wan_ping_rtt_seconds", "Last PING round trip through the link.")
+	m.clamp = d("mpi5k_wan_window_clamp_bytes", "Receive-window cap this gateway asks of the peer for the link (queue control; 0 = none).")
+	m.peerClamp = d("mpi5k_wan_peer_window_clamp_bytes", "Receive-window cap the peer asked of this gateway's socket (0 = none).")
+	m.queue = d("mpi5k_wan_queue_delay_seconds", "Standing queue at the WAN bottleneck seen by the link's sender (least srtt - min_rtt over a round trip).")
+	m.lifts = d("mpi5k_wan_clamp_lifts_total", "Times queue control lifted the cap because another flow kept the bottleneck queue full.")
 	m.cwnd = d("mpi5k_wan_tcp_cwnd_segments", "TCP_INFO congestion window of the WAN socket.")
 	m.srtt = d("mpi5k_wan_tcp_rtt_seconds", "TCP_INFO smoothed RTT of the WAN socket.")
 	m.retrans = d("mpi5k_wan_tcp_retransmits_total", "TCP_INFO total retransmitted segments.")
@@ -75,6 +80,7 @@ func newMetrics(g *Gateway) *metrics {
 // Describe implements prometheus.Collector.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.bytes, m.frames, m.polled, m.partial, m.writes, m.stalls, m.streams, m.up, m.rtt,
+		m.clamp, m.peerClamp, m.queue, m.lifts,
 		m.cwnd, m.srtt, m.retrans, m.lost, m.notsent, m.samples, m.rtxFast, m.rtxRTO, m.rtos, m.idleRst} {
 		ch <- d
 	}
@@ -115,6 +121,10 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		c(m.stalls, prometheus.CounterValue, float64(st.WindowStalls.Load()))
 		c(m.streams, prometheus.GaugeValue, float64(r.l.NumStreams()))
 		c(m.rtt, prometheus.GaugeValue, float64(st.RTT.Load())/1e9)
+		c(m.clamp, prometheus.GaugeValue, float64(st.Clamp.Load()))
+		c(m.peerClamp, prometheus.GaugeValue, float64(st.PeerClamp.Load()))
+		c(m.queue, prometheus.GaugeValue, float64(st.QueueDelay.Load())/1e9)
+		c(m.lifts, prometheus.CounterValue, float64(st.ClampLifts.Load()))
 		if ti, err := TCPInfo(r.l.Conn()); err == nil {
 			c(m.cwnd, prometheus.GaugeValue, float64(ti.Snd_cwnd))
 			c(m.srtt, prometheus.GaugeValue, float64(ti.Rtt)/1e6)

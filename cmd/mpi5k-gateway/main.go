@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/mpi5k/mpi5k/gateway"
 	"github.com/mpi5k/mpi5k/sitemap"
@@ -43,6 +44,7 @@ func run(args []string) int {
 	expressCC := fs.String("wan-express-cc", "", "congestion control of the express link (default: cubic; BBR paces app-limited messages slowly)")
 	expressMax := fs.String("express-max", "68KiB", "largest message (burst of bytes a rank writes without pausing) that takes the express link; at most --chunk")
 	wanPace := fs.String("wan-pace", "0", "cap each site pair's bulk WAN sending rate, e.g. 190mbit (0: no cap); a few percent below the WAN bottleneck keeps its queue empty")
+	wanQueue := fs.Duration("wan-queue", time.Millisecond, "queue control: WAN bottleneck queue a saturating bulk link may keep, by capping the peer's receive window at measured rate x (min RTT + this); lifted while other flows fill the queue (0: off)")
 	pollThread := fs.Bool("poll-thread", true, "forward small messages on one event-loop thread that waits for every idle socket (false: Go's network poller)")
 	ready := fs.String("ready-file", "", "file written once every WAN link is up")
 	metrics := fs.String("metrics", "", "listen address of the HTTP server for /metrics and /ready (e.g. :9105)")
@@ -110,6 +112,7 @@ func run(args []string) int {
 		ExpressCC:    *expressCC,
 		ExpressMax:   n["express-max"],
 		WANPace:      pace,
+		WANQueue:     *wanQueue,
 		NoPollThread: !*pollThread,
 		ReadyFile:    *ready,
 		MetricsAddr:  *metrics,
