@@ -458,4 +458,60 @@ func TestGatewayWAN(t *testing.T) {
 	if p50 := time.Duration(loaded[0]) * time.Microsecond; p50 > rtt+5*time.Millisecond {
 		t.Errorf("p50 beside a saturating stream %v, more than RTT + 5 ms", p50)
 	}
+	// Unpaced, queue control (on by default) keeps the bottleneck queue
+	// near 1 ms while the ping-pong's messages cross it: p99 RTT + 1.7 ms
+	// where the bulk link alone fills the 1-BDP queue (RTT + 8..14 ms).
+	if p99 := time.Duration(loaded[1]) * time.Microsecond; !custom && p99 > rtt+8*time.Millisecond {
+		t.Errorf("p99 beside a saturating stream %v with queue control, more than RTT + 8 ms: the bulk link fills the WAN queue", p99)
+	}
+}
+
+// TestGatewayCompeting measures what queue control costs a gateway bulk
+// stream against a direct TCP flow that competes for the same WAN (a
+// capped link would lose its share round by round if queue control did
+// not step aside): both send for 8 s at once while a ping-pong through
+// the gateways keeps messages on the express link, with queue control
+// (the default) and without (--wan-queue 0).
+func TestGatewayCompeting(t *testing.T) {
+	const rtt = 20 * time.Millisecond
+	labRequireRoot(t)
+	l := labUp(t, testbed.Config{Nodes: 1, RTT: rtt, WANRate: 200e6})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	src, dstHost := l.Hosts("site1", false)[0], l.Hosts("site2", false)[0]
+	dst := l.Addr(dstHost)
+	sink := netip.AddrPortFrom(dst, 7001).String()
+	echo := netip.AddrPortFrom(dst, 7002).String()
+	startServer(t, ctx, l, dstHost, "sink", sink)
+	startServer(t, ctx, l, dstHost, "echo", echo)
+	m, err := sitemap.Load(l.SiteMapPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	site1, _ := m.Site("site1")
+	gwLAN := site1.LAN.String()
+	share := func(args ...string) (via, direct float64) {
+		stop := startLabGateways(t, ctx, l, args...)
+		defer stop()
+		pp := helper(t, ctx, l, src, "pingpong", echo, gwLAN, "400")
+		pp.Stdout = io.Discard
+		if err := pp.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer pp.Wait()
+		type res struct{ v []float64 }
+		ch := make(chan res, 1)
+		go func() { ch <- res{run(t, ctx, l, src, "send", sink, "-", "8")} }()
+		g := run(t, ctx, l, src, "send", sink, gwLAN, "8")
+		d := (<-ch).v
+		return g[0] * 8 / g[1] / 1e6, d[0] * 8 / d[1] / 1e6
+	}
+	for range 2 {
+		v1, d1 := share()
+		v0, d0 := share("--wan-queue", "0")
+		t.Logf("gateway stream beside a direct flow, Mbit/s: queue control %.1f (direct %.1f), --wan-queue 0 %.1f (direct %.1f)", v1, d1, v0, d0)
+		if v1 < 0.5*v0 {
+			t.Errorf("with queue control the gateway stream got %.1f Mbit/s beside a direct flow, below half of %.1f without", v1, v0)
+		}
+	}
 }
