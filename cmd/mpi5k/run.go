@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -42,6 +43,7 @@ func runMain(args []string) int {
 		window   = fs.String("window", "", "per-stream window, e.g. 4MiB")
 		wanPace  = fs.String("wan-pace", "", "cap each site pair's WAN rate, e.g. 950mbit for a 1 Gbit/s WAN (keeps its queue empty)")
 		lowat    = fs.String("wan-notsent-lowat", "", "unsent bytes the gateways keep in a WAN socket, e.g. 32KiB")
+		wanQueue = fs.String("wan-queue", "", "WAN bottleneck queue the gateways' bulk links keep while messages cross it (gateway default 1ms; 0: off)")
 	)
 	fs.StringVar(&c.SitesFile, "sites", "", "FILE of \"<host-or-CIDR> <site>\" lines (default: Grid'5000 names <cluster>-<n>.<site>)")
 	fs.BoolVar(&c.Dedicated, "dedicated-gateways", false, "gateway hosts run no ranks")
@@ -94,6 +96,11 @@ func runMain(args []string) int {
 			return fail(fmt.Errorf("--wan-pace: %v", err))
 		}
 	}
+	if *wanQueue != "" {
+		if d, err := time.ParseDuration(*wanQueue); err != nil || d < 0 {
+			return fail(fmt.Errorf("--wan-queue: bad duration %q (want e.g. 1ms, or 0 for off)", *wanQueue))
+		}
+	}
 	for name, v := range map[string]string{"--chunk": *chunk, "--window": *window, "--wan-notsent-lowat": *lowat, "--express-max": *xMax} {
 		if v == "" {
 			continue
@@ -103,7 +110,7 @@ func runMain(args []string) int {
 		}
 	}
 	for _, kv := range [][2]string{{"--lan-cc", *lanCC}, {"--wan-cc", *wanCC}, {"--wan-express-cc", *xCC}, {"--express-max", *xMax}, {"--chunk", *chunk}, {"--window", *window},
-		{"--wan-pace", *wanPace}, {"--wan-notsent-lowat", *lowat}} {
+		{"--wan-pace", *wanPace}, {"--wan-notsent-lowat", *lowat}, {"--wan-queue", *wanQueue}} {
 		if kv[1] != "" {
 			c.GatewayArgs = append(c.GatewayArgs, kv[0], kv[1])
 		}

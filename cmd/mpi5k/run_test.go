@@ -30,6 +30,7 @@ func TestRunRejectsBadTuning(t *testing.T) {
 		"--wan-pace=fast":          "--wan-pace: bad rate",
 		"--wan-notsent-lowat=lots": "--wan-notsent-lowat: bad size",
 		"--chunk=1.5MiB":           "--chunk: bad size",
+		"--wan-queue=-1ms":         "--wan-queue: bad duration",
 	} {
 		status, out := stderrOf(t, func() int {
 			return runMain([]string{flag, "--dry-run", "mpirun", "-np", "2", "-H", "a-1.x,b-1.y", "true"})
