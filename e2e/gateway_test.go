@@ -283,6 +283,38 @@ func startLabGateways(t *testing.T, ctx context.Context, l *testbed.Lab, gwArgs 
 	return stop
 }
 
+// wanLab is a two-site lab of one node per site on a 200 Mbit/s WAN, with
+// a sink and an echo server on site2's node.
+type wanLab struct {
+	l                 *testbed.Lab
+	ctx               context.Context
+	m                 *sitemap.Map
+	src, dstHost      string
+	dst               netip.Addr
+	sink, echo, gwLAN string // servers; site1's gateway LAN address
+}
+
+func newWANLab(t *testing.T, rtt time.Duration) *wanLab {
+	labRequireRoot(t)
+	w := &wanLab{l: labUp(t, testbed.Config{Nodes: 1, RTT: rtt, WANRate: 200e6})}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	w.ctx = ctx
+	w.src, w.dstHost = w.l.Hosts("site1", false)[0], w.l.Hosts("site2", false)[0]
+	w.dst = w.l.Addr(w.dstHost)
+	w.sink = netip.AddrPortFrom(w.dst, 7001).String()
+	w.echo = netip.AddrPortFrom(w.dst, 7002).String()
+	startServer(t, ctx, w.l, w.dstHost, "sink", w.sink)
+	startServer(t, ctx, w.l, w.dstHost, "echo", w.echo)
+	var err error
+	if w.m, err = sitemap.Load(w.l.SiteMapPath()); err != nil {
+		t.Fatal(err)
+	}
+	site1, _ := w.m.Site("site1")
+	w.gwLAN = site1.LAN.String()
+	return w
+}
+
 // TestGatewayWAN measures, on one 200 Mbit/s 20 ms RTT lab:
 // (b) bulk goodput through the gateway pair vs direct, and
 // (d) 1-byte ping-pong latency (p50/p99) through the pair while one stream
@@ -296,25 +328,12 @@ func TestGatewayWAN(t *testing.T) {
 	if custom {
 		gwArgs = strings.Fields(os.Getenv("MPI5K_GW_ARGS"))
 	}
-	labRequireRoot(t)
-	l := labUp(t, testbed.Config{Nodes: 1, RTT: rtt, WANRate: 200e6})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	w := newWANLab(t, rtt)
+	l, ctx, src, dstHost, dst, sink, echo, gwLAN := w.l, w.ctx, w.src, w.dstHost, w.dst, w.sink, w.echo, w.gwLAN
 	gwArgs = append(gwArgs, "--metrics", ":9105")
 	stopGW := startLabGateways(t, ctx, l, gwArgs...)
-	src, dstHost := l.Hosts("site1", false)[0], l.Hosts("site2", false)[0]
-	dst := l.Addr(dstHost)
-	sink := netip.AddrPortFrom(dst, 7001).String()
-	echo := netip.AddrPortFrom(dst, 7002).String()
-	startServer(t, ctx, l, dstHost, "sink", sink)
-	startServer(t, ctx, l, dstHost, "echo", echo)
-	m, err := sitemap.Load(l.SiteMapPath())
-	if err != nil {
-		t.Fatal(err)
-	}
-	site1, _ := m.Site("site1")
-	gwLAN := site1.LAN.String()
-	site2, _ := m.Site("site2")
+	site1, _ := w.m.Site("site1")
+	site2, _ := w.m.Site("site2")
 	// scrape returns the /metrics text of the gateway at gw, fetched from host.
 	scrape := func(host string, gw netip.Addr) (string, error) {
 		out, err := helper(t, ctx, l, host, "get", "http://"+netip.AddrPortFrom(gw, 9105).String()+"/metrics").Output()
@@ -473,23 +492,8 @@ func TestGatewayWAN(t *testing.T) {
 // the gateways keeps messages on the express link, with queue control
 // (the default) and without (--wan-queue 0).
 func TestGatewayCompeting(t *testing.T) {
-	const rtt = 20 * time.Millisecond
-	labRequireRoot(t)
-	l := labUp(t, testbed.Config{Nodes: 1, RTT: rtt, WANRate: 200e6})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	src, dstHost := l.Hosts("site1", false)[0], l.Hosts("site2", false)[0]
-	dst := l.Addr(dstHost)
-	sink := netip.AddrPortFrom(dst, 7001).String()
-	echo := netip.AddrPortFrom(dst, 7002).String()
-	startServer(t, ctx, l, dstHost, "sink", sink)
-	startServer(t, ctx, l, dstHost, "echo", echo)
-	m, err := sitemap.Load(l.SiteMapPath())
-	if err != nil {
-		t.Fatal(err)
-	}
-	site1, _ := m.Site("site1")
-	gwLAN := site1.LAN.String()
+	w := newWANLab(t, 20*time.Millisecond)
+	l, ctx, src, sink, echo, gwLAN := w.l, w.ctx, w.src, w.sink, w.echo, w.gwLAN
 	share := func(args ...string) (via, direct float64) {
 		stop := startLabGateways(t, ctx, l, args...)
 		defer stop()
