@@ -184,10 +184,10 @@
 // (srtt sits 0.5-1 ms above min_rtt with no queue at all). A cap kept on a
 // bulk transfer alone cost it 2-5 % here (94.9, 95.4, 97.6 % of direct),
 // because that noise eats most of 1 ms of headroom; hence the cap is only
-// on while messages flow (bulk alone: 100.3, 100.2 %). Against a direct TCP
+// on while messages flow (bulk alone: 100.3, 100.2, 100.2 %). Against a direct TCP
 // flow filling the queue the cap steps aside (TestGatewayCompeting, 8 s
-// each at once, 2 runs): the gateway stream got 104.0 and 95.7 Mbit/s with
-// queue control, 95.0 and 94.5 without.
+// each at once, 4 runs): the gateway stream got 95.7-106.8 Mbit/s with
+// queue control, 94.5-121.2 without (shares on 2 cores vary run to run).
 //
 // Before queue control, two things kept a small message from waiting
 // behind bulk. Unpaced, the bulk keeps the bottleneck's 1-BDP drop-tail queue full (~870-1 100 fast
