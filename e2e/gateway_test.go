@@ -503,11 +503,10 @@ func TestGatewayCompeting(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer pp.Wait()
-		type res struct{ v []float64 }
-		ch := make(chan res, 1)
-		go func() { ch <- res{run(t, ctx, l, src, "send", sink, "-", "8")} }()
+		ch := make(chan []float64, 1)
+		go func() { ch <- run(t, ctx, l, src, "send", sink, "-", "8") }()
 		g := run(t, ctx, l, src, "send", sink, gwLAN, "8")
-		d := (<-ch).v
+		d := <-ch
 		return g[0] * 8 / g[1] / 1e6, d[0] * 8 / d[1] / 1e6
 	}
 	for range 2 {

@@ -65,9 +65,8 @@ type queueSample struct {
 	at      time.Time
 	srtt    time.Duration
 	minRTT  time.Duration
-	acked   uint64        // bytes acknowledged, cumulative
-	rwndLim time.Duration // time limited by the peer's window, cumulative
-	backlog bool          // bytes were waiting to be sent (not app-limited)
+	acked   uint64 // bytes acknowledged, cumulative
+	backlog bool   // bytes were waiting to be sent (not app-limited)
 	// messages: small messages cross the same bottleneck now (the express
 	// link sent some within queueMsgWindow, or there is no express link).
 	// Without them a bulk link may keep any queue it likes.
@@ -114,7 +113,7 @@ func (c *queueCtl) step(s queueSample) (next time.Duration, send bool) {
 	// the oldest kept); the queue is the least delay seen since.
 	ref, q := s, s.srtt-r0
 	for i := 1; i < c.n; i++ {
-		p := c.hist[(c.next-1-i+2*len(c.hist))%len(c.hist)]
+		p := c.ago(i)
 		ref = p
 		if s.at.Sub(p.at) >= r0 {
 			break
@@ -156,7 +155,7 @@ func (c *queueCtl) step(s queueSample) (next time.Duration, send bool) {
 	foreign := c.target + max(2*time.Millisecond, r0/4)
 	// step is how far this sample may lower the cap: at most half per
 	// round trip.
-	step := min(s.at.Sub(c.hist[(c.next-2+len(c.hist))%len(c.hist)].at).Seconds()/r0.Seconds(), 1)
+	step := min(s.at.Sub(c.ago(1).at).Seconds()/r0.Seconds(), 1)
 
 	if c.clamp == 0 {
 		if q >= c.target && !s.at.Before(c.holdUntil) {
@@ -195,6 +194,11 @@ func (c *queueCtl) step(s queueSample) (next time.Duration, send bool) {
 		c.hold = 0 // held without lifting: competition is over
 	}
 	return tick, c.refresh(s.at)
+}
+
+// ago returns the sample taken i samples before the newest (i < len(c.hist)).
+func (c *queueCtl) ago(i int) queueSample {
+	return c.hist[(c.next-1-i+len(c.hist))%len(c.hist)]
 }
 
 // notePeak records bw in the current bucket and returns the best rate of
@@ -267,7 +271,7 @@ func (l *Link) controlQueue(sc syscall.Conn) {
 			msgs = now.Sub(xAt) < queueMsgWindow
 		}
 		next, send := c.step(queueSample{at: now, srtt: in.RTT, minRTT: in.MinRTT, acked: in.BytesAcked,
-			rwndLim: in.RwndLimited, backlog: in.NotsentBytes > 0 || l.queued.Load() > 0, messages: msgs})
+			backlog: in.NotsentBytes > 0 || l.queued.Load() > 0, messages: msgs})
 		l.Stats.Clamp.Store(c.clamp)
 		l.Stats.QueueDelay.Store(int64(c.queue))
 		l.Stats.ClampLifts.Store(c.lifts)

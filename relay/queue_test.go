@@ -33,7 +33,6 @@ type pathModel struct {
 		v  uint32
 	}
 	acked   float64
-	rwndLim time.Duration
 	backlog bool
 	srtt    time.Duration
 	queue   time.Duration // this step's queueing delay
@@ -50,8 +49,7 @@ func (m *pathModel) advance() float64 {
 		m.pending = m.pending[1:]
 	}
 	w := m.ccWin
-	capped := m.clamp > 0 && m.clamp < w
-	if capped {
+	if m.clamp > 0 && m.clamp < w {
 		w = m.clamp
 	}
 	var rate float64
@@ -68,8 +66,6 @@ func (m *pathModel) advance() float64 {
 	m.backlog = !(m.demand > 0 && m.demand < rate)
 	if !m.backlog {
 		rate, m.queue = m.demand, 0
-	} else if capped {
-		m.rwndLim += dt // data waited for the window
 	}
 	m.srtt = m.r0 + m.queue
 	if m.noise != nil {
@@ -81,7 +77,7 @@ func (m *pathModel) advance() float64 {
 }
 
 func (m *pathModel) sample() queueSample {
-	return queueSample{at: m.now, srtt: m.srtt, minRTT: m.r0, acked: uint64(m.acked), rwndLim: m.rwndLim, backlog: m.backlog, messages: !m.noMessages}
+	return queueSample{at: m.now, srtt: m.srtt, minRTT: m.r0, acked: uint64(m.acked), backlog: m.backlog, messages: !m.noMessages}
 }
 
 // simulate runs c (nil: no queue control) on m for d; change, if set, runs every model step.
