@@ -192,9 +192,8 @@ func TestShimMPI(t *testing.T) {
 		// spins in UCX waiting for rank 1, which already sits in the PMI
 		// barrier with unread bytes from rank 0 on its UCX socket. It is not
 		// the shim: without it, 5 of 8 two-rank runs of this program hung the
-		// same way (10 ms RTT, loaded 2-core machine). A run whose job output
-		// is complete but which does not exit within 45 s is retried, at
-		// most 3 times, and logged.
+		// same way (10 ms RTT, loaded 2-core machine). mpiJob runs a job that
+		// hangs after its output is complete again, at most 3 times.
 		{"mpich", "mpicc.mpich", 3, func(bin string) []string {
 			argv := []string{"mpiexec.mpich", "-launcher", "ssh", "-hosts", hosts2, "-n", "2",
 				"-genv", "UCX_TLS", "tcp,self", "-genv", "UCX_NET_DEVICES", "eth0"}
@@ -218,31 +217,10 @@ func TestShimMPI(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			argv := c.cmd(bin)
-			for try := 1; ; try++ {
-				ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
-				cmd := l.CommandContext(ctx, "node-1.site1", argv[0], argv[1:]...)
-				cmd.Dir = filepath.Dir(bin)
-				out, err := cmd.CombinedOutput()
-				timedOut := ctx.Err() == context.DeadlineExceeded
-				cancel()
-				t.Logf("%s (try %d):\n%s", strings.Join(argv, " "), try, out)
-				done := strings.Contains(string(out), "shim_mpi ok")
-				if timedOut {
-					if done && try < c.tries {
-						t.Logf("%s: job done but did not exit within 45s (MPI_Finalize hang), retrying", c.name)
-						continue
-					}
-					t.Fatalf("%s did not finish within 45s (killed)", c.name)
-				}
-				if err != nil {
-					t.Fatalf("%s failed: %v", c.name, err)
-				}
-				if !done {
-					t.Fatalf("output lacks %q", "shim_mpi ok")
-				}
-				break
-			}
+			job := mpiJob{Host: "node-1.site1", Argv: c.cmd(bin), Dir: filepath.Dir(bin),
+				Timeout: 90 * time.Second, Done: "shim_mpi ok", Tries: c.tries}
+			out, _ := job.run(t, l)
+			t.Logf("%s:\n%s", strings.Join(job.Argv, " "), out)
 			after, err := l.Stats()
 			if err != nil {
 				t.Fatal(err)
