@@ -10,7 +10,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/mpi5k/mpi5k/header"
@@ -279,9 +278,7 @@ func (l *Link) start() {
 	go l.writeLoop()
 	go l.readLoop()
 	go l.keepalive()
-	if sc, ok := l.conn.(syscall.Conn); ok && l.cfg.QueueTarget > 0 && !l.express && l.peer.Features&header.FeatureClamp != 0 {
-		go l.controlQueue(sc)
-	}
+	l.t.startQueueControl(l)
 }
 
 // Index is the link's index in its trunk.

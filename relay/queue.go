@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"log/slog"
+	"slices"
 	"syscall"
 	"time"
 
@@ -40,8 +42,10 @@ import (
 // a flow that keeps the queue full a capped link would lose its share
 // round by round (its rate is cap / (min_rtt + foreign queue)). The cap
 // itself allows at most about the target of own queue, so a standing queue
-// well above it (target + max(2 ms, min_rtt/4)) for 8 round trips (at
-// least 250 ms) is someone else's: the cap is lifted and the link competes
+// above it by queueForeignMargin for 4 round trips (at least 100 ms; a dip
+// below half the margin starts over) once the cap holds (the peer's
+// offered window has come down to it) is someone else's: the cap is
+// lifted and the link competes
 // with its plain congestion control, then tries again after a hold that
 // doubles from 5 s up to 60 s while competition persists.
 const (
@@ -50,6 +54,12 @@ const (
 	queueIdleTick  = 200 * time.Millisecond
 	queueHoldFirst = 5 * time.Second
 	queueHoldMax   = 60 * time.Second
+	// queueForeignMargin is how far above the target a standing queue
+	// must stay to be another flow's: above the srtt noise of an idle
+	// path (0.5-1 ms in the lab), and small, because a capped link loses
+	// rate by (min_rtt + target) / (min_rtt + queue) per round trip to
+	// any flow that keeps a queue above the target.
+	queueForeignMargin = 2 * time.Millisecond
 	// queuePeakBucket x 8 is how long the best rate seen is remembered.
 	queuePeakBucket = 250 * time.Millisecond
 	// queueMsgWindow: queue control stays on this long after the last
@@ -71,6 +81,12 @@ type queueSample struct {
 	// link sent some within queueMsgWindow, or there is no express link).
 	// Without them a bulk link may keep any queue it likes.
 	messages bool
+	// inForce: the peer's advertised window has come down to the cap. A
+	// receiver never shrinks a window it offered (unless the
+	// tcp_shrink_window sysctl allows it), so a cap below it only takes
+	// hold as data consumes it: after a bulk run that let the receive
+	// buffer autotune to megabytes, that takes tenths of a second.
+	inForce bool
 }
 
 // queueCtl decides one bulk link's receive-window cap from its sender-side
@@ -152,7 +168,7 @@ func (c *queueCtl) step(s queueSample) (next time.Duration, send bool) {
 		return min(max(rate*(r0+c.target).Seconds(), queueClampMin), clampLifted)
 	}
 	peak := c.notePeak(s.at, bw)
-	foreign := c.target + max(2*time.Millisecond, r0/4)
+	foreign := c.target + queueForeignMargin
 	// step is how far this sample may lower the cap: at most half per
 	// round trip.
 	step := min(s.at.Sub(c.ago(1).at).Seconds()/r0.Seconds(), 1)
@@ -165,18 +181,20 @@ func (c *queueCtl) step(s queueSample) (next time.Duration, send bool) {
 		return tick, false
 	}
 	cur := float64(c.clamp)
-	if q > foreign {
-		// Too much queue: if it is ours (the bottleneck slowed down), the
-		// setpoint drains it within a round trip or two; if it stays, it
-		// is not ours.
+	switch {
+	case q > foreign && s.inForce:
+		// Too much queue under a cap in force: if it is ours (the
+		// bottleneck slowed down), the setpoint drains it within a round
+		// trip or two; if it stays, it is not ours. Decide fast: each
+		// round trip under another flow's queue costs the link rate.
 		if c.highSince.IsZero() {
 			c.highSince = s.at
-		} else if s.at.Sub(c.highSince) >= max(8*r0, 250*time.Millisecond) {
+		} else if s.at.Sub(c.highSince) >= max(4*r0, 100*time.Millisecond) {
 			c.lift(s.at)
 			return tick, c.refresh(s.at)
 		}
-	} else {
-		c.highSince = time.Time{}
+	case q < c.target+queueForeignMargin/2:
+		c.highSince = time.Time{} // the queue came down: it was ours
 	}
 	if q >= c.target {
 		// A queue: the bottleneck is saturated, so the delivery rate is
@@ -243,46 +261,234 @@ func (c *queueCtl) refresh(now time.Time) bool {
 	return true
 }
 
-// controlQueue runs queue control for a bulk link until it ends. It only
-// runs when the peer applies CLAMP frames and the link is a TCP socket.
-func (l *Link) controlQueue(sc syscall.Conn) {
-	c := queueCtl{target: l.cfg.QueueTarget}
+// queueAgg merges the samples of a trunk's bulk links into the one sample
+// queue control decides on. The links cross the same bottleneck, so the
+// trunk caps their sum: with --wan-conns K, K links each controlled alone
+// would take each other's queue for a foreign one and lift their caps.
+type queueAgg struct {
+	acked      uint64         // bytes acknowledged by all bulk links, across reconnects
+	last, next map[any]uint64 // each link's BytesAcked at the previous sample
+}
+
+// linkQueueSample is one bulk link's share of a sample; key tells links
+// apart across samples.
+type linkQueueSample struct {
+	key          any
+	srtt, minRTT time.Duration
+	acked        uint64
+	backlog      bool
+	sndWnd       uint32 // the peer's advertised window (tcpi_snd_wnd)
+}
+
+// merge returns the trunk's sample at now. Its min_rtt is the least of the
+// links'; its queue the least srtt - min_rtt of the links whose ACKs moved
+// since the last sample (an idle link's srtt is stale), or of all of them
+// when none moved; its acknowledged bytes sum the links' progress (a new
+// or replaced link counts from its first sample). Backlogged: any link.
+func (a *queueAgg) merge(now time.Time, ls []linkQueueSample, messages bool) queueSample {
+	s := queueSample{at: now, messages: messages}
+	if a.next == nil {
+		a.last, a.next = map[any]uint64{}, map[any]uint64{}
+	}
+	clear(a.next)
+	qAll, qFresh := time.Duration(-1), time.Duration(-1)
+	for _, l := range ls {
+		a.next[l.key] = l.acked
+		prev, known := a.last[l.key]
+		moved := known && l.acked > prev
+		if moved {
+			a.acked += l.acked - prev
+		}
+		s.backlog = s.backlog || l.backlog
+		if l.minRTT <= 0 {
+			continue
+		}
+		if s.minRTT == 0 || l.minRTT < s.minRTT {
+			s.minRTT = l.minRTT
+		}
+		q := max(l.srtt-l.minRTT, 0)
+		if qAll < 0 || q < qAll {
+			qAll = q
+		}
+		if moved && (qFresh < 0 || q < qFresh) {
+			qFresh = q
+		}
+	}
+	a.last, a.next = a.next, a.last
+	s.acked = a.acked
+	if qFresh >= 0 {
+		qAll = qFresh
+	}
+	s.srtt = s.minRTT + max(qAll, 0)
+	return s
+}
+
+// queueCapped reports whether queue control caps l: a bulk link on a TCP
+// socket whose peer applies CLAMP frames, with a queue target set.
+func (l *Link) queueCapped() bool {
+	_, ok := l.conn.(syscall.Conn)
+	return ok && l.cfg.QueueTarget > 0 && !l.express && l.peer.Features&header.FeatureClamp != 0
+}
+
+// startQueueControl starts the trunk's queue control for a new link it
+// caps, unless it runs already.
+func (t *Trunk) startQueueControl(l *Link) {
+	if !l.queueCapped() {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.queueOn {
+		t.queueOn = true
+		go t.controlQueue(l.cfg.QueueTarget, l.log)
+	}
+}
+
+// queueLinks returns the live bulk links queue control caps, or none, and
+// then marks it stopped in the same critical section, so a link added
+// later starts it again.
+func (t *Trunk) queueLinks(dst []*Link) []*Link {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	dst = dst[:0]
+	for _, l := range t.links {
+		if l != nil && !l.dead.Load() && l.queueCapped() {
+			dst = append(dst, l)
+		}
+	}
+	if len(dst) == 0 {
+		t.queueOn = false
+	}
+	return dst
+}
+
+// trunkQueue is queue control for a trunk: it merges its bulk links'
+// samples, decides one cap and splits it evenly over them. Striping hands
+// each chunk to the bulk link with the least queued, so while the trunk is
+// backlogged every link is too, and even caps keep their sum at the cap.
+// Pure, like queueCtl.
+type trunkQueue struct {
+	ctl     queueCtl
+	agg     queueAgg
+	sentTo  map[any]uint32 // the cap each link last heard
+	sends   []queueSend
+	shares  []timedShare // the per-link caps of the last round trips, oldest first
+	inForce bool         // at the last step (for the log)
+	peerWnd uint32       // the largest window a peer offered at the last step
+}
+
+type timedShare struct {
+	at    time.Time
+	share uint32
+}
+
+// queueSend is a CLAMP frame to send on the link key.
+type queueSend struct {
+	key   any
+	clamp uint32
+}
+
+// step takes the links' samples at now and returns when to sample next,
+// each link's cap, and the CLAMP frames to send: to every link when the
+// controller refreshes, else to links whose cap moved (a new link starts
+// uncapped, so it hears a cap when there is one).
+func (q *trunkQueue) step(now time.Time, ls []linkQueueSample, messages bool) (next time.Duration, share uint32, sends []queueSend) {
+	if q.sentTo == nil {
+		q.sentTo = map[any]uint32{}
+	}
+	s := q.agg.merge(now, ls, messages)
+	// The cap holds on a link once it heard one and the window its peer
+	// offers is within an eighth (plus window-scale rounding) of the
+	// largest cap of the last 1.5 round trips: the window a sender sees
+	// answers a cap sent a round trip before, and a cap may halve per
+	// round trip.
+	recent := s.srtt + s.srtt/2
+	i := 0
+	for i < len(q.shares)-1 && now.Sub(q.shares[i+1].at) >= recent {
+		i++ // shares[i] was still in force when shares[i+1] replaced it
+	}
+	q.shares = q.shares[i:]
+	var hold uint32
+	for _, h := range q.shares {
+		hold = max(hold, h.share)
+	}
+	s.inForce, q.peerWnd = len(ls) > 0, 0
+	for _, l := range ls {
+		s.inForce = s.inForce && q.sentTo[l.key] != 0 && uint64(l.sndWnd) <= uint64(hold)+uint64(hold)/8+64<<10
+		q.peerWnd = max(q.peerWnd, l.sndWnd)
+	}
+	q.inForce = s.inForce
+	next, all := q.ctl.step(s)
+	if q.ctl.clamp != 0 && len(ls) > 0 {
+		share = max(q.ctl.clamp/uint32(len(ls)), queueClampMin)
+	}
+	if n := len(q.shares); n == 0 || q.shares[n-1].share != share {
+		q.shares = append(q.shares, timedShare{now, share})
+	}
+	q.sends = q.sends[:0]
+	for _, l := range ls {
+		if all || q.sentTo[l.key] != share {
+			q.sends = append(q.sends, queueSend{l.key, share})
+			q.sentTo[l.key] = share
+		}
+	}
+	for k := range q.sentTo {
+		if !slices.ContainsFunc(ls, func(l linkQueueSample) bool { return l.key == k }) {
+			delete(q.sentTo, k)
+		}
+	}
+	return next, share, q.sends
+}
+
+// controlQueue runs queue control over the trunk's bulk links until none
+// is left.
+func (t *Trunk) controlQueue(target time.Duration, log *slog.Logger) {
+	q := trunkQueue{ctl: queueCtl{target: target}}
 	var in tcpinfo.Info
+	var links []*Link
+	var ls []linkQueueSample
 	var xSent uint64
 	var xAt time.Time
-	t := time.NewTimer(queueIdleTick)
-	defer t.Stop()
+	tm := time.NewTimer(queueIdleTick)
+	defer tm.Stop()
 	for {
-		select {
-		case <-l.done:
+		<-tm.C
+		if links = t.queueLinks(links); len(links) == 0 {
 			return
-		case <-t.C:
 		}
-		if err := tcpinfo.ReadConn(sc, &in); err != nil {
-			l.log.Warn("queue control stopped: TCP_INFO", "peer", l.peer.Name, "link", l.index, "err", err)
-			return
+		ls = ls[:0]
+		for _, l := range links {
+			if err := tcpinfo.ReadConn(l.conn.(syscall.Conn), &in); err != nil {
+				continue // closing: the next round finds it dead
+			}
+			ls = append(ls, linkQueueSample{key: l, srtt: in.RTT, minRTT: in.MinRTT, acked: in.BytesAcked,
+				backlog: in.NotsentBytes > 0 || l.queued.Load() > 0, sndWnd: in.SndWnd})
 		}
 		now := time.Now()
 		msgs := true
-		if x, ok := l.t.expressSent(); ok {
+		if x, ok := t.expressSent(); ok {
 			if x != xSent {
 				xSent, xAt = x, now
 			}
 			msgs = now.Sub(xAt) < queueMsgWindow
 		}
-		next, send := c.step(queueSample{at: now, srtt: in.RTT, minRTT: in.MinRTT, acked: in.BytesAcked,
-			backlog: in.NotsentBytes > 0 || l.queued.Load() > 0, messages: msgs})
-		l.Stats.Clamp.Store(c.clamp)
-		l.Stats.QueueDelay.Store(int64(c.queue))
-		l.Stats.ClampLifts.Store(c.lifts)
-		if send {
-			l.log.Debug("queue control", "peer", l.peer.Name, "link", l.index, "clamp", c.sent, "queue", c.queue,
-				"srtt", in.RTT, "min_rtt", in.MinRTT, "rate_mbit", c.rate*8/1e6, "lifts", c.lifts)
-			f := frame{h: header.Header{Type: header.TypeClamp, Length: 4}}
-			header.PutU32(f.ctl[:4], c.sent)
-			l.enqueue(f, nil)
+		next, share, sends := q.step(now, ls, msgs)
+		c := &q.ctl
+		if len(sends) > 0 {
+			log.Debug("queue control", "peer", links[0].peer.Name, "links", len(ls), "clamp", c.clamp, "per_link", share,
+				"queue", c.queue, "min_rtt", c.ago(0).minRTT, "rate_mbit", c.rate*8/1e6, "lifts", c.lifts, "in_force", q.inForce, "peer_wnd", q.peerWnd)
 		}
-		t.Reset(next)
+		for _, l := range links {
+			l.Stats.Clamp.Store(share)
+			l.Stats.QueueDelay.Store(int64(c.queue))
+			l.Stats.ClampLifts.Store(c.lifts)
+		}
+		for _, sd := range sends {
+			f := frame{h: header.Header{Type: header.TypeClamp, Length: 4}}
+			header.PutU32(f.ctl[:4], sd.clamp)
+			sd.key.(*Link).enqueue(f, nil)
+		}
+		tm.Reset(next)
 	}
 }
 

@@ -28,6 +28,7 @@ type Trunk struct {
 	links   []*Link // by index; nil while down
 	express int     // index of the express link, -1 without one
 	rr      int     // rotates the first candidate of the least-loaded choice
+	queueOn bool    // controlQueue runs
 }
 
 // NewTrunk returns an empty trunk. dialer tells which side allocates odd
