@@ -62,9 +62,10 @@
 //     silent for DeadAfter closes the link with SO_LINGER 0; every stream is
 //     then reset toward its application (code 7), on both sites.
 //   - Queue control (Config.QueueTarget, queue.go): while messages cross
-//     the trunk, each bulk link keeps the WAN bottleneck's queue near the
-//     target by having the peer cap its receive window (CLAMP) at the
-//     measured rate x (min RTT + target); it steps aside for other flows.
+//     the trunk, one controller per trunk keeps the WAN bottleneck's queue
+//     near the target by having the peers cap the bulk links' receive
+//     windows (CLAMP) at the measured rate x (min RTT + target), split
+//     evenly over the bulk links; it steps aside for other flows.
 //
 // # Measurements (2 shared cores, AMD EPYC VM, loopback; other jobs running)
 //
@@ -188,6 +189,19 @@
 // flow filling the queue the cap steps aside (TestGatewayCompeting, 8 s
 // each at once, 4 runs): the gateway stream got 95.7-106.8 Mbit/s with
 // queue control, 94.5-121.2 without (shares on 2 cores vary run to run).
+//
+// Seventh session: with --wan-conns 2 that controller, then one per bulk
+// link, failed (p99 40.2-40.4 ms in 3 of 4 runs): a receiver never
+// shrinks a window it has offered, and after a bulk run its autotuned 5-8
+// MB window let the queue fill for tenths of a second after a cap was
+// sent; the controllers read that as another flow's queue and lifted. Now
+// one controller caps the trunk, and counts a queue as foreign only while
+// the peers' windows (tcpi_snd_wnd) have come down to the cap: p99 with
+// two bulk links 21.59-21.88 ms (5 runs), with one 21.49-22.08 ms (5 runs;
+// bench/figures/queuecontrol). Its
+// foreign-queue rule is faster and tighter (target + 2 ms for 4 RTTs):
+// against a direct flow that keeps 2-5 ms of queue, the gateway stream got
+// 86.4-109.3 Mbit/s with queue control, 98.4-114.7 without (4 runs).
 //
 // Before queue control, two things kept a small message from waiting
 // behind bulk. Unpaced, the bulk keeps the bottleneck's 1-BDP drop-tail queue full (~870-1 100 fast
