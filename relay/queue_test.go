@@ -87,33 +87,45 @@ func simulate(c *queueCtl, m *pathModel, d time.Duration, change func(t time.Dur
 	if m.now.IsZero() {
 		m.now = time.Unix(1000, 0)
 	}
-	start := m.now
 	nextAt := m.now
+	bytes, meanQ = drive(&m.now, d, change, func() (float64, time.Duration) { return m.advance(), m.queue }, func() {
+		if c == nil || m.now.Before(nextAt) {
+			return
+		}
+		next, send := c.step(m.sample())
+		if send {
+			frames++
+			m.pending = append(m.pending, struct {
+				at time.Time
+				v  uint32
+			}{m.now.Add(m.r0), c.sent})
+		}
+		nextAt = m.now.Add(next)
+	})
+	return bytes, meanQ, frames
+}
+
+// drive runs a fluid model whose clock is *now for d: each 1 ms step
+// calls change (if set) with the time since the start, advance (the bytes
+// delivered and the queue), then control. It returns the bytes delivered
+// and the mean queue over the last half.
+func drive(now *time.Time, d time.Duration, change func(time.Duration), advance func() (float64, time.Duration), control func()) (bytes float64, meanQ time.Duration) {
+	start := *now
 	var qsum time.Duration
 	var qn int
-	for m.now.Sub(start) < d {
+	for now.Sub(start) < d {
 		if change != nil {
-			change(m.now.Sub(start))
+			change(now.Sub(start))
 		}
-		got := m.advance()
-		if m.now.Sub(start) >= d/2 {
+		got, q := advance()
+		if now.Sub(start) >= d/2 {
 			bytes += got
-			qsum += m.queue
+			qsum += q
 			qn++
 		}
-		if c != nil && !m.now.Before(nextAt) {
-			next, send := c.step(m.sample())
-			if send {
-				frames++
-				m.pending = append(m.pending, struct {
-					at time.Time
-					v  uint32
-				}{m.now.Add(m.r0), c.sent})
-			}
-			nextAt = m.now.Add(next)
-		}
+		control()
 	}
-	return bytes, qsum / time.Duration(max(qn, 1)), frames
+	return bytes, qsum / time.Duration(max(qn, 1))
 }
 
 func newPath(mbit float64, rtt time.Duration) *pathModel {
@@ -433,22 +445,9 @@ func (m *trunkModel) samples() []linkQueueSample {
 // utilisation and mean queue over the last half.
 func simulateTrunk(c *trunkQueue, m *trunkModel, d time.Duration, change func(t time.Duration)) (util float64, meanQ time.Duration) {
 	var nextAt time.Time
-	start := m.now
-	var bytes float64
-	var qsum time.Duration
-	var qn int
-	for m.now.Sub(start) < d {
-		if change != nil {
-			change(m.now.Sub(start))
-		}
-		got := m.advance()
-		if m.now.Sub(start) >= d/2 {
-			bytes += got
-			qsum += m.queue
-			qn++
-		}
+	bytes, meanQ := drive(&m.now, d, change, func() (float64, time.Duration) { return m.advance(), m.queue }, func() {
 		if c == nil || m.now.Before(nextAt) {
-			continue
+			return
 		}
 		next, _, sends := c.step(m.now, m.samples(), true)
 		for _, sd := range sends {
@@ -459,8 +458,8 @@ func simulateTrunk(c *trunkQueue, m *trunkModel, d time.Duration, change func(t 
 			}
 		}
 		nextAt = m.now.Add(next)
-	}
-	return bytes / (m.rate * (d / 2).Seconds()), qsum / time.Duration(max(qn, 1))
+	})
+	return bytes / (m.rate * (d / 2).Seconds()), meanQ
 }
 
 // TestTrunkQueueLinks: with --wan-conns K, the bulk links share the
