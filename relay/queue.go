@@ -263,8 +263,9 @@ func (c *queueCtl) refresh(now time.Time) bool {
 
 // queueAgg merges the samples of a trunk's bulk links into the one sample
 // queue control decides on. The links cross the same bottleneck, so the
-// trunk caps their sum: with --wan-conns K, K links each controlled alone
-// would take each other's queue for a foreign one and lift their caps.
+// trunk caps their sum: one rate, one queue estimate and one verdict on
+// foreign queues for all of them, where controllers of their own would
+// each see the others' queue and lift at different times.
 type queueAgg struct {
 	acked      uint64         // bytes acknowledged by all bulk links, across reconnects
 	last, next map[any]uint64 // each link's BytesAcked at the previous sample
