@@ -296,7 +296,15 @@ type wanLab struct {
 
 func newWANLab(t *testing.T, rtt time.Duration) *wanLab {
 	labRequireRoot(t)
-	w := &wanLab{l: labUp(t, testbed.Config{Nodes: 1, RTT: rtt, WANRate: 200e6})}
+	c := testbed.Config{Nodes: 1, RTT: rtt, WANRate: 200e6}
+	// MPI5K_LAB_LOSS ("0.1%") adds random loss to the WAN for measurements.
+	if v := os.Getenv("MPI5K_LAB_LOSS"); v != "" {
+		var err error
+		if c.Loss, err = testbed.ParseLoss(v); err != nil {
+			t.Fatalf("MPI5K_LAB_LOSS: %v", err)
+		}
+	}
+	w := &wanLab{l: labUp(t, c)}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	w.ctx = ctx

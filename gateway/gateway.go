@@ -22,6 +22,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mpi5k/mpi5k/header"
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/sitemap"
@@ -161,6 +163,19 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.WAN.NotSentLowat == 0 {
 		cfg.WAN.NotSentLowat = 128 << 10
+	}
+	if cfg.WAN.RTOMin < 0 || cfg.WAN.DelackMax < 0 {
+		return nil, fmt.Errorf("gateway: --wan-rto-min %v / --wan-delack-max %v: negative (0 keeps the kernel's)", cfg.WAN.RTOMin, cfg.WAN.DelackMax)
+	}
+	if err := cfg.WAN.checkTimers(); errors.Is(err, unix.ENOPROTOOPT) {
+		cfg.Logger.Warn("this kernel has no TCP_RTO_MIN_US / TCP_DELACK_MAX_US: WAN sockets keep the 200 ms RTO floor",
+			"wan_rto_min", cfg.WAN.RTOMin, "wan_delack_max", cfg.WAN.DelackMax)
+		cfg.WAN.RTOMin, cfg.WAN.DelackMax = 0, 0
+	} else if errors.Is(err, unix.EINVAL) {
+		return nil, fmt.Errorf("gateway: --wan-rto-min %v / --wan-delack-max %v: %w (the kernel takes more than one clock tick, 4 ms at HZ=250, and at most 200 ms)",
+			cfg.WAN.RTOMin, cfg.WAN.DelackMax, err)
+	} else if err != nil {
+		return nil, fmt.Errorf("gateway: WAN timers: %w", err)
 	}
 	if cfg.WAN.CC == "" && CheckCC("bbr") == nil {
 		// BBR keeps the bottleneck queue short (small messages behind bulk

@@ -786,3 +786,47 @@ func TestConfigErrors(t *testing.T) {
 		t.Error("chunk above 1 MiB accepted")
 	}
 }
+
+// TestWANTimers: --wan-rto-min and --wan-delack-max reach the WAN sockets
+// of both sides (dialed and accepted), and values the kernel rejects or
+// negative ones fail New with the flag named.
+func TestWANTimers(t *testing.T) {
+	if err := (SockOpts{RTOMin: 10 * time.Millisecond}).checkTimers(); errors.Is(err, unix.ENOPROTOOPT) {
+		t.Skip("kernel without TCP_RTO_MIN_US")
+	}
+	_, a, b := startPair(t, func(c *Config) {
+		c.WAN.RTOMin, c.WAN.DelackMax = 10*time.Millisecond, 5*time.Millisecond
+	})
+	seen := 0
+	for _, g := range []*testGW{a, b} {
+		for _, l := range g.allLinks() {
+			seen++
+			rc, err := l.Conn().(*net.TCPConn).SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rto, delack int
+			rc.Control(func(fd uintptr) {
+				rto, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, tcpRTOMinUS)
+				delack, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, tcpDelackMaxUS)
+			})
+			// The kernel rounds up to clock ticks (4 ms at HZ=250).
+			if rto < 10000 || rto > 20000 || delack < 5000 || delack > 16000 {
+				t.Errorf("link %d express=%v: TCP_RTO_MIN_US %d, TCP_DELACK_MAX_US %d; want about 10000 and 5000", l.Index(), l.Express(), rto, delack)
+			}
+		}
+	}
+	if seen < 4 {
+		t.Fatalf("%d WAN links checked, want the bulk and express link on both sides", seen)
+	}
+	m := testMap(t)
+	for _, c := range []struct {
+		rto, delack time.Duration
+		want        string
+	}{{-time.Millisecond, 0, "negative"}, {time.Millisecond, 0, "at most 200 ms"}, {0, time.Second, "--wan-delack-max 1s"}} {
+		_, err := New(Config{Map: m, Site: "a", WAN: SockOpts{RTOMin: c.rto, DelackMax: c.delack}})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("rto-min %v delack-max %v: error %v, want one with %q", c.rto, c.delack, err, c.want)
+		}
+	}
+}

@@ -27,6 +27,14 @@ type SockOpts struct {
 	// lost retransmission costs an RTO, not a doubling chain that stalls
 	// every stream of the link for seconds.
 	ThinLinear bool
+	// RTOMin sets TCP_RTO_MIN_US and DelackMax TCP_DELACK_MAX_US (0 leaves
+	// the kernel's 200 ms floor and delayed-ACK ceiling). Linux's RTO is
+	// srtt + max(4 x rttvar, RTO floor), and a lone lost segment (one MPI
+	// message on a quiet link) waits for a tail-loss probe no sooner than
+	// 1.5 x srtt + the delayed-ACK ceiling, or for that RTO: about 245 ms
+	// at 20 ms RTT. Both ends of a WAN link are gateways, so the ACK delay
+	// the floor guards against is ours to bound too.
+	RTOMin, DelackMax time.Duration
 	// MaxPacingRate sets SO_MAX_PACING_RATE (bytes/s, 0 leaves it unset):
 	// the kernel spreads this socket's packets at no more than this rate
 	// (TCP's own pacing; BBR and CUBIC both honour the cap).
@@ -69,12 +77,43 @@ func (o SockOpts) apply(fd int) error {
 			return fmt.Errorf("SO_MAX_PACING_RATE: %w", err)
 		}
 	}
+	if o.RTOMin > 0 {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, tcpRTOMinUS, int(o.RTOMin.Microseconds())); err != nil {
+			return fmt.Errorf("TCP_RTO_MIN_US: %w", err)
+		}
+	}
+	if o.DelackMax > 0 {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, tcpDelackMaxUS, int(o.DelackMax.Microseconds())); err != nil {
+			return fmt.Errorf("TCP_DELACK_MAX_US: %w", err)
+		}
+	}
 	if o.UserTimeout > 0 {
 		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(o.UserTimeout.Milliseconds())); err != nil {
 			return fmt.Errorf("TCP_USER_TIMEOUT: %w", err)
 		}
 	}
 	return nil
+}
+
+// Socket options of recent kernels (include/uapi/linux/tcp.h) that
+// golang.org/x/sys/unix does not name yet.
+const (
+	tcpRTOMinUS    = 45
+	tcpDelackMaxUS = 46
+)
+
+// checkTimers reports whether the kernel takes o's RTOMin and DelackMax:
+// ENOPROTOOPT from a kernel older than these options.
+func (o SockOpts) checkTimers() error {
+	if o.RTOMin <= 0 && o.DelackMax <= 0 {
+		return nil
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return SockOpts{RTOMin: o.RTOMin, DelackMax: o.DelackMax}.apply(fd)
 }
 
 // control returns a net.Dialer/ListenConfig Control function applying o.

@@ -45,6 +45,8 @@ func run(args []string) int {
 	expressMax := fs.String("express-max", "68KiB", "largest message (burst of bytes a rank writes without pausing) that takes the express link; at most --chunk")
 	wanPace := fs.String("wan-pace", "0", "cap each site pair's bulk WAN sending rate, e.g. 190mbit (0: no cap); a few percent below the WAN bottleneck keeps its queue empty")
 	wanQueue := fs.Duration("wan-queue", time.Millisecond, "queue control: WAN bottleneck queue a saturating bulk link may keep, by capping the peer's receive window at measured rate x (min RTT + this); lifted while other flows fill the queue (0: off)")
+	rtoMin := fs.Duration("wan-rto-min", 10*time.Millisecond, "floor of WAN sockets' retransmission timeout (TCP_RTO_MIN_US; 0: the kernel's 200 ms): a lost lone message then waits tens of ms, not 200+")
+	delackMax := fs.Duration("wan-delack-max", 5*time.Millisecond, "longest a WAN socket delays an ACK (TCP_DELACK_MAX_US; 0: the kernel's 200 ms); bounds the peer's tail-loss probe delay")
 	pollThread := fs.Bool("poll-thread", true, "forward small messages on one event-loop thread that waits for every idle socket (false: Go's network poller)")
 	ready := fs.String("ready-file", "", "file written once every WAN link is up")
 	metrics := fs.String("metrics", "", "listen address of the HTTP server for /metrics and /ready (e.g. :9105)")
@@ -103,8 +105,9 @@ func run(args []string) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	g, err := gateway.New(gateway.Config{
 		Map: m, Site: *site,
-		LAN:          gateway.SockOpts{CC: *lanCC, SndBuf: n["lan-sndbuf"], RcvBuf: n["lan-rcvbuf"]},
-		WAN:          gateway.SockOpts{CC: *wanCC, SndBuf: n["wan-sndbuf"], RcvBuf: n["wan-rcvbuf"], NotSentLowat: n["wan-notsent-lowat"]},
+		LAN: gateway.SockOpts{CC: *lanCC, SndBuf: n["lan-sndbuf"], RcvBuf: n["lan-rcvbuf"]},
+		WAN: gateway.SockOpts{CC: *wanCC, SndBuf: n["wan-sndbuf"], RcvBuf: n["wan-rcvbuf"], NotSentLowat: n["wan-notsent-lowat"],
+			RTOMin: *rtoMin, DelackMax: *delackMax},
 		Chunk:        n["chunk"],
 		Window:       uint32(n["window"]),
 		WANConns:     *wanConns,
