@@ -44,6 +44,8 @@ func runMain(args []string) int {
 		wanPace  = fs.String("wan-pace", "", "cap each site pair's WAN rate, e.g. 950mbit for a 1 Gbit/s WAN (keeps its queue empty)")
 		lowat    = fs.String("wan-notsent-lowat", "", "unsent bytes the gateways keep in a WAN socket, e.g. 32KiB")
 		wanQueue = fs.String("wan-queue", "", "WAN bottleneck queue the gateways' bulk links keep while messages cross it (gateway default 1ms; 0: off)")
+		rtoMin   = fs.String("wan-rto-min", "", "RTO floor of the gateways' WAN sockets (gateway default 10ms; 0: the kernel's 200 ms)")
+		delack   = fs.String("wan-delack-max", "", "longest the gateways' WAN sockets delay an ACK (gateway default 5ms; 0: the kernel's)")
 	)
 	fs.StringVar(&c.SitesFile, "sites", "", "FILE of \"<host-or-CIDR> <site>\" lines (default: Grid'5000 names <cluster>-<n>.<site>)")
 	fs.BoolVar(&c.Dedicated, "dedicated-gateways", false, "gateway hosts run no ranks")
@@ -96,9 +98,9 @@ func runMain(args []string) int {
 			return fail(fmt.Errorf("--wan-pace: %v", err))
 		}
 	}
-	if *wanQueue != "" {
-		if d, err := time.ParseDuration(*wanQueue); err != nil || d < 0 {
-			return fail(fmt.Errorf("--wan-queue: bad duration %q (want e.g. 1ms, or 0 for off)", *wanQueue))
+	for name, v := range map[string]string{"--wan-queue": *wanQueue, "--wan-rto-min": *rtoMin, "--wan-delack-max": *delack} {
+		if d, err := time.ParseDuration(v); v != "" && (err != nil || d < 0) {
+			return fail(fmt.Errorf("%s: bad duration %q (want e.g. 1ms, or 0 for off)", name, v))
 		}
 	}
 	for name, v := range map[string]string{"--chunk": *chunk, "--window": *window, "--wan-notsent-lowat": *lowat, "--express-max": *xMax} {
@@ -110,7 +112,7 @@ func runMain(args []string) int {
 		}
 	}
 	for _, kv := range [][2]string{{"--lan-cc", *lanCC}, {"--wan-cc", *wanCC}, {"--wan-express-cc", *xCC}, {"--express-max", *xMax}, {"--chunk", *chunk}, {"--window", *window},
-		{"--wan-pace", *wanPace}, {"--wan-notsent-lowat", *lowat}, {"--wan-queue", *wanQueue}} {
+		{"--wan-pace", *wanPace}, {"--wan-notsent-lowat", *lowat}, {"--wan-queue", *wanQueue}, {"--wan-rto-min", *rtoMin}, {"--wan-delack-max", *delack}} {
 		if kv[1] != "" {
 			c.GatewayArgs = append(c.GatewayArgs, kv[0], kv[1])
 		}

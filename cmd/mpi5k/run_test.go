@@ -31,6 +31,8 @@ func TestRunRejectsBadTuning(t *testing.T) {
 		"--wan-notsent-lowat=lots": "--wan-notsent-lowat: bad size",
 		"--chunk=1.5MiB":           "--chunk: bad size",
 		"--wan-queue=-1ms":         "--wan-queue: bad duration",
+		"--wan-rto-min=fast":       "--wan-rto-min: bad duration",
+		"--wan-delack-max=-5ms":    "--wan-delack-max: bad duration",
 	} {
 		status, out := stderrOf(t, func() int {
 			return runMain([]string{flag, "--dry-run", "mpirun", "-np", "2", "-H", "a-1.x,b-1.y", "true"})
