@@ -482,11 +482,10 @@ func TestLabMPI(t *testing.T) {
 			}
 			job := mpiJob{Host: "node-1.site1", Argv: c.cmd(bin), Dir: filepath.Dir(bin),
 				Timeout: 90 * time.Second, Done: "pingpong ok", Tries: c.tries}
-			out, _ := job.run(t, l)
+			out := job.run(t, l)
 			t.Logf("%s:\n%s", strings.Join(job.Argv, " "), out)
-			text := string(out)
 			for _, want := range []string{"on node-1.site1", "on node-1.site2", "pingpong ok"} {
-				if !strings.Contains(text, want) {
+				if !strings.Contains(out, want) {
 					t.Errorf("output lacks %q", want)
 				}
 			}

@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,8 +23,7 @@ import (
 type mpiJob struct {
 	Host    string
 	Argv    []string
-	Dir     string   // working directory ("": the test's)
-	Env     []string // added to the lab's environment
+	Dir     string // working directory ("": the test's)
 	Timeout time.Duration
 	Done    string        // output that says the job's work is complete
 	Grace   time.Duration // time to exit after Done (default 30 s)
@@ -62,8 +60,8 @@ func (b *lockedBuffer) String() string {
 
 // run runs the job until it exits cleanly and returns its output. A job
 // that fails, does not print Done, or hangs after Done more than Tries
-// times fails t. hangs counts the interrupted tries.
-func (j mpiJob) run(t *testing.T, l *testbed.Lab) (out string, hangs int) {
+// times fails t.
+func (j mpiJob) run(t *testing.T, l *testbed.Lab) string {
 	t.Helper()
 	tries := max(j.Tries, 1)
 	for try := 1; ; try++ {
@@ -75,7 +73,6 @@ func (j mpiJob) run(t *testing.T, l *testbed.Lab) (out string, hangs int) {
 		case hung && try < tries:
 			t.Logf("%s (try %d): job done but not exited %v later: MPI_Finalize hang (openucx/ucx#8738), interrupted; running it again\n%s",
 				j.Argv[0], try, j.grace(), lastLines(out, 8))
-			hangs++
 			continue
 		case hung:
 			t.Fatalf("%s: job done but not exited %v later in each of %d tries (MPI_Finalize hang); output:\n%s",
@@ -85,7 +82,7 @@ func (j mpiJob) run(t *testing.T, l *testbed.Lab) (out string, hangs int) {
 		case j.Done != "" && !strings.Contains(out, j.Done):
 			t.Fatalf("%s: exited without printing %q; output:\n%s", strings.Join(j.Argv, " "), j.Done, out)
 		}
-		return out, hangs
+		return out
 	}
 }
 
@@ -101,7 +98,6 @@ func (j mpiJob) once(l *testbed.Lab) (out string, hung bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), j.Timeout)
 	defer cancel()
 	cmd := l.CommandContext(ctx, j.Host, j.Argv[0], j.Argv[1:]...)
-	cmd.Env = l.Environ(append(os.Environ(), j.Env...))
 	cmd.Dir = j.Dir
 	// SIGINT first: mpi5k run and mpiexec forward it to the ranks and
 	// clean up (gateways stopped, remote processes killed).

@@ -219,7 +219,7 @@ func TestShimMPI(t *testing.T) {
 			}
 			job := mpiJob{Host: "node-1.site1", Argv: c.cmd(bin), Dir: filepath.Dir(bin),
 				Timeout: 90 * time.Second, Done: "shim_mpi ok", Tries: c.tries}
-			out, _ := job.run(t, l)
+			out := job.run(t, l)
 			t.Logf("%s:\n%s", strings.Join(job.Argv, " "), out)
 			after, err := l.Stats()
 			if err != nil {

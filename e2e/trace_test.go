@@ -312,7 +312,7 @@ func TestTraceMPILab(t *testing.T) {
 						t.Fatal(err)
 					}
 				}}
-			out, _ := job.run(t, l)
+			out := job.run(t, l)
 			t.Logf("%s", lastLines(out, 6))
 			files, _ := filepath.Glob(filepath.Join(dir, "*.trace"))
 			if len(files) == 0 {
