@@ -362,6 +362,39 @@ func TestGatewayWAN(t *testing.T) {
 		}
 		return strings.Join(keep, "; ")
 	}
+	// windows returns the WAN sockets' cwnd and ssthresh of the gateway at
+	// gw, by link ("link 1: cwnd 52 ssthresh 36").
+	windows := func(host string, gw netip.Addr) string {
+		out, err := scrape(host, gw)
+		if err != nil {
+			return "metrics unavailable: " + err.Error()
+		}
+		w := map[string]string{}
+		var links []string
+		for _, line := range strings.Split(out, "\n") {
+			for _, k := range []string{"cwnd", "ssthresh"} {
+				if !strings.HasPrefix(line, "mpi5k_wan_tcp_"+k+"_segments{") {
+					continue
+				}
+				_, rest, _ := strings.Cut(line, `link="`)
+				link, _, _ := strings.Cut(rest, `"`)
+				if _, ok := w[link]; !ok {
+					links = append(links, link)
+				}
+				w[link] += " " + k + " " + line[strings.LastIndexByte(line, ' ')+1:]
+			}
+		}
+		var b []string
+		for _, link := range links {
+			b = append(b, "link "+link+":"+w[link])
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if strings.HasPrefix(line, "mpi5k_wan_express_renewals_total{") {
+				b = append(b, "express renewals "+line[strings.LastIndexByte(line, ' ')+1:])
+			}
+		}
+		return strings.Join(b, ", ")
+	}
 	// farRSS returns the resident memory of site2's gateway in MiB.
 	farRSS := func() float64 {
 		out, err := scrape(dstHost, site2.LAN.Addr())
@@ -458,8 +491,10 @@ func TestGatewayWAN(t *testing.T) {
 	for _, size := range []int{16 << 10, 64 << 10} {
 		d := run(t, ctx, l, src, "pingpong", echo, "-", "30", strconv.Itoa(size))
 		g := run(t, ctx, l, src, "pingpong", echo, gwLAN, "30", strconv.Itoa(size))
-		t.Logf("(e) %d KiB ping-pong, RTT %v, p50/p99 in ms: direct %.2f/%.2f, gateways %.2f/%.2f (gateway args %v)",
-			size>>10, rtt, d[0]/1e3, d[1]/1e3, g[0]/1e3, g[1]/1e3, gwArgs)
+		t.Logf("(e) %d KiB ping-pong, RTT %v, p50/p99 in ms: direct %.2f/%.2f, gateways %.2f/%.2f (gateway args %v); "+
+			"WAN windows after it: site1 %s; site2 %s",
+			size>>10, rtt, d[0]/1e3, d[1]/1e3, g[0]/1e3, g[1]/1e3, gwArgs,
+			windows(src, site1.LAN.Addr()), windows(dstHost, site2.LAN.Addr()))
 		if p50 := time.Duration(g[0]) * time.Microsecond; size == 16<<10 && !custom && p50 > rtt+5*time.Millisecond {
 			t.Errorf("16 KiB ping-pong through the gateways: p50 %v, more than RTT + 5 ms", p50)
 		}

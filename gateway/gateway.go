@@ -67,6 +67,12 @@ type Config struct {
 	// and lifts the cap while another flow keeps the queue full (see
 	// package relay, queue control).
 	WANQueue time.Duration
+	// NoRenew keeps each express link for its whole life. By default a
+	// gateway replaces an express link whose congestion window losses have
+	// cut below one message (ExpressMax) with a fresh connection: the link
+	// carries app-limited messages, which never regrow a window that loss
+	// recovery has cut (see package relay, renewal).
+	NoRenew bool
 	// NoPollThread waits for idle sockets in Go's network poller instead of
 	// the relay's poller thread, which forwards small messages with one
 	// thread wake-up per gateway (see package relay, figure (a)).
@@ -119,6 +125,10 @@ type peer struct {
 	dialer bool          // we dial (our id is lower)
 	trunk  *relay.Trunk  // the links' shared streams
 	links  []*relay.Link // by link index (bulk links, then the express link); nil while down
+	// renew wakes the dialer's express dialLoop to replace a working
+	// express link; renewed counts renewals (both sides).
+	renew   chan struct{}
+	renewed atomic.Uint64
 }
 
 // New validates cfg and opens the LAN and WAN listeners (so a test can
@@ -242,8 +252,9 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	for _, s := range cfg.Map.Sites() {
 		if s.ID != site.ID {
-			p := &peer{site: s, dialer: site.ID < s.ID, links: make([]*relay.Link, g.numLinks())}
+			p := &peer{site: s, dialer: site.ID < s.ID, links: make([]*relay.Link, g.numLinks()), renew: make(chan struct{}, 1)}
 			p.trunk = relay.NewTrunk(p.dialer, relay.HandlerFunc(g.openFromWAN))
+			p.trunk.OnRenew(func() { kickRenew(p) })
 			g.peers[s.ID] = p
 		}
 	}
@@ -360,7 +371,7 @@ func (g *Gateway) setLink(p *peer, i int, l *relay.Link) {
 		}
 	}
 	g.peersMu.Unlock()
-	if old != nil && old != l {
+	if old != nil && old != l && !old.Retiring() { // a renewed link closes itself
 		old.Close()
 	}
 	if all {
@@ -421,6 +432,9 @@ func (g *Gateway) features() uint8 {
 	f := header.FeatureTrunk | header.FeatureClamp
 	if !g.cfg.NoExpress {
 		f |= header.FeatureExpress
+		if !g.cfg.NoRenew {
+			f |= header.FeatureRenew
+		}
 	}
 	return f
 }
@@ -460,7 +474,13 @@ func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello) *rela
 	if err != nil {
 		g.log.Warn("WAN link: socket options not set", "peer", p.site.Name, "link", i, "express", x, "err", err)
 	}
+	g.peersMu.Lock()
+	prev := p.links[i]
+	g.peersMu.Unlock()
 	l := p.trunk.Add(c, g.rcfg, ph, i, x)
+	if prev != nil && prev.Retiring() {
+		p.renewed.Add(1)
+	}
 	g.setLink(p, i, l)
 	return l
 }
@@ -491,14 +511,105 @@ func (g *Gateway) dialLoop(p *peer, i int) {
 		}
 		backoff = 50 * time.Millisecond
 		log.Info("WAN link up", "remote", l.Conn().RemoteAddr().String())
-		select {
-		case <-l.Done():
-			if g.draining.Load() {
+		var lastRenew time.Time
+		var later <-chan time.Time
+		var renew chan struct{} // only the express link's loop renews
+		if g.isExpress(i) {
+			renew = p.renew
+		}
+		for l != nil {
+			select {
+			case <-l.Done():
+				if g.draining.Load() {
+					return
+				}
+				log.Warn("WAN link lost; reconnecting", "err", l.Err())
+				l = nil
+			case <-later:
+				later = nil
+				kickRenew(p)
+			case <-renew:
+				// At most one renewal per renewGap, whoever asks; a request
+				// that comes sooner waits for the gap to pass.
+				if g.draining.Load() || later != nil {
+					continue
+				}
+				if wait := renewGap - time.Since(lastRenew); wait > 0 {
+					later = time.After(wait)
+					continue
+				}
+				lastRenew = time.Now()
+				// The old link retires once the new one is in its place
+				// (relay.Trunk.Add); if the dial fails it simply stays.
+				if nl, err := g.dialOnce(p, i); err != nil {
+					log.Warn("express link renewal failed; keeping the old link", "err", err)
+				} else {
+					log.Debug("express link renewed", "remote", nl.Conn().RemoteAddr().String())
+					l = nl
+				}
+			case <-g.ctx.Done():
 				return
 			}
-			log.Warn("WAN link lost; reconnecting", "err", l.Err())
-		case <-g.ctx.Done():
-			return
+		}
+	}
+}
+
+// expressCold: a socket with this cwnd, ssthresh and MSS (TCP_INFO) has
+// left slow start below the segments of one message of max bytes, and its
+// window is below them too. A socket still in its first slow start
+// (ssthresh infinite) is never cold: it grows to twice the largest burst.
+func expressCold(cwnd, ssthresh, mss uint32, max int) bool {
+	if mss == 0 {
+		return false
+	}
+	need := uint32((max + int(mss) - 1) / int(mss))
+	return ssthresh < need && cwnd < need
+}
+
+func kickRenew(p *peer) {
+	select {
+	case p.renew <- struct{}{}:
+	default:
+	}
+}
+
+// renewGap is the shortest time between two renewals of a site pair's
+// express link, which bounds the handshakes a lossy WAN can cost.
+const renewGap = time.Second
+
+// checkExpress renews the express links whose congestion window is cold:
+// loss recovery has set the slow-start threshold below one message of
+// ExpressMax bytes and the window is still below it. Messages are
+// app-limited, so such a window hardly grows again, and every message
+// larger than it costs extra round trips; a fresh connection starts in
+// slow start and grows to twice the largest message within a few. Each
+// side judges the window it sends with: the dialer dials, the acceptor
+// asks it to with RENEW. Called every wanSampleEvery.
+func (g *Gateway) checkExpress() {
+	if g.cfg.NoExpress || g.cfg.NoRenew {
+		return
+	}
+	g.peersMu.Lock()
+	type cand struct {
+		p *peer
+		l *relay.Link
+	}
+	var cs []cand
+	for _, p := range g.peers {
+		if l := p.links[g.cfg.WANConns]; l != nil && !l.Retiring() {
+			cs = append(cs, cand{p, l})
+		}
+	}
+	g.peersMu.Unlock()
+	for _, c := range cs {
+		ti, err := TCPInfo(c.l.Conn())
+		if err != nil || !expressCold(ti.Snd_cwnd, ti.Snd_ssthresh, ti.Snd_mss, g.cfg.ExpressMax) {
+			continue
+		}
+		if c.p.dialer {
+			kickRenew(c.p)
+		} else {
+			c.l.RequestRenew(renewGap)
 		}
 	}
 }

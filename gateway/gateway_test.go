@@ -830,3 +830,120 @@ func TestWANTimers(t *testing.T) {
 		}
 	}
 }
+
+// TestExpressRenew: the express link is replaced under traffic, once at the
+// dialer's initiative and once at the acceptor's (RENEW), and a ping-pong
+// through the pair never notices; both gateways count the renewals, and
+// the new express sockets run the express congestion control again.
+func TestExpressRenew(t *testing.T) {
+	_, a, b := startPair(t, func(c *Config) { c.WAN.CC = "bbr" })
+	dst := testnet.Serve(t, nodeB, echoServer)
+	c, err := lanOpen(a.LANAddr(), nodeA, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	stop, failed := make(chan struct{}), make(chan error, 1)
+	go func() {
+		msg, got := make([]byte, 3000), make([]byte, 3000)
+		for n := 0; ; n++ {
+			select {
+			case <-stop:
+				failed <- nil
+				return
+			default:
+			}
+			for j := range msg {
+				msg[j] = byte(n + j)
+			}
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := c.Write(msg); err != nil {
+				failed <- err
+				return
+			}
+			if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, msg) {
+				failed <- fmt.Errorf("message %d: echo differs or failed: %v", n, err)
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	pa, pb := a.peers[2], b.peers[1]
+	x := a.cfg.WANConns // the express link's index
+	express := func(g *testGW, p *peer) *relay.Link {
+		g.peersMu.Lock()
+		defer g.peersMu.Unlock()
+		return p.links[x]
+	}
+	waitRenewed := func(n uint64) {
+		t.Helper()
+		for i := 0; pa.renewed.Load() < n || pb.renewed.Load() < n; i++ {
+			if i == 500 {
+				t.Fatalf("renewals: a %d, b %d, want %d", pa.renewed.Load(), pb.renewed.Load(), n)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	old := express(a, pa)
+	kickRenew(pa)
+	waitRenewed(1)
+	time.Sleep(100 * time.Millisecond)
+	// The acceptor asks; the dialer waits out renewGap since its last one.
+	if !express(b, pb).RequestRenew(0) {
+		t.Fatal("b did not send RENEW")
+	}
+	waitRenewed(2)
+	select {
+	case <-old.Done():
+		if !errors.Is(old.Err(), relay.ErrLinkRetired) {
+			t.Errorf("the first express link ended with %v", old.Err())
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("the first express link did not retire")
+	}
+	for name, g := range map[string]*testGW{"a": a, "b": b} {
+		p := pa
+		if name == "b" {
+			p = pb
+		}
+		l := express(g, p)
+		if l == nil || l == old {
+			t.Fatalf("%s: express link %v after two renewals", name, l)
+		}
+		var cc string
+		rc, _ := l.Conn().(*net.TCPConn).SyscallConn()
+		rc.Control(func(fd uintptr) { cc, _ = tcpinfo.CongestionControl(int(fd)) })
+		if cc != "cubic" {
+			t.Errorf("%s: renewed express link runs %q, want cubic", name, cc)
+		}
+	}
+	close(stop)
+	if err := <-failed; err != nil {
+		t.Fatalf("ping-pong across the renewals: %v", err)
+	}
+	if n := pa.renewed.Load(); n != 2 {
+		t.Errorf("a renewed %d times, want 2", n)
+	}
+}
+
+// TestExpressCold: when a socket's window counts as too cold for messages.
+func TestExpressCold(t *testing.T) {
+	const inf = tcpinfo.InfiniteSsthresh
+	for _, c := range []struct {
+		cwnd, ssthresh, mss uint32
+		max                 int
+		want                bool
+	}{
+		{10, inf, 1448, 68 << 10, false}, // first slow start
+		{14, 7, 1448, 68 << 10, true},    // cut while messages were small
+		{45, 44, 1448, 68 << 10, true},   // 49 segments make a 68 KiB message
+		{49, 44, 1448, 68 << 10, false},  // the window holds one message
+		{30, 49, 1448, 68 << 10, false},  // recovering in slow start up to 49
+		{10, 7, 1448, 8 << 10, false},    // small messages fit
+		{14, 7, 0, 68 << 10, false},      // no MSS yet
+	} {
+		if got := expressCold(c.cwnd, c.ssthresh, c.mss, c.max); got != c.want {
+			t.Errorf("cwnd %d ssthresh %d mss %d max %d: cold %v, want %v", c.cwnd, c.ssthresh, c.mss, c.max, got, c.want)
+		}
+	}
+}

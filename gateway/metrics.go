@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/mpi5k/mpi5k/relay"
+	"github.com/mpi5k/mpi5k/tcpinfo"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -27,10 +28,11 @@ type metrics struct {
 	bytes, frames, writes, stalls, streams, up, rtt *prometheus.Desc
 	polled, partial                                 *prometheus.Desc
 	clamp, peerClamp, queue, lifts                  *prometheus.Desc
-	cwnd, srtt, retrans, lost, notsent              *prometheus.Desc
+	cwnd, ssthresh, srtt, retrans, lost, notsent    *prometheus.Desc
 	// Derived from periodic TCP_INFO samples (tcpevents.go).
 	ev                                      wanEvents
 	samples, rtxFast, rtxRTO, rtos, idleRst *prometheus.Desc
+	renewals                                *prometheus.Desc
 }
 
 func newMetrics(g *Gateway) *metrics {
@@ -45,6 +47,9 @@ func newMetrics(g *Gateway) *metrics {
 		Help: "Streams opened, by peer site and direction (out: from our LAN)."}, []string{"peer", "dir"})
 	m.peerQueries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mpi5k_peer_queries_total",
 		Help: "PEER_QUERY answers, by whether the connection was found."}, []string{"found"})
+	m.renewals = prometheus.NewDesc("mpi5k_wan_express_renewals_total",
+		"Times the site pair's express link was replaced by a fresh connection because losses had cut its congestion window below one message.",
+		[]string{"peer"}, prometheus.Labels{"site": g.site.Name})
 	lbl := []string{"peer", "link"}
 	d := func(name, help string, extra ...string) *prometheus.Desc {
 		return prometheus.NewDesc(name, help, append(append([]string{}, lbl...), extra...), prometheus.Labels{"site": g.site.Name})
@@ -63,6 +68,7 @@ func newMetrics(g *Gateway) *metrics {
 	m.queue = d("mpi5k_wan_queue_delay_seconds", "Standing queue at the WAN bottleneck seen by the link's sender (least srtt - min_rtt over a round trip).")
 	m.lifts = d("mpi5k_wan_clamp_lifts_total", "Times queue control lifted the cap because another flow kept the bottleneck queue full.")
 	m.cwnd = d("mpi5k_wan_tcp_cwnd_segments", "TCP_INFO congestion window of the WAN socket.")
+	m.ssthresh = d("mpi5k_wan_tcp_ssthresh_segments", "TCP_INFO slow-start threshold of the WAN socket (absent while still in the first slow start).")
 	m.srtt = d("mpi5k_wan_tcp_rtt_seconds", "TCP_INFO smoothed RTT of the WAN socket.")
 	m.retrans = d("mpi5k_wan_tcp_retransmits_total", "TCP_INFO total retransmitted segments.")
 	m.lost = d("mpi5k_wan_tcp_lost_segments", "TCP_INFO segments currently considered lost.")
@@ -81,7 +87,7 @@ func newMetrics(g *Gateway) *metrics {
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.bytes, m.frames, m.polled, m.partial, m.writes, m.stalls, m.streams, m.up, m.rtt,
 		m.clamp, m.peerClamp, m.queue, m.lifts,
-		m.cwnd, m.srtt, m.retrans, m.lost, m.notsent, m.samples, m.rtxFast, m.rtxRTO, m.rtos, m.idleRst} {
+		m.cwnd, m.ssthresh, m.srtt, m.retrans, m.lost, m.notsent, m.samples, m.rtxFast, m.rtxRTO, m.rtos, m.idleRst, m.renewals} {
 		ch <- d
 	}
 }
@@ -93,13 +99,20 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		l         *relay.Link
 	}
 	var rows []row
+	var renewed []prometheus.Metric
 	m.g.peersMu.Lock()
 	for _, p := range m.g.peers {
+		if !m.g.cfg.NoExpress {
+			renewed = append(renewed, prometheus.MustNewConstMetric(m.renewals, prometheus.CounterValue, float64(p.renewed.Load()), p.site.Name))
+		}
 		for i, l := range p.links {
 			rows = append(rows, row{p.site.Name, strconv.Itoa(i), l})
 		}
 	}
 	m.g.peersMu.Unlock()
+	for _, x := range renewed {
+		ch <- x
+	}
 	for _, r := range rows {
 		c := func(d *prometheus.Desc, t prometheus.ValueType, v float64, extra ...string) {
 			ch <- prometheus.MustNewConstMetric(d, t, v, append([]string{r.peer, r.idx}, extra...)...)
@@ -127,6 +140,9 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		c(m.lifts, prometheus.CounterValue, float64(st.ClampLifts.Load()))
 		if ti, err := TCPInfo(r.l.Conn()); err == nil {
 			c(m.cwnd, prometheus.GaugeValue, float64(ti.Snd_cwnd))
+			if ti.Snd_ssthresh < tcpinfo.InfiniteSsthresh {
+				c(m.ssthresh, prometheus.GaugeValue, float64(ti.Snd_ssthresh))
+			}
 			c(m.srtt, prometheus.GaugeValue, float64(ti.Rtt)/1e6)
 			c(m.retrans, prometheus.CounterValue, float64(ti.Total_retrans))
 			c(m.lost, prometheus.GaugeValue, float64(ti.Lost))

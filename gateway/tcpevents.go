@@ -36,6 +36,7 @@ func (g *Gateway) sampleWAN() {
 			return
 		case <-tk.C:
 			g.m.ev.sample(g.allLinks())
+			g.checkExpress()
 		}
 	}
 }

@@ -123,8 +123,13 @@ const (
 	FeatureExpress uint8 = 1 << 1
 	// FeatureClamp: the sender applies CLAMP frames to its socket of the
 	// link they arrive on (TCP_WINDOW_CLAMP).
-	FeatureClamp  uint8 = 1 << 2
-	knownFeatures       = FeatureTrunk | FeatureExpress | FeatureClamp
+	FeatureClamp uint8 = 1 << 2
+	// FeatureRenew: the express link may be replaced while it works (a
+	// fresh TCP connection for a congestion window that losses have cut):
+	// the dialer connects a new one, both ends then end the old one with
+	// RETIRE, and the acceptor may ask for a renewal with RENEW.
+	FeatureRenew  uint8 = 1 << 3
+	knownFeatures       = FeatureTrunk | FeatureExpress | FeatureClamp | FeatureRenew
 )
 
 // Hello is the body of HELLO, the first frame each side of a WAN link sends.

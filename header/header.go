@@ -48,7 +48,9 @@ const (
 	TypePeerReply   Type = 12
 	TypeDataAt      Type = 13 // DATA with its stream offset, for trunked links
 	TypeClamp       Type = 14 // cap on the receive window of the link's socket
-	maxType         Type = TypeClamp
+	TypeRetire      Type = 15 // the sender writes nothing more on this link
+	TypeRenew       Type = 16 // acceptor to dialer: replace this (express) link
+	maxType         Type = TypeRenew
 )
 
 var typeNames = [...]string{
@@ -56,7 +58,7 @@ var typeNames = [...]string{
 	TypeOpenRefused: "OPEN_REFUSED", TypeData: "DATA", TypeHalfClose: "HALF_CLOSE",
 	TypeReset: "RESET", TypeWindow: "WINDOW", TypePing: "PING", TypePong: "PONG",
 	TypePeerQuery: "PEER_QUERY", TypePeerReply: "PEER_REPLY", TypeDataAt: "DATA_AT",
-	TypeClamp: "CLAMP",
+	TypeClamp: "CLAMP", TypeRetire: "RETIRE", TypeRenew: "RENEW",
 }
 
 func (t Type) String() string {
@@ -118,6 +120,8 @@ var payloadBounds = [...][2]uint32{
 	TypePeerReply:   {2 + minEndpoint, 2 + maxEndpoint},
 	TypeDataAt:      {5, MaxPayload},
 	TypeClamp:       {4, 4},
+	TypeRetire:      {0, 0},
+	TypeRenew:       {0, 0},
 }
 
 // Decode parses and validates the header in b[:Size]: version, type, flags,
@@ -155,7 +159,7 @@ func Decode(b []byte) (Header, error) {
 		return h, fmt.Errorf("%w: %v of %d bytes (want %d..%d)", ErrPayload, h.Type, h.Length, lo, hi)
 	}
 	switch h.Type {
-	case TypeHello, TypePing, TypePong, TypeClamp:
+	case TypeHello, TypePing, TypePong, TypeClamp, TypeRetire, TypeRenew:
 		if h.Stream != 0 {
 			return h, fmt.Errorf("%w: %v on stream %d (want 0)", ErrStream, h.Type, h.Stream)
 		}

@@ -36,7 +36,11 @@ func TestDecodeRejects(t *testing.T) {
 		{"version 0", []byte{0, 5, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrVersion},
 		{"version 2", []byte{2, 5, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrVersion},
 		{"type 0", []byte{1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
-		{"type 15", []byte{1, 15, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
+		{"type 17", []byte{1, 17, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
+		{"retire with a body", enc(Header{Type: TypeRetire, Length: 1}), ErrPayload},
+		{"retire on a stream", enc(Header{Type: TypeRetire, Stream: 1}), ErrStream},
+		{"renew with a body", enc(Header{Type: TypeRenew, Length: 4}), ErrPayload},
+		{"renew on a stream", enc(Header{Type: TypeRenew, Stream: 2}), ErrStream},
 		{"data at without payload", enc(Header{Type: TypeDataAt, Stream: 1, Length: 4}), ErrPayload},
 		{"data at on stream 0", enc(Header{Type: TypeDataAt, Length: 9}), ErrStream},
 		{"clamp on a stream", enc(Header{Type: TypeClamp, Stream: 1, Length: 4}), ErrStream},
@@ -78,6 +82,8 @@ func TestDecodeAccepts(t *testing.T) {
 		{Type: TypeHalfClose, Stream: 9, Length: 4}, // with its final offset
 		{Type: TypePing, Length: 8},
 		{Type: TypeClamp, Length: 4},
+		{Type: TypeRetire},
+		{Type: TypeRenew},
 		{Type: TypePeerReply, Stream: 0, Length: 9},
 	} {
 		got, err := Decode(enc(h))
@@ -96,7 +102,7 @@ func randomHeader(r *rand.Rand) Header {
 		h.Length = 4 * r.Uint32N(2)
 	}
 	switch t {
-	case TypeHello, TypePing, TypePong, TypeClamp:
+	case TypeHello, TypePing, TypePong, TypeClamp, TypeRetire, TypeRenew:
 	default:
 		h.Stream = 1 + r.Uint32N(1<<31)
 	}
@@ -183,7 +189,7 @@ func TestHello(t *testing.T) {
 		{SiteID: 1, LinkCount: 1, MaxPayload: MaxPayload + 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Window: 1},
-		{SiteID: 1, LinkCount: 1, Features: 8, MaxPayload: 1, Window: 1, Name: "a"}, // undefined bit
+		{SiteID: 1, LinkCount: 1, Features: 16, MaxPayload: 1, Window: 1, Name: "a"}, // undefined bit
 		{SiteID: 1, LinkCount: 2, Features: FeatureExpress, MaxPayload: 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, Features: FeatureTrunk | FeatureExpress, MaxPayload: 1, Window: 1, Name: "a"},
 	} {

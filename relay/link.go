@@ -255,6 +255,17 @@ type Link struct {
 	closeOnce sync.Once
 
 	lastRecv atomic.Int64
+
+	// Renewal (HELLO feature RENEW): the trunk has put succ in this link's
+	// place. The writer sends RETIRE once its queues are empty, and from
+	// then on (retired) hands any frame sent here to succ; the reader reads
+	// up to the peer's RETIRE. Then the link closes without resetting any
+	// stream: every byte either side wrote before its RETIRE has arrived.
+	succ        *Link // under mu
+	retired     bool  // under mu
+	retireSent  atomic.Bool
+	peerRetired atomic.Bool
+	renewAsked  atomic.Int64 // when this side last sent RENEW (unix ns)
 }
 
 func newLink(conn net.Conn, cfg Config, peer header.Hello, t *Trunk, index int, express bool) *Link {
@@ -366,6 +377,12 @@ const (
 // sendTry: whatever the socket does not take at once goes to the writer.
 func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 	l.mu.Lock()
+	if l.retired {
+		// Whoever picked this link before its successor took over.
+		succ := l.succ
+		l.mu.Unlock()
+		return succ.send(f, s, mode)
+	}
 	if l.closed {
 		l.mu.Unlock()
 		return false
@@ -510,6 +527,10 @@ func (l *Link) writeLoop() {
 			l.mu.Unlock()
 			return
 		}
+		if l.succ != nil && !l.writing && l.ui == len(l.urgent) && l.bi == len(l.bulk) {
+			l.writeRetire(hdrs[:header.Size])
+			return
+		}
 		if l.writing || l.ui == len(l.urgent) && l.bi == len(l.bulk) {
 			l.mu.Unlock()
 			select {
@@ -544,6 +565,103 @@ func (l *Link) writeLoop() {
 	}
 }
 
+// writeRetire ends the writer of a link that has a successor, called with
+// l.mu held and the queues empty: RETIRE is the last frame on the link, so
+// the peer has every frame written before it.
+func (l *Link) writeRetire(hb []byte) {
+	l.retired = true
+	l.writing = true // for good: anything sent from now on goes to succ
+	l.mu.Unlock()
+	header.Header{Type: header.TypeRetire}.Encode(hb)
+	if _, err := l.conn.Write(hb); err != nil {
+		l.fail(fmt.Errorf("relay: write to %v: %w", l.conn.RemoteAddr(), err))
+		return
+	}
+	l.Stats.FramesSent.Add(1)
+	l.retireSent.Store(true)
+	l.retireDone()
+}
+
+// retire makes succ this link's successor (see Link.succ).
+func (l *Link) retire(succ *Link) {
+	l.mu.Lock()
+	if l.closed || l.succ != nil {
+		l.mu.Unlock()
+		return
+	}
+	l.succ = succ
+	l.mu.Unlock()
+	kick(l.wake)
+}
+
+// Retiring reports whether the link has a successor and is ending.
+func (l *Link) Retiring() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.succ != nil
+}
+
+// ErrLinkRetired is the Err of a link that a renewal replaced.
+var ErrLinkRetired = errors.New("relay: link retired (renewed)")
+
+// errPeerRetired stops the reader at the peer's RETIRE.
+var errPeerRetired = errors.New("relay: peer retired the link")
+
+// retireDone closes the link once RETIRE has crossed both ways.
+func (l *Link) retireDone() {
+	if !l.retireSent.Load() || !l.peerRetired.Load() {
+		return
+	}
+	l.closeOnce.Do(func() {
+		l.dead.Store(true)
+		l.mu.Lock()
+		l.closed = true
+		l.err = ErrLinkRetired
+		cbs := l.onClose
+		l.onClose = nil
+		l.mu.Unlock()
+		close(l.done)
+		l.w.cancel()
+		l.conn.Close() // no linger 0: our RETIRE may still be in the socket
+		l.log.Debug("link retired", "peer", l.peer.Name, "link", l.index, "remote", l.conn.RemoteAddr().String())
+		for _, f := range cbs {
+			f(ErrLinkRetired)
+		}
+	})
+}
+
+// readEnd ends the reader: at the peer's RETIRE cleanly, else by failing
+// the link.
+func (l *Link) readEnd(err error) {
+	if err != errPeerRetired {
+		l.fail(readErr(err))
+		return
+	}
+	l.peerRetired.Store(true)
+	l.retireDone()
+	if !l.Retiring() && l.t.dialer {
+		// The acceptor replaced a link we still use, which happens only
+		// when our side of that renewal failed: renew again.
+		l.t.askRenew()
+	}
+}
+
+// RequestRenew asks the peer, which dials this link, to renew it (RENEW),
+// at most once per renewGap; false when it was not sent.
+func (l *Link) RequestRenew(renewGap time.Duration) bool {
+	now := time.Now().UnixNano()
+	last := l.renewAsked.Load()
+	if l.t.dialer || !l.renewable() || now-last < int64(renewGap) || !l.renewAsked.CompareAndSwap(last, now) {
+		return false
+	}
+	return l.enqueue(frame{h: header.Header{Type: header.TypeRenew}}, nil)
+}
+
+// renewable: the link is an express link of a trunk whose peer renews.
+func (l *Link) renewable() bool {
+	return l.express && l.t.lanes && l.peer.Features&header.FeatureRenew != 0
+}
+
 // errPeerClosed is a link whose peer closed the connection between frames.
 var errPeerClosed = errors.New("relay: peer closed the link")
 
@@ -565,13 +683,13 @@ func (l *Link) readLoop() {
 			_, err := r.FillFrom(l.w.read)
 			if err == errWouldBlock && l.w.wait() {
 				if l.rerr != nil {
-					l.fail(l.rerr)
+					l.readEnd(l.rerr)
 					return
 				}
 				continue
 			}
 			if err != nil && err != errWouldBlock {
-				l.fail(readErr(err))
+				l.readEnd(err)
 				return
 			}
 		}
@@ -580,7 +698,7 @@ func (l *Link) readLoop() {
 			err = l.handle(r, h)
 		}
 		if err != nil {
-			l.fail(readErr(err))
+			l.readEnd(err)
 			return
 		}
 	}
@@ -633,6 +751,9 @@ func (l *Link) handle(r *header.Reader, h header.Header) error {
 		return err
 	}
 	if err := l.dispatch(h, p); err != nil {
+		if err == errPeerRetired {
+			return err
+		}
 		return fmt.Errorf("relay: protocol error from %v: %w", l.conn.RemoteAddr(), err)
 	}
 	return nil
@@ -762,6 +883,16 @@ func (l *Link) dispatch(h header.Header, p []byte) error {
 		if rtt := time.Now().UnixNano() - t; t != 0 && rtt > 0 { // t is 0 for flush markers
 			l.Stats.RTT.Store(rtt)
 		}
+	case header.TypeRetire:
+		if !l.renewable() {
+			return fmt.Errorf("RETIRE on a link that cannot be renewed")
+		}
+		return errPeerRetired
+	case header.TypeRenew:
+		if !l.renewable() || !l.t.dialer {
+			return fmt.Errorf("RENEW on a link this side does not dial")
+		}
+		l.t.askRenew()
 	default:
 		return fmt.Errorf("unexpected %v on a WAN link", h.Type)
 	}

@@ -29,6 +29,25 @@ type Trunk struct {
 	express int     // index of the express link, -1 without one
 	rr      int     // rotates the first candidate of the least-loaded choice
 	queueOn bool    // controlQueue runs
+	onRenew func()  // the dialer's: renew the express link
+}
+
+// OnRenew sets what the dialing side does when the express link should be
+// renewed (the peer asked with RENEW, or it retired a link we still use):
+// normally connect a new express link and Add it.
+func (t *Trunk) OnRenew(f func()) {
+	t.mu.Lock()
+	t.onRenew = f
+	t.mu.Unlock()
+}
+
+func (t *Trunk) askRenew() {
+	t.mu.Lock()
+	f := t.onRenew
+	t.mu.Unlock()
+	if f != nil {
+		f()
+	}
 }
 
 // NewTrunk returns an empty trunk. dialer tells which side allocates odd
@@ -51,19 +70,26 @@ func NewLink(conn net.Conn, cfg Config, peer header.Hello, dialer bool, handler 
 
 // Add starts multiplexing on conn as link index of the trunk after a
 // successful Handshake, replacing a failed link of that index. The express
-// link carries the messages of every stream and never homes one.
+// link carries the messages of every stream and never homes one. An express
+// link that is still up when its successor is added (a renewal, with
+// HELLO feature RENEW) retires: it finishes what it has queued, ends with
+// RETIRE and closes without resetting any stream.
 func (t *Trunk) Add(conn net.Conn, cfg Config, peer header.Hello, index int, express bool) *Link {
 	l := newLink(conn, cfg, peer, t, index, express)
 	t.mu.Lock()
 	for len(t.links) <= index {
 		t.links = append(t.links, nil)
 	}
+	old := t.links[index]
 	t.links[index] = l
 	if express {
 		t.express = index
 	}
 	t.mu.Unlock()
 	l.start()
+	if old != nil && old.renewable() && l.renewable() {
+		old.retire(l)
+	}
 	return l
 }
 

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -16,10 +17,15 @@ import (
 // trunkPair connects two trunks by bulk loopback links plus, if express,
 // an express link (the last index), as two gateways of a site pair do.
 func trunkPair(t testing.TB, cfg Config, bulk int, express bool) (ta, tb *Trunk, as, bs []*Link) {
+	return trunkPairF(t, cfg, bulk, express, 0)
+}
+
+// trunkPairF is trunkPair with more HELLO features.
+func trunkPairF(t testing.TB, cfg Config, bulk int, express bool, more uint8) (ta, tb *Trunk, as, bs []*Link) {
 	t.Helper()
 	ta, tb = NewTrunk(true, HandlerFunc(dialHandler)), NewTrunk(false, HandlerFunc(dialHandler))
 	count := bulk
-	features := header.FeatureTrunk
+	features := header.FeatureTrunk | more
 	if express {
 		count++
 		features |= header.FeatureExpress
@@ -278,5 +284,129 @@ func TestExpressBudget(t *testing.T) {
 	now = now.Add(time.Millisecond)
 	if s.expressBudget(32<<10, time.Millisecond, now) {
 		t.Errorf("a link RTT below ExpressFloor (%v) refilled the budget faster", ExpressFloor)
+	}
+}
+
+// TestTrunkRenewExpress: replacing a working express link (HELLO feature
+// RENEW) under traffic loses, duplicates and resets nothing: streams that
+// keep exchanging messages while the express link is renewed 20 times get
+// every echo back intact, each old link ends with ErrLinkRetired once its
+// RETIRE has crossed both ways, and the new links carry the messages.
+func TestTrunkRenewExpress(t *testing.T) {
+	cfg := Config{Chunk: 32 << 10, Window: 512 << 10}
+	features := header.FeatureTrunk | header.FeatureExpress | header.FeatureRenew
+	ta, tb, as, bs := trunkPairF(t, cfg, 1, true, header.FeatureRenew)
+	dst := testnet.Serve(t, loopback, func(c *net.TCPConn) { io.Copy(c, c); c.Close() })
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			app, st := openVia(t, as[0], dst)
+			defer app.Close()
+			app.SetDeadline(time.Now().Add(60 * time.Second))
+			msg := make([]byte, 2000+i*3000)
+			got := make([]byte, len(msg))
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					app.CloseWrite()
+					if rest, err := io.ReadAll(app); err != nil || len(rest) != 0 {
+						t.Errorf("stream %d: after the last echo %d more bytes, %v (code %v)", i, len(rest), err, st.Code())
+					}
+					return
+				default:
+				}
+				for j := range msg {
+					msg[j] = byte(n*7 + j + i)
+				}
+				if _, err := app.Write(msg); err != nil {
+					t.Errorf("stream %d, message %d: %v (code %v)", i, n, err, st.Code())
+					return
+				}
+				if _, err := io.ReadFull(app, got); err != nil || !bytes.Equal(got, msg) {
+					t.Errorf("stream %d, message %d: echo differs or failed: %v (code %v)", i, n, err, st.Code())
+					return
+				}
+				time.Sleep(time.Duration(n%3) * burstGap) // bursts of one and of several messages
+			}
+		}()
+	}
+	const x = 1 // the express link's index
+	oldA, oldB := as[x], bs[x]
+	var carried uint64
+	for r := range 20 {
+		time.Sleep(30 * time.Millisecond)
+		ca, cb, ha, hb := handshaken(t, &cfg, x, 2, features)
+		// Either side may install its new link first.
+		var na, nb *Link
+		if r%2 == 0 {
+			na, nb = ta.Add(ca, cfg, ha, x, true), tb.Add(cb, cfg, hb, x, true)
+		} else {
+			nb, na = tb.Add(cb, cfg, hb, x, true), ta.Add(ca, cfg, ha, x, true)
+		}
+		t.Cleanup(func() { na.Close(); nb.Close() })
+		for _, old := range []*Link{oldA, oldB} {
+			select {
+			case <-old.Done():
+				if !errors.Is(old.Err(), ErrLinkRetired) {
+					t.Fatalf("renewal %d: old express link ended with %v, want ErrLinkRetired", r, old.Err())
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("renewal %d: the old express link did not retire", r)
+			}
+		}
+		carried += oldA.Stats.BytesSent.Load() + oldB.Stats.BytesSent.Load()
+		oldA, oldB = na, nb
+	}
+	close(stop)
+	wg.Wait()
+	if carried == 0 {
+		t.Errorf("the renewed express links carried no messages")
+	}
+	// Both ends close their streams once the echo's EOF has gone through.
+	for i := 0; ta.NumStreams()+tb.NumStreams() > 0; i++ {
+		if i == 500 {
+			t.Fatalf("streams left: %d and %d", ta.NumStreams(), tb.NumStreams())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestTrunkRenewRequest: the acceptor asks for a renewal with RENEW, at
+// most once per gap, and the dialer's OnRenew runs; the dialer itself never
+// sends RENEW, and RETIRE or RENEW on a link without the feature is a
+// protocol error.
+func TestTrunkRenewRequest(t *testing.T) {
+	ta, _, as, bs := trunkPairF(t, Config{}, 1, true, header.FeatureRenew)
+	asked := make(chan struct{}, 4)
+	ta.OnRenew(func() { asked <- struct{}{} })
+	if as[1].RequestRenew(0) {
+		t.Errorf("the dialer sent RENEW")
+	}
+	if !bs[1].RequestRenew(time.Hour) {
+		t.Fatalf("the acceptor did not send RENEW")
+	}
+	if bs[1].RequestRenew(time.Hour) {
+		t.Errorf("a second RENEW within the gap")
+	}
+	if bs[0].RequestRenew(0) {
+		t.Errorf("RENEW on a bulk link")
+	}
+	select {
+	case <-asked:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the dialer's OnRenew did not run")
+	}
+
+	_, _, ps, _ := trunkPair(t, Config{}, 1, true)
+	for _, typ := range []header.Type{header.TypeRetire, header.TypeRenew} {
+		if err := ps[1].dispatch(header.Header{Type: typ}, nil); err == nil {
+			t.Errorf("%v on a link without the RENEW feature accepted", typ)
+		}
+	}
+	if err := as[0].dispatch(header.Header{Type: header.TypeRetire}, nil); err == nil {
+		t.Errorf("RETIRE on a bulk link accepted")
 	}
 }

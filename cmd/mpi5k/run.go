@@ -38,6 +38,7 @@ func runMain(args []string) int {
 		xMax     = fs.String("express-max", "", "largest message the gateways send on the express link (gateway default: 68KiB)")
 		wanConns = fs.Int("wan-conns", 0, "bulk WAN connections per site pair")
 		express  = fs.Bool("wan-express", true, "an express WAN connection per site pair for messages")
+		renew    = fs.Bool("wan-express-renew", true, "gateways replace an express link whose congestion window losses have cut below one message")
 		pollThr  = fs.Bool("poll-thread", true, "gateways forward small messages of quiet connections on one event-loop thread")
 		chunk    = fs.String("chunk", "", "gateway chunk size, e.g. 128KiB")
 		window   = fs.String("window", "", "per-stream window, e.g. 4MiB")
@@ -122,6 +123,9 @@ func runMain(args []string) int {
 	}
 	if !*pollThr {
 		c.GatewayArgs = append(c.GatewayArgs, "--poll-thread=false")
+	}
+	if !*renew {
+		c.GatewayArgs = append(c.GatewayArgs, "--wan-express-renew=false")
 	}
 	if !*express {
 		c.GatewayArgs = append(c.GatewayArgs, "--wan-express=false")
