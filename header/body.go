@@ -169,6 +169,8 @@ func (h *Hello) check() error {
 		return fmt.Errorf("%w: HELLO feature bits %#02x (known: %#02x)", ErrPayload, h.Features, knownFeatures)
 	case h.Features&FeatureExpress != 0 && (h.Features&FeatureTrunk == 0 || h.LinkCount < 2):
 		return fmt.Errorf("%w: HELLO express link without a trunk of >= 2 links", ErrPayload)
+	case h.Features&FeatureRenew != 0 && h.Features&FeatureExpress == 0:
+		return fmt.Errorf("%w: HELLO renewal without an express link", ErrPayload)
 	case len(h.Name) == 0 || len(h.Name) > 255:
 		return fmt.Errorf("%w: HELLO name of %d bytes (want 1..255)", ErrPayload, len(h.Name))
 	}

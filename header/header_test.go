@@ -192,6 +192,7 @@ func TestHello(t *testing.T) {
 		{SiteID: 1, LinkCount: 1, Features: 16, MaxPayload: 1, Window: 1, Name: "a"}, // undefined bit
 		{SiteID: 1, LinkCount: 2, Features: FeatureExpress, MaxPayload: 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, Features: FeatureTrunk | FeatureExpress, MaxPayload: 1, Window: 1, Name: "a"},
+		{SiteID: 1, LinkCount: 2, Features: FeatureTrunk | FeatureRenew, MaxPayload: 1, Window: 1, Name: "a"},
 	} {
 		if _, err := AppendHello(nil, &bad); !errors.Is(err, ErrPayload) {
 			t.Errorf("%+v: %v", bad, err)
