@@ -428,7 +428,8 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 		l.sent(&f)
 		l.mu.Lock()
 		l.writing = false
-		pending := l.ui < len(l.urgent) || l.bi < len(l.bulk)
+		// A link retiring meanwhile waits for its writer to send RETIRE.
+		pending := l.ui < len(l.urgent) || l.bi < len(l.bulk) || l.succ != nil
 		l.mu.Unlock()
 		if err != nil {
 			err = fmt.Errorf("relay: write to %v: %w", l.conn.RemoteAddr(), err)

@@ -353,7 +353,7 @@ func TestTrunkRenewExpress(t *testing.T) {
 				if !errors.Is(old.Err(), ErrLinkRetired) {
 					t.Fatalf("renewal %d: old express link ended with %v, want ErrLinkRetired", r, old.Err())
 				}
-			case <-time.After(5 * time.Second):
+			case <-time.After(3 * time.Second): // before the next keepalive PING could kick a stuck writer
 				t.Fatalf("renewal %d: the old express link did not retire", r)
 			}
 		}
