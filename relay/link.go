@@ -614,13 +614,7 @@ func (l *Link) retireDone() {
 		return
 	}
 	l.closeOnce.Do(func() {
-		l.dead.Store(true)
-		l.mu.Lock()
-		l.closed = true
-		l.err = ErrLinkRetired
-		cbs := l.onClose
-		l.onClose = nil
-		l.mu.Unlock()
+		cbs := l.closing(ErrLinkRetired)
 		close(l.done)
 		l.w.cancel()
 		l.conn.Close() // no linger 0: our RETIRE may still be in the socket
@@ -925,12 +919,8 @@ func (l *Link) keepalive() {
 // connection drop and does the same on its side.
 func (l *Link) fail(err error) {
 	l.closeOnce.Do(func() {
-		l.dead.Store(true)
-		l.mu.Lock()
-		l.closed = true
-		l.err = err
-		cbs := l.onClose
-		l.onClose = nil
+		cbs := l.closing(err)
+		l.mu.Lock() // nothing joins the queues of a closed link
 		for i := l.bi; i < len(l.bulk); i++ {
 			putBuf(l.bulk[i].buf)
 			l.bulk[i].s.returnToken()
@@ -966,6 +956,18 @@ func (l *Link) fail(err error) {
 			f(err)
 		}
 	})
+}
+
+// closing marks the link ended by err and takes its OnClose callbacks.
+func (l *Link) closing(err error) []func(error) {
+	l.dead.Store(true)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	l.err = err
+	cbs := l.onClose
+	l.onClose = nil
+	return cbs
 }
 
 // Close ends the link at once (streams are reset with "link lost").
