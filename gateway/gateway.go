@@ -371,7 +371,11 @@ func (g *Gateway) setLink(p *peer, i int, l *relay.Link) {
 		}
 	}
 	g.peersMu.Unlock()
-	if old != nil && old != l && !old.Retiring() { // a renewed link closes itself
+	switch {
+	case old == nil || old == l:
+	case old.Retiring(): // renewed: it closes itself once RETIRE has crossed
+		p.renewed.Add(1)
+	default:
 		old.Close()
 	}
 	if all {
@@ -474,13 +478,7 @@ func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello) *rela
 	if err != nil {
 		g.log.Warn("WAN link: socket options not set", "peer", p.site.Name, "link", i, "express", x, "err", err)
 	}
-	g.peersMu.Lock()
-	prev := p.links[i]
-	g.peersMu.Unlock()
 	l := p.trunk.Add(c, g.rcfg, ph, i, x)
-	if prev != nil && prev.Retiring() {
-		p.renewed.Add(1)
-	}
 	g.setLink(p, i, l)
 	return l
 }
