@@ -30,9 +30,10 @@ type metrics struct {
 	clamp, peerClamp, queue, lifts                  *prometheus.Desc
 	cwnd, ssthresh, srtt, retrans, lost, notsent    *prometheus.Desc
 	// Derived from periodic TCP_INFO samples (tcpevents.go).
-	ev                                      wanEvents
-	samples, rtxFast, rtxRTO, rtos, idleRst *prometheus.Desc
-	renewals                                *prometheus.Desc
+	ev                                        wanEvents
+	samples, rtxFast, rtxRTO, rtos, idleRst   *prometheus.Desc
+	renewals                                  *prometheus.Desc
+	probeRTTs, probeRTTTime, bbrBW, bbrMinRTT *prometheus.Desc
 }
 
 func newMetrics(g *Gateway) *metrics {
@@ -78,6 +79,10 @@ func newMetrics(g *Gateway) *metrics {
 	m.rtxRTO = d("mpi5k_wan_tcp_retransmits_rto_total", "Segments retransmitted in RTO recovery.")
 	m.rtos = d("mpi5k_wan_tcp_rtos_total", "Retransmission timeouts of the WAN socket.")
 	m.idleRst = d("mpi5k_wan_tcp_idle_restarts_total", "Congestion window restarts after idle (slow start after idle).")
+	m.probeRTTs = d("mpi5k_wan_bbr_probe_rtt_total", "BBR PROBE_RTT dips of the WAN socket (cwnd held at 4 segments for >= 200 ms after 10 s without a lower RTT sample).")
+	m.probeRTTTime = d("mpi5k_wan_bbr_probe_rtt_seconds_total", "Time the WAN socket spent in BBR PROBE_RTT (to within the 100 ms sampling period).")
+	m.bbrBW = d("mpi5k_wan_bbr_bandwidth_bytes_per_second", "BBR's estimate of the WAN socket's bottleneck bandwidth (TCP_CC_INFO).")
+	m.bbrMinRTT = d("mpi5k_wan_bbr_min_rtt_seconds", "BBR's windowed minimum RTT of the WAN socket (TCP_CC_INFO).")
 	m.reg.MustRegister(m.lanRefused, m.wanRefused, m.wanDialFailures, m.streamsOpened, m.peerQueries, m,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
@@ -87,7 +92,8 @@ func newMetrics(g *Gateway) *metrics {
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.bytes, m.frames, m.polled, m.partial, m.writes, m.stalls, m.streams, m.up, m.rtt,
 		m.clamp, m.peerClamp, m.queue, m.lifts,
-		m.cwnd, m.ssthresh, m.srtt, m.retrans, m.lost, m.notsent, m.samples, m.rtxFast, m.rtxRTO, m.rtos, m.idleRst, m.renewals} {
+		m.cwnd, m.ssthresh, m.srtt, m.retrans, m.lost, m.notsent, m.samples, m.rtxFast, m.rtxRTO, m.rtos, m.idleRst, m.renewals,
+		m.probeRTTs, m.probeRTTTime, m.bbrBW, m.bbrMinRTT} {
 		ch <- d
 	}
 }
@@ -148,12 +154,18 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 			c(m.lost, prometheus.GaugeValue, float64(ti.Lost))
 			c(m.notsent, prometheus.GaugeValue, float64(ti.Notsent_bytes))
 		}
-		if k, ok := m.ev.counters(r.l); ok {
+		if k, b, ok, bbr := m.ev.counters(r.l); ok {
 			c(m.samples, prometheus.CounterValue, float64(k.Samples))
 			c(m.rtxFast, prometheus.CounterValue, float64(k.RetransFast))
 			c(m.rtxRTO, prometheus.CounterValue, float64(k.RetransRTO))
 			c(m.rtos, prometheus.CounterValue, float64(k.RTOs))
 			c(m.idleRst, prometheus.CounterValue, float64(k.IdleRestarts))
+			if bbr {
+				c(m.probeRTTs, prometheus.CounterValue, float64(k.ProbeRTTs))
+				c(m.probeRTTTime, prometheus.CounterValue, k.ProbeRTTTime.Seconds())
+				c(m.bbrBW, prometheus.GaugeValue, float64(b.Bandwidth))
+				c(m.bbrMinRTT, prometheus.GaugeValue, b.MinRTT.Seconds())
+			}
 		}
 	}
 }

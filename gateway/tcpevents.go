@@ -20,9 +20,10 @@ const wanSampleEvery = 100 * time.Millisecond
 // the same counters the shim records for application sockets in trace
 // mode (docs/tracing.md), exported by metrics.
 type wanEvents struct {
-	mu sync.Mutex
-	t  map[*relay.Link]*tcpinfo.Tracker
-	in tcpinfo.Info
+	mu  sync.Mutex
+	t   map[*relay.Link]*tcpinfo.Tracker
+	in  tcpinfo.Info
+	bbr tcpinfo.BBR
 }
 
 // sampleWAN samples every WAN link until the gateway stops.
@@ -62,15 +63,28 @@ func (w *wanEvents) sample(links []*relay.Link) {
 		if err := tcpinfo.ReadConn(sc, &w.in); err != nil {
 			continue
 		}
+		rc, err := sc.SyscallConn()
+		if err != nil {
+			continue
+		}
 		tr := w.t[l]
 		if tr == nil {
 			tr = &tcpinfo.Tracker{}
-			if rc, err := sc.SyscallConn(); err == nil {
-				rc.Control(func(fd uintptr) { tr.CongestionControl, _ = tcpinfo.CongestionControl(int(fd)) })
-			}
+			rc.Control(func(fd uintptr) { tr.CongestionControl, _ = tcpinfo.CongestionControl(int(fd)) })
 			w.t[l] = tr
 		}
-		tr.Update(time.Now(), &w.in, nil)
+		now := time.Now()
+		tr.Update(now, &w.in, nil)
+		// BBR's PROBE_RTT dips (cwnd 4 for >= 200 ms every 10 s of
+		// continuous sending) cost a bulk link about 2.5 % of its rate;
+		// the counter tells such a run from a loss-limited one.
+		if tr.CongestionControl == "bbr" {
+			var ok bool
+			rc.Control(func(fd uintptr) { ok, _ = tcpinfo.ReadBBR(int(fd), &w.bbr) })
+			if ok {
+				tr.UpdateBBR(now, &w.bbr)
+			}
+		}
 	}
 }
 
@@ -83,13 +97,15 @@ func containsLink(ls []*relay.Link, l *relay.Link) bool {
 	return false
 }
 
-// counters returns what was derived for l so far.
-func (w *wanEvents) counters(l *relay.Link) (tcpinfo.Counters, bool) {
+// counters returns what was derived for l so far, and its last BBR
+// sample (bbr false unless the link runs BBR).
+func (w *wanEvents) counters(l *relay.Link) (c tcpinfo.Counters, b tcpinfo.BBR, ok, bbr bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	tr := w.t[l]
 	if tr == nil {
-		return tcpinfo.Counters{}, false
+		return c, b, false, false
 	}
-	return tr.C, true
+	b, bbr = tr.LastBBR()
+	return tr.C, b, true, bbr
 }

@@ -1,8 +1,11 @@
 package gateway
 
 import (
+	"io"
 	"testing"
 	"time"
+
+	"github.com/mpi5k/mpi5k/internal/testnet"
 )
 
 // TestWANEventMetrics: the WAN sockets are sampled periodically and the
@@ -28,6 +31,47 @@ func TestWANEventMetrics(t *testing.T) {
 	for name, ok := range want {
 		if !ok {
 			t.Errorf("%s missing or not one series per link", name)
+		}
+	}
+}
+
+// TestWANBBRMetrics: a bulk link running BBR exports BBR's model and its
+// PROBE_RTT counters; the express link (CUBIC) exports none.
+func TestWANBBRMetrics(t *testing.T) {
+	if err := CheckCC("bbr"); err != nil {
+		t.Skip(err)
+	}
+	_, a, b := startPair(t, func(c *Config) { c.WAN.CC, c.ExpressCC = "bbr", "cubic" })
+	c, err := lanOpen(a.LANAddr(), nodeA, testnet.Serve(t, nodeB, echoServer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Bulk, so BBR has a bandwidth sample on the bulk links.
+	buf := make([]byte, 4<<20)
+	go c.Write(buf)
+	if _, err := io.ReadFull(c, buf); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * wanSampleEvery)
+	for _, g := range []*testGW{a, b} {
+		bulk := len(g.allLinks()) - 1 // one express link
+		mfs, err := g.m.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]int{}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				if v := m.GetCounter().GetValue() + m.GetGauge().GetValue(); v > 0 || mf.GetName() == "mpi5k_wan_bbr_probe_rtt_total" {
+					got[mf.GetName()]++
+				}
+			}
+		}
+		for _, name := range []string{"mpi5k_wan_bbr_min_rtt_seconds", "mpi5k_wan_bbr_bandwidth_bytes_per_second", "mpi5k_wan_bbr_probe_rtt_total"} {
+			if got[name] != bulk {
+				t.Errorf("%s: %d series (non-zero for the gauges), want %d (the bulk links)", name, got[name], bulk)
+			}
 		}
 	}
 }

@@ -86,6 +86,10 @@ type Counters struct {
 	Spurious     uint64
 	CwndChanges  uint64
 	IdleRestarts uint64
+	// BBR's PROBE_RTT dips seen by UpdateBBR, and their time (to within
+	// the sampling period; a dip still under way is not counted in).
+	ProbeRTTs    uint64
+	ProbeRTTTime time.Duration
 
 	// Latest cumulative kernel values.
 	TotalRetrans  uint32
@@ -155,6 +159,12 @@ type Tracker struct {
 	prevAt time.Time
 	have   bool
 	C      Counters
+
+	// BBR is the last UpdateBBR sample.
+	BBR           BBR
+	haveBBR       bool
+	inProbeRTT    bool
+	probeRTTSince time.Time
 }
 
 // Last returns the previous sample, if any.
