@@ -249,6 +249,14 @@ func BenchmarkPingPong(b *testing.B) {
 		// thread). No framing, no multiplexing.
 		{"go-epoll-chain", func(b *testing.B) (*net.TCPConn, error) { return plain(goChain(b, dst, true, "epoll")) }},
 		{"socat", func(b *testing.B) (*net.TCPConn, error) { return plain(socatChain(b, dst)) }},
+		// No relay process at all: the kernel forwards (sockmap), the
+		// floor of any relay pair on this machine.
+		{"sockmap-chain", func(b *testing.B) (*net.TCPConn, error) {
+			first, ready := sockmapChain(b, dst)
+			c, err := plain(first)
+			ready()
+			return c, err
+		}},
 	} {
 		b.Run(r.name, func(b *testing.B) {
 			c, err := r.via(b)

@@ -108,6 +108,10 @@
 //	two epoll forwarders, own processes (floor)  70.2 / 73.0 us        58.2 / 59.0 us
 //	two Go read/write forwarders, own processes  136.0 / 143.8 us      73.1 / 76.4 us
 //	two socat forwarders (socat chain)           95.4 / 98.4 us        69.4 / 69.9 us
+//	ninth session, same runs: direct             11.1 / 11.5 us        11.2 / 11.5 us
+//	  no relay process, the kernel forwards      34.2 / 35.2 us        35.4 / 35.4 us
+//	  (sockmap, sk_skb redirect; no framing)
+//	  gateway pair, own processes                73.0 / 73.0 us        60.0 / 61.7 us
 //
 // (bench/figures/pollthread/pingpong.txt.) As separate processes, each of
 // the four extra process hops of a round trip wakes a process whose vCPU
@@ -126,7 +130,10 @@
 // process wake-ups on this VM, which no relay avoids, so the goal's +30 us
 // over direct holds only in one process, where no hop sleeps: +25 us with
 // Go's poller (there the poller thread adds a thread hop the round trip
-// otherwise does without). Bulk forwarding pays for it: about 10 % more CPU
+// otherwise does without). Even with no relay process in the path, two
+// hops of kernel forwarding (sockmap) cost +23 us: each egress redirect
+// runs the target socket's send from a kworker
+// (bench/figures/pollthread, ninth session). Bulk forwarding pays for it: about 10 % more CPU
 // per byte in BenchmarkForward, because every WINDOW frame wakes the
 // poller thread where a busy Go runtime finds it by polling; streaming
 // sockets therefore wait in Go's poller.
@@ -152,6 +159,22 @@
 // 100.2 % three times; 98.4-98.6 % paced at 190 Mbit/s (11 runs); with
 // the poller thread 97.5 % (one run); with queue control, which is off
 // while no messages flow, 100.3 and 100.2 %.
+// Those runs sit at two levels, 100.2 % or 97.2-97.5 %, and the ninth
+// session found why: BBR's PROBE_RTT. A BBR socket that has sent for 10 s
+// without an RTT sample at or below its min_rtt holds cwnd at 4 segments
+// for at least 200 ms (tcp_bbr.c), and a bulk link that fills the
+// bottleneck queue sees no such sample; one dip inside the 8 s transfer
+// costs 2.5-3 %. The gateways now export the dips
+// (mpi5k_wan_bbr_probe_rtt_total, from TCP_CC_INFO every 100 ms) and the
+// test logs them: 3 runs, 1 dip -> 97.3 and 97.2 %, none -> 100.2 %; with
+// --wan-conns 2 both links dipped together (they share their start),
+// 97.5 %. With --wan-cc cubic on the bulk link there is no dip: 100.1 %
+// twice, (d) p99 22.02 and 21.91 ms. BBR stays the default because of
+// lossy WANs: at 0.1 % random loss (MPI5K_LAB_LOSS=0.1%) the BBR bulk link
+// got 185.1 Mbit/s (97.6 % of direct, whose hosts ran BBR too; one dip),
+// a CUBIC one 21.4 Mbit/s (11.2 %). On a clean WAN that a site pair has to
+// itself, --wan-cc cubic gains back the 2.5 % of every 10 s of continuous
+// bulk.
 // Before trunks: 100.2 % (quiet VM), 97.1-98.6 % (loaded VM). With a 1 MiB
 // window the pair fell to 79-83 % in overloaded runs (credit round trips
 // stretched by scheduling delays).
