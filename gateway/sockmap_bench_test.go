@@ -107,17 +107,9 @@ func sockmapChain(b testing.TB, dst netip.AddrPort) (first netip.AddrPort, ready
 		in, out, to := idx, idx+1, next
 		idx += 2
 		hops.Add(1)
-		go func() {
-			defer hops.Done()
-			c, err := ln.AcceptTCP()
-			if err != nil {
-				return
-			}
-			d, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(to))
-			if err != nil {
-				c.Close()
-				return
-			}
+		var once sync.Once
+		go forwardEach(ln, to, func(c, d *net.TCPConn) {
+			defer once.Do(hops.Done)
 			mu.Lock()
 			conns = append(conns, c, d)
 			mu.Unlock()
@@ -131,7 +123,7 @@ func sockmapChain(b testing.TB, dst netip.AddrPort) (first netip.AddrPort, ready
 				c.Close()
 				d.Close()
 			}
-		}()
+		})
 		next = ln.Addr().(*net.TCPAddr).AddrPort()
 	}
 	return next, hops.Wait
