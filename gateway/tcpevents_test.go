@@ -48,9 +48,8 @@ func TestWANBBRMetrics(t *testing.T) {
 	}
 	defer c.Close()
 	// Bulk, so BBR has a bandwidth sample on the bulk links.
-	buf := make([]byte, 4<<20)
-	go c.Write(buf)
-	if _, err := io.ReadFull(c, buf); err != nil {
+	go c.Write(make([]byte, 4<<20))
+	if _, err := io.ReadFull(c, make([]byte, 4<<20)); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(3 * wanSampleEvery)
