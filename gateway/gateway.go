@@ -371,10 +371,15 @@ func (g *Gateway) setLink(p *peer, i int, l *relay.Link) {
 		}
 	}
 	g.peersMu.Unlock()
+	// A renewal is counted by the new link: the retired one may already
+	// have closed (and left the slot nil) when both RETIREs crossed
+	// before we got here.
+	if l.Renews() {
+		p.renewed.Add(1)
+	}
 	switch {
 	case old == nil || old == l:
 	case old.Retiring(): // renewed: it closes itself once RETIRE has crossed
-		p.renewed.Add(1)
 	default:
 		old.Close()
 	}

@@ -261,8 +261,9 @@ type Link struct {
 	// then on (retired) hands any frame sent here to succ; the reader reads
 	// up to the peer's RETIRE. Then the link closes without resetting any
 	// stream: every byte either side wrote before its RETIRE has arrived.
-	succ        *Link // under mu
-	retired     bool  // under mu
+	succ        *Link       // under mu
+	renews      atomic.Bool // Add retired a live predecessor for this link
+	retired     bool        // under mu
 	retireSent  atomic.Bool
 	peerRetired atomic.Bool
 	renewAsked  atomic.Int64 // when this side last sent RENEW (unix ns)
@@ -583,17 +584,24 @@ func (l *Link) writeRetire(hb []byte) {
 	l.retireDone()
 }
 
-// retire makes succ this link's successor (see Link.succ).
-func (l *Link) retire(succ *Link) {
+// retire makes succ this link's successor (see Link.succ); false when the
+// link had already closed or retired.
+func (l *Link) retire(succ *Link) bool {
 	l.mu.Lock()
 	if l.closed || l.succ != nil {
 		l.mu.Unlock()
-		return
+		return false
 	}
 	l.succ = succ
 	l.mu.Unlock()
 	kick(l.wake)
+	return true
 }
+
+// Renews reports whether the trunk added l in place of a live link that it
+// retired (a renewal). The retired link may have closed already: it ends
+// as soon as RETIRE has crossed both ways.
+func (l *Link) Renews() bool { return l.renews.Load() }
 
 // Retiring reports whether the link has a successor and is ending.
 func (l *Link) Retiring() bool {

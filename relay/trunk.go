@@ -87,8 +87,8 @@ func (t *Trunk) Add(conn net.Conn, cfg Config, peer header.Hello, index int, exp
 	}
 	t.mu.Unlock()
 	l.start()
-	if old != nil && old.renewable() && l.renewable() {
-		old.retire(l)
+	if old != nil && old.renewable() && l.renewable() && old.retire(l) {
+		l.renews.Store(true)
 	}
 	return l
 }
