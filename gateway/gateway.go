@@ -587,7 +587,8 @@ const renewGap = time.Second
 // larger than it costs extra round trips; a fresh connection starts in
 // slow start and grows to twice the largest message within a few. Each
 // side judges the window it sends with: the dialer dials, the acceptor
-// asks it to with RENEW. Called every wanSampleEvery.
+// asks it to with RENEW. Called every wanSampleEvery, right after the
+// sampler has read every link's TCP_INFO, whose samples it uses.
 func (g *Gateway) checkExpress() {
 	if g.cfg.NoExpress || g.cfg.NoRenew {
 		return
@@ -605,8 +606,8 @@ func (g *Gateway) checkExpress() {
 	}
 	g.peersMu.Unlock()
 	for _, c := range cs {
-		ti, err := TCPInfo(c.l.Conn())
-		if err != nil || !expressCold(ti.Snd_cwnd, ti.Snd_ssthresh, ti.Snd_mss, g.cfg.ExpressMax) {
+		in, ok := g.m.ev.last(c.l)
+		if !ok || !expressCold(in.SndCwnd, in.SndSsthresh, in.SndMSS, g.cfg.ExpressMax) {
 			continue
 		}
 		if c.p.dialer {

@@ -22,6 +22,7 @@ const wanSampleEvery = 100 * time.Millisecond
 type wanEvents struct {
 	mu  sync.Mutex
 	t   map[*relay.Link]*tcpinfo.Tracker
+	raw tcpinfo.Raw
 	in  tcpinfo.Info
 	bbr tcpinfo.BBR
 }
@@ -60,32 +61,56 @@ func (w *wanEvents) sample(links []*relay.Link) {
 		if !ok {
 			continue
 		}
-		if err := tcpinfo.ReadConn(sc, &w.in); err != nil {
-			continue
-		}
 		rc, err := sc.SyscallConn()
 		if err != nil {
 			continue
 		}
 		tr := w.t[l]
-		if tr == nil {
+		fresh := tr == nil
+		if fresh {
 			tr = &tcpinfo.Tracker{}
-			rc.Control(func(fd uintptr) { tr.CongestionControl, _ = tcpinfo.CongestionControl(int(fd)) })
+		}
+		var rerr error
+		haveBBR := false
+		// One Control for every read of this socket: TCP_INFO, the
+		// congestion control's name once, and BBR's model.
+		rc.Control(func(fd uintptr) {
+			if rerr = tcpinfo.Read(int(fd), &w.raw, &w.in); rerr != nil {
+				return
+			}
+			if fresh {
+				tr.CongestionControl, _ = tcpinfo.CongestionControl(int(fd))
+			}
+			// BBR's PROBE_RTT dips (cwnd 4 for >= 200 ms every 10 s of
+			// continuous sending) cost a bulk link about 2.5 % of its
+			// rate; the counter tells such a run from a loss-limited one.
+			if tr.CongestionControl == "bbr" {
+				haveBBR, _ = tcpinfo.ReadBBR(int(fd), &w.bbr)
+			}
+		})
+		if rerr != nil {
+			continue
+		}
+		if fresh {
 			w.t[l] = tr
 		}
 		now := time.Now()
 		tr.Update(now, &w.in, nil)
-		// BBR's PROBE_RTT dips (cwnd 4 for >= 200 ms every 10 s of
-		// continuous sending) cost a bulk link about 2.5 % of its rate;
-		// the counter tells such a run from a loss-limited one.
-		if tr.CongestionControl == "bbr" {
-			var ok bool
-			rc.Control(func(fd uintptr) { ok, _ = tcpinfo.ReadBBR(int(fd), &w.bbr) })
-			if ok {
-				tr.UpdateBBR(now, &w.bbr)
-			}
+		if haveBBR {
+			tr.UpdateBBR(now, &w.bbr)
 		}
 	}
+}
+
+// last returns the latest TCP_INFO sample of l, if it has one.
+func (w *wanEvents) last(l *relay.Link) (tcpinfo.Info, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if tr := w.t[l]; tr != nil {
+		in, _, ok := tr.Last()
+		return in, ok
+	}
+	return tcpinfo.Info{}, false
 }
 
 func containsLink(ls []*relay.Link, l *relay.Link) bool {

@@ -104,7 +104,7 @@ func DecodeBBR(p []byte, b *BBR) error {
 }
 
 // UpdateBBR takes a BBR sample of the tracker's connection taken at time
-// at: it keeps the last one (Tracker.BBR) and counts the entries into
+// at: it keeps the last one (LastBBR) and counts the entries into
 // PROBE_RTT. Samples must come closer together than 200 ms (the shortest
 // PROBE_RTT) for the count to be complete.
 func (t *Tracker) UpdateBBR(at time.Time, cur *BBR) {
@@ -120,8 +120,8 @@ func (t *Tracker) UpdateBBR(at time.Time, cur *BBR) {
 		}
 		t.inProbeRTT = false
 	}
-	t.BBR, t.haveBBR = *cur, true
+	t.bbr, t.haveBBR = *cur, true
 }
 
 // LastBBR returns the last BBR sample, if any.
-func (t *Tracker) LastBBR() (BBR, bool) { return t.BBR, t.haveBBR }
+func (t *Tracker) LastBBR() (BBR, bool) { return t.bbr, t.haveBBR }

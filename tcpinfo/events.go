@@ -160,8 +160,7 @@ type Tracker struct {
 	have   bool
 	C      Counters
 
-	// BBR is the last UpdateBBR sample.
-	BBR           BBR
+	bbr           BBR // the last UpdateBBR sample
 	haveBBR       bool
 	inProbeRTT    bool
 	probeRTTSince time.Time
