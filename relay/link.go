@@ -255,6 +255,9 @@ type Link struct {
 	closeOnce sync.Once
 
 	lastRecv atomic.Int64
+	// holdUntil (unix ns, 0 = none): nothing is written to the socket
+	// before then (Hold).
+	holdUntil atomic.Int64
 
 	// Renewal (HELLO feature RENEW): the trunk has put succ in this link's
 	// place. The writer sends RETIRE once its queues are empty, and from
@@ -394,7 +397,7 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 	if mode == sendTry && l.w == nil {
 		mode = sendQueue // no raw socket to try
 	}
-	if mode != sendQueue && !l.writing && l.ui == len(l.urgent) && l.bi == len(l.bulk) && int(f.h.Length) <= l.cfg.SmallFrame {
+	if mode != sendQueue && !l.writing && l.ui == len(l.urgent) && l.bi == len(l.bulk) && int(f.h.Length) <= l.cfg.SmallFrame && !l.held() {
 		l.writing = true
 		l.mu.Unlock()
 		var hb [header.Size]byte
@@ -523,6 +526,8 @@ func (l *Link) writeLoop() {
 	batch := make([]frame, 0, l.cfg.MaxBatch)
 	hdrs := make([]byte, header.Size*l.cfg.MaxBatch)
 	iov := make(net.Buffers, 0, 3*l.cfg.MaxBatch)
+	hold := time.NewTimer(0)
+	defer hold.Stop()
 	l.mu.Lock()
 	for {
 		if l.closed {
@@ -537,6 +542,16 @@ func (l *Link) writeLoop() {
 			l.mu.Unlock()
 			select {
 			case <-l.wake:
+			case <-l.done:
+			}
+			l.mu.Lock()
+			continue
+		}
+		if d := l.holdLeft(); d > 0 {
+			l.mu.Unlock()
+			hold.Reset(d)
+			select {
+			case <-hold.C:
 			case <-l.done:
 			}
 			l.mu.Lock()
@@ -565,6 +580,32 @@ func (l *Link) writeLoop() {
 		l.mu.Lock()
 		l.writing = false
 	}
+}
+
+// Hold stops writing to the link's socket until the time until: frames
+// queue meanwhile and go out in order when it ends. The gateway uses it to
+// let a BBR socket go idle across the expiry of its min_rtt filter, which
+// then restarts from idle instead of dipping into PROBE_RTT. Keep holds
+// short (well under the peer's DeadAfter): keepalives wait too.
+func (l *Link) Hold(until time.Time) {
+	l.holdUntil.Store(until.UnixNano())
+	kick(l.wake) // the writer re-reads the hold before its next batch
+}
+
+// held reports whether a hold is in force, clearing one that has ended.
+func (l *Link) held() bool { return l.holdLeft() > 0 }
+
+// holdLeft is how long the current hold still runs (<= 0: none).
+func (l *Link) holdLeft() time.Duration {
+	h := l.holdUntil.Load()
+	if h == 0 {
+		return 0
+	}
+	d := time.Duration(h - time.Now().UnixNano())
+	if d <= 0 {
+		l.holdUntil.CompareAndSwap(h, 0)
+	}
+	return d
 }
 
 // writeRetire ends the writer of a link that has a successor, called with
