@@ -125,3 +125,60 @@ func (t *Tracker) UpdateBBR(at time.Time, cur *BBR) {
 
 // LastBBR returns the last BBR sample, if any.
 func (t *Tracker) LastBBR() (BBR, bool) { return t.bbr, t.haveBBR }
+
+// BBRMinRTTWindow is the length of BBR's min_rtt filter (tcp_bbr.c,
+// bbr_min_rtt_win_sec). A socket whose min_rtt stamp is this old enters
+// PROBE_RTT on its next ACK, unless that ACK ends a restart from idle.
+const BBRMinRTTWindow = 10 * time.Second
+
+// jiffySlack covers the filter's clock: the kernel stamps min_rtt in
+// jiffies and expires it strictly after the window, so expiry can come up
+// to one tick (10 ms at HZ=100, the coarsest Linux runs) after stamp + 10 s.
+const jiffySlack = 10 * time.Millisecond
+
+// MinRTTStamp follows, from samples taken outside the kernel, when BBR last
+// stamped its min_rtt estimate, and so when the filter will expire. The
+// kernel does not export the stamp; it is set when
+//   - a sample replaces min_rtt (the exported value changes),
+//   - PROBE_RTT ends (the exported gains leave 1/1),
+//
+// so a change seen between two samples places the stamp between them. A
+// sample equal to min_rtt also restamps it, invisibly: callers must treat an
+// expiry that passes without a change or a PROBE_RTT as a sign the estimate
+// went stale (Forget).
+type MinRTTStamp struct {
+	lo, hi time.Time // the stamp lies in (lo, hi]
+	known  bool
+	have   bool
+	last   time.Time     // previous sample
+	min    time.Duration // its min_rtt
+	probe  bool          // it was in PROBE_RTT
+}
+
+// Observe takes the BBR sample b read at time at (samples in time order).
+func (m *MinRTTStamp) Observe(at time.Time, b *BBR) {
+	probe := b.Bandwidth > 0 && b.Mode() == BBRProbeRTT
+	switch {
+	case !m.have:
+		m.have = true
+	case probe:
+		// PROBE_RTT restamps when it ends; until then no expiry applies.
+		m.known = false
+	case m.probe || b.MinRTT != m.min:
+		m.lo, m.hi, m.known = m.last, at, true
+	}
+	m.last, m.min, m.probe = at, b.MinRTT, probe
+}
+
+// Expiry returns when the filter expires: not before from, not after to.
+// ok is false while the stamp is unknown.
+func (m *MinRTTStamp) Expiry() (from, to time.Time, ok bool) {
+	if !m.known {
+		return from, to, false
+	}
+	return m.lo.Add(BBRMinRTTWindow), m.hi.Add(BBRMinRTTWindow + jiffySlack), true
+}
+
+// Forget drops the stamp until the next visible change: the caller saw an
+// expiry pass without its consequences (an invisible restamp).
+func (m *MinRTTStamp) Forget() { m.known = false }

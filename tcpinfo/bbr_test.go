@@ -116,3 +116,54 @@ func TestTrackerProbeRTT(t *testing.T) {
 		t.Errorf("last sample %+v %v", last, ok)
 	}
 }
+
+// TestMinRTTStamp: the stamp is placed between the two samples around a
+// min_rtt change or the end of a PROBE_RTT, is unknown before the first
+// change and during PROBE_RTT, and Forget drops it.
+func TestMinRTTStamp(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	bw := func(min time.Duration) *BBR {
+		return &BBR{Bandwidth: 25e6, MinRTT: min, PacingGain: 1, CwndGain: 2}
+	}
+	probe := func(min time.Duration) *BBR {
+		return &BBR{Bandwidth: 25e6, MinRTT: min, PacingGain: 1, CwndGain: 1}
+	}
+	var m MinRTTStamp
+	expect := func(what string, ok bool, from, to int) {
+		t.Helper()
+		f, e, got := m.Expiry()
+		if got != ok {
+			t.Fatalf("%s: known %v, want %v", what, got, ok)
+		}
+		if !ok {
+			return
+		}
+		wf := at(from).Add(BBRMinRTTWindow)
+		we := at(to).Add(BBRMinRTTWindow + jiffySlack)
+		if !f.Equal(wf) || !e.Equal(we) {
+			t.Fatalf("%s: expiry (%v, %v], want (%v, %v]", what, f.Sub(t0), e.Sub(t0), wf.Sub(t0), we.Sub(t0))
+		}
+	}
+	m.Observe(at(0), bw(20*time.Millisecond))
+	expect("first sample", false, 0, 0)
+	m.Observe(at(5), bw(20*time.Millisecond))
+	expect("no change", false, 0, 0)
+	m.Observe(at(10), bw(19*time.Millisecond))
+	expect("lower min", true, 5, 10)
+	m.Observe(at(15), bw(19*time.Millisecond))
+	expect("same min", true, 5, 10)
+	m.Observe(at(10020), probe(21*time.Millisecond))
+	expect("in PROBE_RTT", false, 0, 0)
+	m.Observe(at(10250), probe(21*time.Millisecond))
+	m.Observe(at(10255), bw(21*time.Millisecond))
+	expect("PROBE_RTT ended", true, 10250, 10255)
+	m.Observe(at(12000), bw(22*time.Millisecond)) // an expired filter replaced by a higher sample
+	expect("higher min", true, 10255, 12000)
+	m.Forget()
+	expect("forgotten", false, 0, 0)
+	m.Observe(at(12005), bw(22*time.Millisecond))
+	expect("no change after Forget", false, 0, 0)
+	m.Observe(at(12010), &BBR{MinRTT: 5 * time.Millisecond, PacingGain: 1, CwndGain: 1})
+	expect("a fresh socket's 1/1 gains are not PROBE_RTT", true, 12005, 12010)
+}
