@@ -73,6 +73,11 @@ type Config struct {
 	// carries app-limited messages, which never regrow a window that loss
 	// recovery has cut (see package relay, renewal).
 	NoRenew bool
+	// NoProbeRTTSkip lets BBR bulk links dip into PROBE_RTT (cwnd 4 for
+	// 200 ms after 10 s of continuous sending). By default a guard idles a
+	// busy link across its min_rtt filter's expiry, which BBR then takes as
+	// a restart from idle (see probertt.go).
+	NoProbeRTTSkip bool
 	// NoPollThread waits for idle sockets in Go's network poller instead of
 	// the relay's poller thread, which forwards small messages with one
 	// thread wake-up per gateway (see package relay, figure (a)).
@@ -110,6 +115,7 @@ type Gateway struct {
 
 	records  peerTable
 	m        *metrics
+	guard    probeGuard
 	draining atomic.Bool // SIGTERM: refuse new streams from peers
 
 	ctx     context.Context
@@ -301,6 +307,10 @@ func (g *Gateway) Run(ctx context.Context) error {
 	go g.serveLAN()
 	go g.serveWAN()
 	go g.sampleWAN()
+	if !g.cfg.NoProbeRTTSkip {
+		g.wg.Add(1)
+		go g.guardProbeRTT()
+	}
 	for _, p := range g.peers {
 		if p.dialer {
 			for i := range p.links {

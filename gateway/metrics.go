@@ -34,6 +34,8 @@ type metrics struct {
 	samples, rtxFast, rtxRTO, rtos, idleRst   *prometheus.Desc
 	renewals                                  *prometheus.Desc
 	probeRTTs, probeRTTTime, bbrBW, bbrMinRTT *prometheus.Desc
+	// The PROBE_RTT guard (probertt.go).
+	holds, skips, held *prometheus.Desc
 }
 
 func newMetrics(g *Gateway) *metrics {
@@ -82,6 +84,9 @@ func newMetrics(g *Gateway) *metrics {
 	m.probeRTTs = d("mpi5k_wan_bbr_probe_rtt_total", "BBR PROBE_RTT dips of the WAN socket (cwnd held at 4 segments for >= 200 ms after 10 s without a lower RTT sample).")
 	m.probeRTTTime = d("mpi5k_wan_bbr_probe_rtt_seconds_total", "Time the WAN socket spent in BBR PROBE_RTT (to within the 100 ms sampling period).")
 	m.bbrBW = d("mpi5k_wan_bbr_bandwidth_bytes_per_second", "BBR's estimate of the WAN socket's bottleneck bandwidth (TCP_CC_INFO).")
+	m.holds = d("mpi5k_wan_bbr_holds_total", "Times the PROBE_RTT guard idled the busy BBR bulk link across its min_rtt filter's expiry.")
+	m.skips = d("mpi5k_wan_bbr_probe_rtt_skips_total", "Holds after which BBR restamped min_rtt from the restart instead of entering PROBE_RTT.")
+	m.held = d("mpi5k_wan_bbr_hold_seconds_total", "Time the PROBE_RTT guard held the link's writes (draining included).")
 	m.bbrMinRTT = d("mpi5k_wan_bbr_min_rtt_seconds", "BBR's windowed minimum RTT of the WAN socket (TCP_CC_INFO).")
 	m.reg.MustRegister(m.lanRefused, m.wanRefused, m.wanDialFailures, m.streamsOpened, m.peerQueries, m,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
@@ -93,7 +98,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.bytes, m.frames, m.polled, m.partial, m.writes, m.stalls, m.streams, m.up, m.rtt,
 		m.clamp, m.peerClamp, m.queue, m.lifts,
 		m.cwnd, m.ssthresh, m.srtt, m.retrans, m.lost, m.notsent, m.samples, m.rtxFast, m.rtxRTO, m.rtos, m.idleRst, m.renewals,
-		m.probeRTTs, m.probeRTTTime, m.bbrBW, m.bbrMinRTT} {
+		m.probeRTTs, m.probeRTTTime, m.bbrBW, m.bbrMinRTT, m.holds, m.skips, m.held} {
 		ch <- d
 	}
 }
@@ -166,6 +171,11 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 				c(m.bbrBW, prometheus.GaugeValue, float64(b.Bandwidth))
 				c(m.bbrMinRTT, prometheus.GaugeValue, b.MinRTT.Seconds())
 			}
+		}
+		if holds, skips, held, ok := m.g.guard.counters(r.l); ok {
+			c(m.holds, prometheus.CounterValue, float64(holds))
+			c(m.skips, prometheus.CounterValue, float64(skips))
+			c(m.held, prometheus.CounterValue, held.Seconds())
 		}
 	}
 }

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,7 +37,8 @@ func TestWANEventMetrics(t *testing.T) {
 }
 
 // TestWANBBRMetrics: a bulk link running BBR exports BBR's model and its
-// PROBE_RTT counters; the express link (CUBIC) exports none.
+// PROBE_RTT counters and the PROBE_RTT guard's; the express link (CUBIC)
+// exports none.
 func TestWANBBRMetrics(t *testing.T) {
 	if err := CheckCC("bbr"); err != nil {
 		t.Skip(err)
@@ -62,12 +64,13 @@ func TestWANBBRMetrics(t *testing.T) {
 		got := map[string]int{}
 		for _, mf := range mfs {
 			for _, m := range mf.GetMetric() {
-				if v := m.GetCounter().GetValue() + m.GetGauge().GetValue(); v > 0 || mf.GetName() == "mpi5k_wan_bbr_probe_rtt_total" {
+				if v := m.GetCounter().GetValue() + m.GetGauge().GetValue(); v > 0 || strings.HasSuffix(mf.GetName(), "_total") {
 					got[mf.GetName()]++
 				}
 			}
 		}
-		for _, name := range []string{"mpi5k_wan_bbr_min_rtt_seconds", "mpi5k_wan_bbr_bandwidth_bytes_per_second", "mpi5k_wan_bbr_probe_rtt_total"} {
+		for _, name := range []string{"mpi5k_wan_bbr_min_rtt_seconds", "mpi5k_wan_bbr_bandwidth_bytes_per_second", "mpi5k_wan_bbr_probe_rtt_total",
+			"mpi5k_wan_bbr_holds_total", "mpi5k_wan_bbr_probe_rtt_skips_total", "mpi5k_wan_bbr_hold_seconds_total"} {
 			if got[name] != bulk {
 				t.Errorf("%s: %d series (non-zero for the gauges), want %d (the bulk links)", name, got[name], bulk)
 			}

@@ -1,0 +1,228 @@
+package gateway
+
+import (
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/mpi5k/mpi5k/relay"
+	"github.com/mpi5k/mpi5k/tcpinfo"
+)
+
+// PROBE_RTT skipping.
+//
+// A BBR socket that has sent without pause for 10 s with no RTT sample at or
+// below its min_rtt enters PROBE_RTT on its next ACK: cwnd 4 for at least
+// 200 ms, about 2.5 % of a bulk link's rate (figure (b)). A bulk link that
+// keeps the bottleneck queue full never sees such a sample. BBR skips the
+// dip when the first ACK after the filter expires ends a restart from idle
+// (tcp_bbr.c, bbr_update_min_rtt: idle_restart): it restamps min_rtt from
+// that ACK instead.
+//
+// So the guard holds a busy BBR bulk link (relay.Link.Hold) just long enough
+// for its socket to have nothing in flight when the filter expires, and
+// resumes so that the first new ACK arrives after the expiry. The bottleneck
+// then idles for a few tens of milliseconds instead of 200+. The kernel does
+// not export the filter's stamp; tcpinfo.MinRTTStamp places it between two
+// samples, so the guard samples every guardEvery.
+
+const (
+	// guardEvery is the guard's sampling period: the stamp is known to
+	// within one period, and the hold covers that uncertainty.
+	guardEvery = 5 * time.Millisecond
+	// guardMaxSpread: a stamp known less precisely than this (a gap in the
+	// samples) is not acted on; the hold would idle the link too long.
+	guardMaxSpread = 4 * guardEvery
+	// guardMargin separates the first new ACK from the latest expiry.
+	guardMargin = 2 * time.Millisecond
+	// probeRTTCwnd is PROBE_RTT's cwnd (bbr_cwnd_min_target): a link with
+	// no more in flight loses nothing to a dip and is not held.
+	probeRTTCwnd = 4
+)
+
+// guardLink is the guard's state for one WAN link.
+type guardLink struct {
+	bbr, checked bool // the link runs BBR (checked once)
+	// quiet: the last sample had nothing in flight, and frames is what the
+	// link had sent then; until it sends more, BBR's state cannot change.
+	quiet  bool
+	frames uint64
+	last   tcpinfo.BBR // the last sample, still current while quiet
+
+	stamp   tcpinfo.MinRTTStamp
+	holding bool
+	from    time.Time // earliest expiry covered by the current or last hold
+	end     time.Time // when the current hold ends
+	// verifyBy: after a hold, a restamp (or a PROBE_RTT) is expected
+	// before this time; zero when nothing is being verified.
+	verifyBy time.Time
+
+	holds, skips atomic.Uint64
+	held         atomic.Int64 // ns
+}
+
+// probeGuard holds the guard's per-link state.
+type probeGuard struct {
+	mu    sync.Mutex
+	links map[*relay.Link]*guardLink
+	raw   tcpinfo.Raw
+	in    tcpinfo.Info
+	bbr   tcpinfo.BBR
+}
+
+// guardProbeRTT runs the guard on every bulk WAN link until the gateway
+// stops.
+func (g *Gateway) guardProbeRTT() {
+	defer g.wg.Done()
+	tk := time.NewTicker(guardEvery)
+	defer tk.Stop()
+	for {
+		select {
+		case <-g.ctx.Done():
+			return
+		case <-tk.C:
+			g.guard.tick(g.allLinks())
+		}
+	}
+}
+
+func (pg *probeGuard) tick(links []*relay.Link) {
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	if pg.links == nil {
+		pg.links = map[*relay.Link]*guardLink{}
+	}
+	for l := range pg.links {
+		if !containsLink(links, l) {
+			delete(pg.links, l)
+		}
+	}
+	for _, l := range links {
+		if l.Express() {
+			continue // app-limited messages: idle restarts are its normal state
+		}
+		gl := pg.links[l]
+		if gl == nil {
+			gl = &guardLink{}
+			pg.links[l] = gl
+		}
+		if gl.checked && !gl.bbr {
+			continue
+		}
+		frames := l.Stats.FramesSent.Load()
+		if gl.quiet && frames == gl.frames && !gl.holding && gl.verifyBy.IsZero() {
+			gl.stamp.Observe(time.Now(), &gl.last) // unchanged until now
+			continue
+		}
+		sc, ok := l.Conn().(syscall.Conn)
+		if !ok {
+			gl.checked = true
+			continue
+		}
+		rc, err := sc.SyscallConn()
+		if err != nil {
+			continue
+		}
+		var rerr error
+		var have bool
+		rc.Control(func(fd uintptr) {
+			if !gl.checked {
+				cc, err := tcpinfo.CongestionControl(int(fd))
+				if err != nil {
+					rerr = err
+					return
+				}
+				gl.checked, gl.bbr = true, cc == "bbr"
+				if !gl.bbr {
+					return
+				}
+			}
+			if rerr = tcpinfo.Read(int(fd), &pg.raw, &pg.in); rerr == nil {
+				have, rerr = tcpinfo.ReadBBR(int(fd), &pg.bbr)
+			}
+		})
+		if rerr != nil || !have {
+			continue
+		}
+		gl.quiet, gl.frames, gl.last = pg.in.Unacked == 0, frames, pg.bbr
+		gl.step(l, time.Now(), &pg.in, &pg.bbr)
+	}
+}
+
+// step takes one sample (in, b) of link l read at now.
+func (gl *guardLink) step(l holder, now time.Time, in *tcpinfo.Info, b *tcpinfo.BBR) {
+	gl.stamp.Observe(now, b)
+	if gl.holding {
+		if now.Before(gl.end) {
+			// Still draining close to the end: stretch the hold, or the
+			// resumed bytes would join a flight whose ACKs cross the expiry.
+			if gl.end.Sub(now) <= guardEvery && in.Unacked > 0 && now.Before(gl.from) {
+				gl.end = gl.end.Add(guardEvery)
+				gl.held.Add(int64(guardEvery))
+				l.Hold(gl.end)
+			}
+			return
+		}
+		gl.holding = false
+		gl.verifyBy = now.Add(time.Second)
+		return
+	}
+	from, to, known := gl.stamp.Expiry()
+	if !gl.verifyBy.IsZero() {
+		switch {
+		case !known && b.Bandwidth > 0 && b.Mode() == tcpinfo.BBRProbeRTT:
+			gl.verifyBy = time.Time{} // dipped anyway (counted by wanEvents)
+		case known && from.After(gl.from):
+			gl.skips.Add(1) // BBR restamped min_rtt from the restart
+			gl.verifyBy = time.Time{}
+		case now.After(gl.verifyBy):
+			// Neither: the link stayed idle (the next burst restamps, in
+			// sight), or an equal sample restamped it unseen.
+			gl.stamp.Forget()
+			gl.verifyBy = time.Time{}
+		}
+		return
+	}
+	if !known {
+		return
+	}
+	if now.After(to.Add(time.Second)) {
+		gl.stamp.Forget() // expired unseen: restamped by an equal sample, or idle
+		return
+	}
+	if !now.Before(from) || to.Sub(from) > guardMaxSpread || b.Bandwidth == 0 || in.Unacked <= probeRTTCwnd {
+		return
+	}
+	// Time for what is queued in the socket and in flight to leave the
+	// bottleneck, plus the last ACK's way back.
+	queued := float64(in.Unacked)*float64(in.SndMSS) + float64(in.NotsentBytes)
+	drain := time.Duration(1.1*queued/float64(b.Bandwidth)*float64(time.Second)) + b.MinRTT/2
+	if now.Add(drain + 2*guardEvery).Before(from) {
+		return
+	}
+	// Resume so that the first new ACK, a min RTT later, comes after the
+	// latest expiry; but not before the flight has drained.
+	end := to.Add(guardMargin - b.MinRTT)
+	if d := now.Add(drain + guardEvery); end.Before(d) {
+		end = d
+	}
+	gl.holding, gl.from, gl.end = true, from, end
+	gl.holds.Add(1)
+	gl.held.Add(int64(end.Sub(now)))
+	l.Hold(end)
+}
+
+// holder is what the guard needs of a link (a test fakes it).
+type holder interface{ Hold(until time.Time) }
+
+// counters returns the guard's counters for l.
+func (pg *probeGuard) counters(l *relay.Link) (holds, skips uint64, held time.Duration, ok bool) {
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	gl := pg.links[l]
+	if gl == nil || !gl.bbr {
+		return 0, 0, 0, false
+	}
+	return gl.holds.Load(), gl.skips.Load(), time.Duration(gl.held.Load()), true
+}
