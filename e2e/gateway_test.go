@@ -337,14 +337,14 @@ func (w *wanLab) scrape(t *testing.T, host string, gw netip.Addr) (string, error
 
 // bbrEvents counts, over the WAN links of the gateway at gw, BBR's
 // PROBE_RTT dips and the PROBE_RTT guard's holds and skips.
-type bbrEvents struct{ dips, holds, skips float64 }
+type bbrEvents struct{ dips, holds, skips, held float64 }
 
 func (e bbrEvents) minus(o bbrEvents) bbrEvents {
-	return bbrEvents{e.dips - o.dips, e.holds - o.holds, e.skips - o.skips}
+	return bbrEvents{e.dips - o.dips, e.holds - o.holds, e.skips - o.skips, e.held - o.held}
 }
 
 func (e bbrEvents) String() string {
-	return fmt.Sprintf("%.0f PROBE_RTT dips, %.0f guard holds, %.0f skips", e.dips, e.holds, e.skips)
+	return fmt.Sprintf("%.0f PROBE_RTT dips, %.0f guard holds (%.0f ms held), %.0f skips", e.dips, e.holds, e.held*1e3, e.skips)
 }
 
 // bbr returns the gateway's bbrEvents (all -1 if its metrics are
@@ -352,7 +352,7 @@ func (e bbrEvents) String() string {
 func (w *wanLab) bbr(t *testing.T, host string, gw netip.Addr) bbrEvents {
 	out, err := w.scrape(t, host, gw)
 	if err != nil {
-		return bbrEvents{-1, -1, -1}
+		return bbrEvents{-1, -1, -1, -1}
 	}
 	var e bbrEvents
 	for _, line := range strings.Split(out, "\n") {
@@ -364,6 +364,8 @@ func (w *wanLab) bbr(t *testing.T, host string, gw netip.Addr) bbrEvents {
 			e.holds += v
 		case strings.HasPrefix(line, "mpi5k_wan_bbr_probe_rtt_skips_total{"):
 			e.skips += v
+		case strings.HasPrefix(line, "mpi5k_wan_bbr_hold_seconds_total{"):
+			e.held += v
 		}
 	}
 	return e
@@ -477,6 +479,19 @@ func TestGatewayWAN(t *testing.T) {
 	// cores (the emulator, both gateways and the endpoints share them).
 	if via < 0.75*direct {
 		t.Errorf("gateway goodput %.1f Mbit/s is below 75 %% of direct %.1f", via, direct)
+	}
+
+	// BBR's min_rtt filter expires every 10 s of continuous bulk: 22 s
+	// cross at least two expiries of the bulk link, and the gateway's guard
+	// must turn them into restarts from idle instead of PROBE_RTT dips.
+	if !custom && !testing.Short() {
+		before := w.bbr(t, src, site1.LAN.Addr())
+		g := run(t, ctx, l, src, "send", sink, gwLAN, "22")
+		ev := w.bbr(t, src, site1.LAN.Addr()).minus(before)
+		t.Logf("PROBE_RTT guard: 22 s of bulk through gateways at %.1f Mbit/s; site1's WAN links during it: %v", g[0]*8/g[1]/1e6, ev)
+		if ev.skips < 1 {
+			t.Errorf("no PROBE_RTT skipped in 22 s of bulk (%v)", ev)
+		}
 	}
 
 	// Destinations that stop reading stall only their own streams: each

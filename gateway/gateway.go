@@ -481,7 +481,10 @@ func (g *Gateway) wanCreate() SockOpts {
 // addLink joins conn to p's trunk as link i. The express link is exempt from
 // --wan-pace (it carries only messages, and they must not wait for a
 // pacing slot) and may have its own congestion control.
-func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello) *relay.Link {
+//
+// since is a time before the TCP connection was established: the PROBE_RTT
+// guard starts its BBR min_rtt clock there.
+func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello, since time.Time) *relay.Link {
 	x := g.isExpress(i)
 	var err error
 	switch {
@@ -494,6 +497,9 @@ func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello) *rela
 		g.log.Warn("WAN link: socket options not set", "peer", p.site.Name, "link", i, "express", x, "err", err)
 	}
 	l := p.trunk.Add(c, g.rcfg, ph, i, x)
+	if !x && !g.cfg.NoProbeRTTSkip {
+		g.guard.begin(l, since) // before setLink publishes l to the guard
+	}
 	g.setLink(p, i, l)
 	return l
 }
@@ -631,6 +637,7 @@ func (g *Gateway) checkExpress() {
 func (g *Gateway) dialOnce(p *peer, i int) (*relay.Link, error) {
 	d := net.Dialer{Timeout: 5 * time.Second, Control: g.wanCreate().control(nil),
 		LocalAddr: &net.TCPAddr{IP: g.site.WAN.Addr().AsSlice()}} // the acceptor checks our source address
+	since := time.Now()
 	c, err := d.DialContext(g.ctx, "tcp", p.site.WAN.String())
 	if err != nil {
 		return nil, err
@@ -647,7 +654,7 @@ func (g *Gateway) dialOnce(p *peer, i int) (*relay.Link, error) {
 		c.Close()
 		return nil, err
 	}
-	return g.addLink(p, i, c.(*net.TCPConn), ph), nil
+	return g.addLink(p, i, c.(*net.TCPConn), ph, since), nil
 }
 
 func (g *Gateway) checkHello(h header.Hello, p *peer, i int) error {
@@ -684,7 +691,14 @@ func (g *Gateway) serveWAN() {
 // acceptWAN admits a peer gateway: its source address must be the WAN
 // address of a site with a higher id than ours, and its HELLO must name
 // that site.
+// acceptLag bounds how long an established WAN connection waits in the
+// accept queue before acceptWAN runs.
+const acceptLag = 20 * time.Millisecond
+
 func (g *Gateway) acceptWAN(c *net.TCPConn) {
+	// The kernel established the connection just before accept returned
+	// (the accept loop never lags by more than a scheduling delay).
+	since := time.Now().Add(-acceptLag)
 	remote := unmapAP(c.RemoteAddr().(*net.TCPAddr).AddrPort())
 	var cands []*peer
 	for _, p := range g.peers {
@@ -727,7 +741,7 @@ func (g *Gateway) acceptWAN(c *net.TCPConn) {
 	}
 	// Our HELLO went out with index 0 before we knew theirs; only the
 	// dialer's index matters (the acceptor's fields are informational).
-	g.addLink(p, int(ph.LinkIndex), c, ph)
+	g.addLink(p, int(ph.LinkIndex), c, ph, since)
 	g.log.Info("WAN link up", "peer", p.site.Name, "link", ph.LinkIndex, "remote", remote.String())
 }
 

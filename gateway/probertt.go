@@ -31,9 +31,11 @@ const (
 	// guardEvery is the guard's sampling period: the stamp is known to
 	// within one period, and the hold covers that uncertainty.
 	guardEvery = 5 * time.Millisecond
-	// guardMaxSpread: a stamp known less precisely than this (a gap in the
-	// samples) is not acted on; the hold would idle the link too long.
-	guardMaxSpread = 4 * guardEvery
+	// guardMaxSpread: a stamp known less precisely than this is not acted
+	// on. The hold covers the uncertainty, less a min RTT, and a dip costs
+	// 200+ ms: up to 100 ms a hold is still much the cheaper. A new link's
+	// stamp is known to within its handshake (begin).
+	guardMaxSpread = 100 * time.Millisecond
 	// guardMargin separates the first new ACK from the latest expiry.
 	guardMargin = 2 * time.Millisecond
 	// probeRTTCwnd is PROBE_RTT's cwnd (bbr_cwnd_min_target): a link with
@@ -44,6 +46,7 @@ const (
 // guardLink is the guard's state for one WAN link.
 type guardLink struct {
 	bbr, checked bool // the link runs BBR (checked once)
+	listed       bool // seen among the gateway's links (begin comes first)
 	// quiet: the last sample had nothing in flight, and frames is what the
 	// link had sent then; until it sends more, BBR's state cannot change.
 	quiet  bool
@@ -93,8 +96,8 @@ func (pg *probeGuard) tick(links []*relay.Link) {
 	if pg.links == nil {
 		pg.links = map[*relay.Link]*guardLink{}
 	}
-	for l := range pg.links {
-		if !containsLink(links, l) {
+	for l, gl := range pg.links {
+		if gl.listed && !containsLink(links, l) {
 			delete(pg.links, l)
 		}
 	}
@@ -107,6 +110,7 @@ func (pg *probeGuard) tick(links []*relay.Link) {
 			gl = &guardLink{}
 			pg.links[l] = gl
 		}
+		gl.listed = true
 		if gl.checked && !gl.bbr {
 			continue
 		}
@@ -211,6 +215,19 @@ func (gl *guardLink) step(l holder, now time.Time, in *tcpinfo.Info, b *tcpinfo.
 	gl.holds.Add(1)
 	gl.held.Add(int64(end.Sub(now)))
 	l.Hold(end)
+}
+
+// begin registers a new bulk link l whose socket was established after
+// since: BBR stamped its min_rtt then.
+func (pg *probeGuard) begin(l *relay.Link, since time.Time) {
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	if pg.links == nil {
+		pg.links = map[*relay.Link]*guardLink{}
+	}
+	gl := &guardLink{}
+	gl.stamp.Begin(since)
+	pg.links[l] = gl
 }
 
 // holder is what the guard needs of a link (a test fakes it).

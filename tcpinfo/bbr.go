@@ -150,6 +150,7 @@ type MinRTTStamp struct {
 	lo, hi time.Time // the stamp lies in (lo, hi]
 	known  bool
 	have   bool
+	begin  time.Time     // Begin's bound, for the first sample
 	last   time.Time     // previous sample
 	min    time.Duration // its min_rtt
 	probe  bool          // it was in PROBE_RTT
@@ -161,6 +162,11 @@ func (m *MinRTTStamp) Observe(at time.Time, b *BBR) {
 	switch {
 	case !m.have:
 		m.have = true
+		// BBR stamps min_rtt when it starts (bbr_init, as the connection
+		// is established), and the caller knows since when that may be.
+		if !m.begin.IsZero() && !probe {
+			m.lo, m.hi, m.known = m.begin, at, true
+		}
 	case probe:
 		// PROBE_RTT restamps when it ends; until then no expiry applies.
 		m.known = false
@@ -168,6 +174,15 @@ func (m *MinRTTStamp) Observe(at time.Time, b *BBR) {
 		m.lo, m.hi, m.known = m.last, at, true
 	}
 	m.last, m.min, m.probe = at, b.MinRTT, probe
+}
+
+// Begin tells that the socket's BBR state was initialised, which stamps
+// min_rtt, no earlier than t: the first sample then places the stamp
+// between t and itself. Call it before the first Observe.
+func (m *MinRTTStamp) Begin(t time.Time) {
+	if !m.have {
+		m.begin = t
+	}
 }
 
 // Expiry returns when the filter expires: not before from, not after to.

@@ -166,4 +166,11 @@ func TestMinRTTStamp(t *testing.T) {
 	expect("no change after Forget", false, 0, 0)
 	m.Observe(at(12010), &BBR{MinRTT: 5 * time.Millisecond, PacingGain: 1, CwndGain: 1})
 	expect("a fresh socket's 1/1 gains are not PROBE_RTT", true, 12005, 12010)
+
+	var b MinRTTStamp
+	b.Begin(at(-30))
+	b.Observe(at(2), bw(20*time.Millisecond))
+	if f, e, ok := b.Expiry(); !ok || !f.Equal(at(-30).Add(BBRMinRTTWindow)) || !e.Equal(at(2).Add(BBRMinRTTWindow+jiffySlack)) {
+		t.Errorf("after Begin: expiry (%v, %v] known %v, want (-30ms, 2ms] + 10 s", f.Sub(t0), e.Sub(t0), ok)
+	}
 }
