@@ -54,3 +54,45 @@ func TestParseGWMode(t *testing.T) {
 		}
 	}
 }
+
+// Gateway tuning reaches both gateways' command lines (--dry-run prints
+// them on stdout), booleans only when they differ from the default.
+func TestRunPassesGatewayTuning(t *testing.T) {
+	dir := t.TempDir()
+	sites := dir + "/sites"
+	if err := os.WriteFile(sites, []byte("127.0.0.2 x\n127.0.0.3 y\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := os.Stdout
+	os.Stdout = w
+	status := runMain([]string{"--sites", sites, "--workdir", dir + "/work", "--wan-conns", "2", "--wan-skip-probe-rtt=false",
+		"--wan-queue", "2ms", "--dry-run", "mpirun", "-np", "2", "-H", "127.0.0.2,127.0.0.3", "true"})
+	os.Stdout = old
+	w.Close()
+	b, _ := io.ReadAll(r)
+	if status != 0 {
+		t.Fatalf("dry run: status %d\n%s", status, b)
+	}
+	var gws int
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.Contains(line, "mpi5k-gateway ") {
+			continue
+		}
+		gws++
+		for _, want := range []string{" --wan-conns 2", " --wan-skip-probe-rtt=false", " --wan-queue 2ms"} {
+			if !strings.Contains(line, want) {
+				t.Errorf("gateway command lacks %q: %s", want, line)
+			}
+		}
+		if strings.Contains(line, "--poll-thread") || strings.Contains(line, "--wan-express-renew") {
+			t.Errorf("default booleans passed on: %s", line)
+		}
+	}
+	if gws != 2 {
+		t.Errorf("%d gateway commands in the dry run, want 2:\n%s", gws, b)
+	}
+}
