@@ -185,7 +185,7 @@
 // skips each, about 100 ms held per hold of which the bottleneck idles a
 // few tens; with --wan-skip-probe-rtt=false 99.0, 100.0, 100.0 % and 1-2
 // dips. The 8 s runs: 100.2 % four times. At 0.1 % loss one of two holds
-// missed (a retransmission kept the flight from draining): 101.2 %.
+// was followed by a dip anyway (one run): 101.2 %.
 // Before trunks: 100.2 % (quiet VM), 97.1-98.6 % (loaded VM). With a 1 MiB
 // window the pair fell to 79-83 % in overloaded runs (credit round trips
 // stretched by scheduling delays).
