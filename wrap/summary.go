@@ -23,12 +23,17 @@ const (
 	metricRetransRTO   = "mpi5k_wan_tcp_retransmits_rto_total"
 	metricRTOs         = "mpi5k_wan_tcp_rtos_total"
 	metricIdleRestarts = "mpi5k_wan_tcp_idle_restarts_total"
+	// Only WAN sockets running BBR export these.
+	metricProbeRTTs = "mpi5k_wan_bbr_probe_rtt_total"
+	metricSkips     = "mpi5k_wan_bbr_probe_rtt_skips_total"
 )
 
 // pairStats is what one gateway says about its link to one peer site.
 type pairStats struct {
 	sent, recv, streams, retrans float64
 	retransRTO, rtos, idle       float64
+	dips, skips                  float64
+	bbr                          bool // a link to the peer runs BBR
 }
 
 func scrape(addr string) (map[string]*dto.MetricFamily, error) {
@@ -103,6 +108,8 @@ func summary(gws []*gateway) string {
 		perPeer(fams, metricRetransRTO, "", stats, func(s *pairStats) *float64 { return &s.retransRTO })
 		perPeer(fams, metricRTOs, "", stats, func(s *pairStats) *float64 { return &s.rtos })
 		perPeer(fams, metricIdleRestarts, "", stats, func(s *pairStats) *float64 { return &s.idle })
+		perPeer(fams, metricProbeRTTs, "", stats, func(s *pairStats) *float64 { s.bbr = true; return &s.dips })
+		perPeer(fams, metricSkips, "", stats, func(s *pairStats) *float64 { return &s.skips })
 		peers := make([]string, 0, len(stats))
 		for p := range stats {
 			peers = append(peers, p)
@@ -110,8 +117,13 @@ func summary(gws []*gateway) string {
 		sort.Strings(peers)
 		for _, p := range peers {
 			st := stats[p]
-			lines = append(lines, fmt.Sprintf("  %s -> %s: %s sent, %s received, %.0f streams opened, %.0f WAN retransmits (%.0f in RTO recovery), %.0f RTOs, %.0f idle restarts",
-				g.site.Name, p, human(st.sent), human(st.recv), st.streams, st.retrans, st.retransRTO, st.rtos, st.idle))
+			line := fmt.Sprintf("  %s -> %s: %s sent, %s received, %.0f streams opened, %.0f WAN retransmits (%.0f in RTO recovery), %.0f RTOs, %.0f idle restarts",
+				g.site.Name, p, human(st.sent), human(st.recv), st.streams, st.retrans, st.retransRTO, st.rtos, st.idle)
+			if st.bbr {
+				// Each dip cost the link ~200 ms at 4 segments per RTT.
+				line += fmt.Sprintf(", %.0f BBR PROBE_RTT dips (%.0f skipped)", st.dips, st.skips)
+			}
+			lines = append(lines, line)
 		}
 	}
 	if len(lines) == 0 {
