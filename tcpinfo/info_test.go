@@ -265,36 +265,44 @@ func TestDecodeMatchesKernel(t *testing.T) {
 	if _, err := c.Write(bytes.Repeat([]byte("x"), 100000)); err != nil {
 		t.Fatal(err)
 	}
-	ours := waitAcked(t, c)
+	waitAcked(t, c)
 	rc, _ := c.SyscallConn()
-	var x *unix.TCPInfo
-	var xerr error
-	rc.Control(func(fd uintptr) { x, xerr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) })
-	if xerr != nil {
-		t.Fatal(xerr)
+	// The peer may still open its window after the last ACK: x/sys's read
+	// must fall between two of ours that agree.
+	type fields [12]uint64
+	mine := func(in Info) fields {
+		return fields{uint64(in.State), uint64(in.SndMSS), uint64(in.SndCwnd), uint64(in.SndSsthresh), uint64(in.RTO / time.Microsecond),
+			uint64(in.TotalRetrans), in.BytesAcked, in.BytesSent, uint64(in.SegsOut), uint64(in.DataSegsOut), uint64(in.Delivered), uint64(in.SndWnd)}
+	}
+	names := [12]string{"state", "snd_mss", "snd_cwnd", "snd_ssthresh", "rto", "total_retrans", "bytes_acked", "bytes_sent",
+		"segs_out", "data_segs_out", "delivered", "snd_wnd"}
+	var ours Info
+	var a, b, xs fields
+	for try := 0; ; try++ {
+		ours = readConn(t, c)
+		var x *unix.TCPInfo
+		var xerr error
+		rc.Control(func(fd uintptr) { x, xerr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) })
+		if xerr != nil {
+			t.Fatal(xerr)
+		}
+		a, b = mine(ours), mine(readConn(t, c))
+		xs = fields{uint64(x.State), uint64(x.Snd_mss), uint64(x.Snd_cwnd), uint64(x.Snd_ssthresh), uint64(x.Rto),
+			uint64(x.Total_retrans), x.Bytes_acked, x.Bytes_sent, uint64(x.Segs_out), uint64(x.Data_segs_out), uint64(x.Delivered), uint64(x.Snd_wnd)}
+		if a == b || try == 50 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	if ours.Len < endKnown {
 		t.Logf("kernel returned %d bytes (older than 6.7): newer fields absent", ours.Len)
 	}
-	for _, f := range []struct {
-		name      string
-		ours, xsy uint64
-	}{
-		{"state", uint64(ours.State), uint64(x.State)},
-		{"snd_mss", uint64(ours.SndMSS), uint64(x.Snd_mss)},
-		{"snd_cwnd", uint64(ours.SndCwnd), uint64(x.Snd_cwnd)},
-		{"snd_ssthresh", uint64(ours.SndSsthresh), uint64(x.Snd_ssthresh)},
-		{"rto", uint64(ours.RTO / time.Microsecond), uint64(x.Rto)},
-		{"total_retrans", uint64(ours.TotalRetrans), uint64(x.Total_retrans)},
-		{"bytes_acked", ours.BytesAcked, x.Bytes_acked},
-		{"bytes_sent", ours.BytesSent, x.Bytes_sent},
-		{"segs_out", uint64(ours.SegsOut), uint64(x.Segs_out)},
-		{"data_segs_out", uint64(ours.DataSegsOut), uint64(x.Data_segs_out)},
-		{"delivered", uint64(ours.Delivered), uint64(x.Delivered)},
-		{"snd_wnd", uint64(ours.SndWnd), uint64(x.Snd_wnd)},
-	} {
-		if f.ours != f.xsy {
-			t.Errorf("%s: ours %d, x/sys %d", f.name, f.ours, f.xsy)
+	if a != b {
+		t.Fatalf("the socket never stayed still for two reads: %v then %v", a, b)
+	}
+	for i := range names {
+		if a[i] != xs[i] {
+			t.Errorf("%s: ours %d, x/sys %d", names[i], a[i], xs[i])
 		}
 	}
 	if ours.State != 1 {
