@@ -77,17 +77,7 @@ type probeGuard struct {
 // guardProbeRTT runs the guard on every bulk WAN link until the gateway
 // stops.
 func (g *Gateway) guardProbeRTT() {
-	defer g.wg.Done()
-	tk := time.NewTicker(guardEvery)
-	defer tk.Stop()
-	for {
-		select {
-		case <-g.ctx.Done():
-			return
-		case <-tk.C:
-			g.guard.tick(g.allLinks())
-		}
-	}
+	g.every(guardEvery, func() { g.guard.tick(g.allLinks()) })
 }
 
 func (pg *probeGuard) tick(links []*relay.Link) {

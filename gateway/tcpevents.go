@@ -29,16 +29,23 @@ type wanEvents struct {
 
 // sampleWAN samples every WAN link until the gateway stops.
 func (g *Gateway) sampleWAN() {
+	g.every(wanSampleEvery, func() {
+		g.m.ev.sample(g.allLinks())
+		g.checkExpress()
+	})
+}
+
+// every runs f every d until the gateway stops, then marks g.wg done.
+func (g *Gateway) every(d time.Duration, f func()) {
 	defer g.wg.Done()
-	tk := time.NewTicker(wanSampleEvery)
+	tk := time.NewTicker(d)
 	defer tk.Stop()
 	for {
 		select {
 		case <-g.ctx.Done():
 			return
 		case <-tk.C:
-			g.m.ev.sample(g.allLinks())
-			g.checkExpress()
+			f()
 		}
 	}
 }

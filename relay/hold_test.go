@@ -1,27 +1,15 @@
 package relay
 
 import (
-	"bytes"
-	"crypto/sha256"
-	"io"
 	"testing"
 	"time"
-
-	"github.com/mpi5k/mpi5k/internal/testnet"
 )
 
 // TestHold: while a link is held nothing reaches its socket, neither a
 // bulk write (queued for the writer) nor a small one (inline path); when
 // the hold ends every byte goes out in order.
 func TestHold(t *testing.T) {
-	a, _ := pair(t, Config{Chunk: 16 << 10, Window: 256 << 10})
-	dst := testnet.Serve(t, loopback, sumServer)
-	app, _ := openVia(t, a, dst)
-	defer app.Close()
-	data := make([]byte, 1<<20+13)
-	for i := range data {
-		data[i] = byte(i*31 + i>>11)
-	}
+	a, app, _, data := sumStream(t, Config{Chunk: 16 << 10, Window: 256 << 10}, 1<<20+13)
 	// The first part goes out unheld (the stream is confirmed).
 	first := 64 << 10
 	if _, err := app.Write(data[:first]); err != nil {
@@ -61,13 +49,5 @@ func TestHold(t *testing.T) {
 	if el := time.Since(start); el < hold {
 		t.Fatalf("all bytes sent %v into a %v hold", el, hold)
 	}
-	app.CloseWrite()
-	got, err := io.ReadAll(app)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := sha256.Sum256(data)
-	if !bytes.Equal(got, want[:]) {
-		t.Fatalf("checksum mismatch after the hold: got %x", got)
-	}
+	wantSum(t, app, data)
 }

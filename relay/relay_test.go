@@ -135,29 +135,28 @@ func sumServer(c *net.TCPConn) {
 	c.Write(h.Sum(nil))
 }
 
-func TestHalfClose(t *testing.T) {
-	a, _ := pair(t, Config{Chunk: 16 << 10, Window: 64 << 10})
-	dst := testnet.Serve(t, loopback, sumServer)
-	app, s := openVia(t, a, dst)
-	defer app.Close()
-	data := make([]byte, 1<<20+7)
+// sumStream opens, over a new pair with cfg, a stream from app to a
+// sumServer, and returns n bytes of a pattern to send on it.
+func sumStream(t *testing.T, cfg Config, n int) (a *Link, app *net.TCPConn, s *Stream, data []byte) {
+	t.Helper()
+	a, _ = pair(t, cfg)
+	app, s = openVia(t, a, testnet.Serve(t, loopback, sumServer))
+	t.Cleanup(func() { app.Close() })
+	data = make([]byte, n)
 	for i := range data {
-		data[i] = byte(i * 7)
+		data[i] = byte(i*7 + i>>11)
 	}
+	return a, app, s, data
+}
+
+func TestHalfClose(t *testing.T) {
+	a, app, s, data := sumStream(t, Config{Chunk: 16 << 10, Window: 64 << 10}, 1<<20+7)
 	if _, err := app.Write(data); err != nil {
 		t.Fatal(err)
 	}
 	// Our shutdown(SHUT_WR) must reach the server as EOF while the reverse
 	// direction still works: the server only answers after EOF.
-	app.CloseWrite()
-	got, err := io.ReadAll(app)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := sha256.Sum256(data)
-	if !bytes.Equal(got, want[:]) {
-		t.Fatalf("checksum mismatch: got %x", got)
-	}
+	wantSum(t, app, data)
 	select {
 	case <-s.Done():
 	case <-time.After(5 * time.Second):
@@ -167,6 +166,20 @@ func TestHalfClose(t *testing.T) {
 		t.Fatalf("clean close ended with code %v", s.Code())
 	}
 	waitStreams(t, a, 0)
+}
+
+// wantSum half-closes app, whose far end is a sumServer, and checks the
+// SHA-256 it answers against data.
+func wantSum(t *testing.T, app *net.TCPConn, data []byte) {
+	t.Helper()
+	app.CloseWrite()
+	got, err := io.ReadAll(app)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := sha256.Sum256(data); !bytes.Equal(got, want[:]) {
+		t.Fatalf("checksum mismatch: got %x, want %x", got, want)
+	}
 }
 
 func waitStreams(t testing.TB, l *Link, n int) {
