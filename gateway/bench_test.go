@@ -64,7 +64,6 @@ func childGateway(spec string) int {
 	cfg := Config{Map: m, Site: f[1], ReadyFile: f[2],
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	cfg.NoPollThread = os.Getenv("MPI5K_GW_NOPOLL") != ""
-	cfg.NoProbeRTTSkip = os.Getenv("MPI5K_GW_NOSKIP") != ""
 	if v := os.Getenv("MPI5K_GW_CHUNK"); v != "" {
 		cfg.Chunk, _ = units.Size(v)
 	}
@@ -224,10 +223,6 @@ func BenchmarkPingPong(b *testing.B) {
 	}{
 		{"direct", func(b *testing.B) (*net.TCPConn, error) { return plain(dst) }},
 		{"gateway", func(b *testing.B) (*net.TCPConn, error) { return gw(startChildren(b).lan("a")) }},
-		// Without the PROBE_RTT guard's 5 ms sampling (--wan-skip-probe-rtt=false).
-		{"gateway-noskip", func(b *testing.B) (*net.TCPConn, error) {
-			return gw(startChildren(b, "MPI5K_GW_NOSKIP=1").lan("a"))
-		}},
 		// The same pair waiting in Go's network poller (--poll-thread=false).
 		{"gateway-go-poller", func(b *testing.B) (*net.TCPConn, error) {
 			return gw(startChildren(b, "MPI5K_GW_NOPOLL=1").lan("a"))

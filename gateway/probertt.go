@@ -36,6 +36,11 @@ const (
 	// 200+ ms: up to 100 ms a hold is still much the cheaper. A new link's
 	// stamp is known to within its handshake (begin).
 	guardMaxSpread = 100 * time.Millisecond
+	// guardMaxHold: a hold that would last longer costs more than the
+	// dip it avoids (200 ms at 4 segments per RTT), so the guard lets the
+	// dip happen. It also bounds a hold planned from a bandwidth estimate
+	// of a link that has only sent bursts, which can be far too low.
+	guardMaxHold = 200 * time.Millisecond
 	// guardMargin separates the first new ACK from the latest expiry.
 	guardMargin = 2 * time.Millisecond
 	// probeRTTCwnd is PROBE_RTT's cwnd (bbr_cwnd_min_target): a link with
@@ -57,6 +62,7 @@ type guardLink struct {
 	holding bool
 	from    time.Time // earliest expiry covered by the current or last hold
 	end     time.Time // when the current hold ends
+	start   time.Time // when it began
 	// verifyBy: after a hold, a restamp (or a PROBE_RTT) is expected
 	// before this time; zero when nothing is being verified.
 	verifyBy time.Time
@@ -69,10 +75,23 @@ type guardLink struct {
 type probeGuard struct {
 	mu    sync.Mutex
 	links map[*relay.Link]*guardLink
-	raw   tcpinfo.Raw
-	in    tcpinfo.Info
-	bbr   tcpinfo.BBR
+	// msgs: when each peer site's express link last sent (the bytes it had
+	// sent then). While messages cross, queue control caps the bulk links
+	// and a bulk link's bytes are MPI messages' tails: no holds then.
+	msgs map[uint8]msgSeen
+	raw  tcpinfo.Raw
+	in   tcpinfo.Info
+	bbr  tcpinfo.BBR
 }
+
+type msgSeen struct {
+	sent uint64
+	at   time.Time
+}
+
+// guardMsgWindow is how long after the last message a site pair's bulk
+// links count as carrying messages (relay's queue control uses 5 s too).
+const guardMsgWindow = 5 * time.Second
 
 // guardProbeRTT runs the guard on every bulk WAN link until the gateway
 // stops.
@@ -91,9 +110,23 @@ func (pg *probeGuard) tick(links []*relay.Link) {
 			delete(pg.links, l)
 		}
 	}
+	if pg.msgs == nil {
+		pg.msgs = map[uint8]msgSeen{}
+	}
+	now := time.Now()
 	for _, l := range links {
 		if l.Express() {
-			continue // app-limited messages: idle restarts are its normal state
+			// Its own sending is app-limited messages (idle restarts are
+			// its normal state); note when it last carried any.
+			id := l.Peer().SiteID
+			if n := l.Stats.BytesSent.Load(); n != pg.msgs[id].sent {
+				pg.msgs[id] = msgSeen{n, now}
+			}
+		}
+	}
+	for _, l := range links {
+		if l.Express() {
+			continue
 		}
 		gl := pg.links[l]
 		if gl == nil {
@@ -140,18 +173,21 @@ func (pg *probeGuard) tick(links []*relay.Link) {
 			continue
 		}
 		gl.quiet, gl.frames, gl.last = pg.in.Unacked == 0, frames, pg.bbr
-		gl.step(l, time.Now(), &pg.in, &pg.bbr)
+		at := time.Now()
+		m := pg.msgs[l.Peer().SiteID]
+		gl.step(l, at, &pg.in, &pg.bbr, !m.at.IsZero() && at.Sub(m.at) < guardMsgWindow)
 	}
 }
 
-// step takes one sample (in, b) of link l read at now.
-func (gl *guardLink) step(l holder, now time.Time, in *tcpinfo.Info, b *tcpinfo.BBR) {
+// step takes one sample (in, b) of link l read at now; msgs: messages
+// cross the site pair (no new holds).
+func (gl *guardLink) step(l holder, now time.Time, in *tcpinfo.Info, b *tcpinfo.BBR, msgs bool) {
 	gl.stamp.Observe(now, b)
 	if gl.holding {
 		if now.Before(gl.end) {
 			// Still draining close to the end: stretch the hold, or the
 			// resumed bytes would join a flight whose ACKs cross the expiry.
-			if gl.end.Sub(now) <= guardEvery && in.Unacked > 0 && now.Before(gl.from) {
+			if gl.end.Sub(now) <= guardEvery && in.Unacked > 0 && now.Before(gl.from) && gl.end.Sub(gl.start) < guardMaxHold {
 				gl.end = gl.end.Add(guardEvery)
 				gl.held.Add(int64(guardEvery))
 				l.Hold(gl.end)
@@ -185,7 +221,7 @@ func (gl *guardLink) step(l holder, now time.Time, in *tcpinfo.Info, b *tcpinfo.
 		gl.stamp.Forget() // expired unseen: restamped by an equal sample, or idle
 		return
 	}
-	if !now.Before(from) || to.Sub(from) > guardMaxSpread || b.Bandwidth == 0 || in.Unacked <= probeRTTCwnd {
+	if msgs || !now.Before(from) || to.Sub(from) > guardMaxSpread || b.Bandwidth == 0 || in.Unacked <= probeRTTCwnd {
 		return
 	}
 	// Time for what is queued in the socket and in flight to leave the
@@ -201,7 +237,10 @@ func (gl *guardLink) step(l holder, now time.Time, in *tcpinfo.Info, b *tcpinfo.
 	if d := now.Add(drain + guardEvery); end.Before(d) {
 		end = d
 	}
-	gl.holding, gl.from, gl.end = true, from, end
+	if end.Sub(now) > guardMaxHold {
+		return
+	}
+	gl.holding, gl.from, gl.end, gl.start = true, from, end, now
 	gl.holds.Add(1)
 	gl.held.Add(int64(end.Sub(now)))
 	l.Hold(end)

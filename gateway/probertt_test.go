@@ -41,17 +41,23 @@ type guardSim struct {
 	inflight func(time.Time) uint32
 	minRTT   func(time.Time) time.Duration
 	probe    func(time.Time) bool
+	bw       uint64 // BBR's bandwidth estimate (0: 25 MB/s, 200 Mbit/s)
+	msgs     func(time.Time) bool
 }
 
 func (s *guardSim) run(d time.Duration) {
 	s.h.now = &s.t
 	for end := s.t.Add(d); s.t.Before(end); s.t = s.t.Add(guardEvery) {
 		in := tcpinfo.Info{Unacked: s.inflight(s.t), SndMSS: 1448}
-		b := tcpinfo.BBR{Bandwidth: 25e6, MinRTT: s.minRTT(s.t), PacingGain: 1, CwndGain: 2}
+		bw := s.bw
+		if bw == 0 {
+			bw = 25e6
+		}
+		b := tcpinfo.BBR{Bandwidth: bw, MinRTT: s.minRTT(s.t), PacingGain: 1, CwndGain: 2}
 		if s.probe != nil && s.probe(s.t) {
 			b.CwndGain = 1
 		}
-		s.gl.step(&s.h, s.t, &in, &b)
+		s.gl.step(&s.h, s.t, &in, &b, s.msgs != nil && s.msgs(s.t))
 	}
 }
 
@@ -115,6 +121,12 @@ func TestGuardHolds(t *testing.T) {
 	if len(idle.h.until) != 0 {
 		t.Errorf("an idle link was held: %v", idle.h.until)
 	}
+	// While messages cross the site pair: no hold.
+	busy := &guardSim{t: t0, inflight: func(time.Time) uint32 { return 700 }, minRTT: s.minRTT, msgs: func(time.Time) bool { return true }}
+	busy.run(11 * time.Second)
+	if len(busy.h.until) != 0 {
+		t.Errorf("a link was held while messages crossed: %v", busy.h.until)
+	}
 	// Without a visible restamp the expiry is unknown: no hold.
 	unknown := &guardSim{t: t0, inflight: func(time.Time) uint32 { return 700 }, minRTT: func(time.Time) time.Duration { return minRTT }}
 	unknown.run(11 * time.Second)
@@ -153,3 +165,24 @@ func TestGuardMiss(t *testing.T) {
 }
 
 const tcpinfoWindow = tcpinfo.BBRMinRTTWindow
+
+// TestGuardNoLongHold: a link whose bandwidth estimate is far too low for
+// its flight (it has sent only bursts) would need a hold longer than the
+// dip it avoids; the guard never holds it.
+func TestGuardNoLongHold(t *testing.T) {
+	t0 := time.Unix(5000, 0)
+	s := &guardSim{t: t0,
+		inflight: func(time.Time) uint32 { return 700 },
+		minRTT: func(at time.Time) time.Duration {
+			if at.Before(t0.Add(20 * time.Millisecond)) {
+				return 21 * time.Millisecond
+			}
+			return 20 * time.Millisecond
+		},
+		bw: 1e6, // 1 MB in flight drains in a second at this rate
+	}
+	s.run(11 * time.Second)
+	if len(s.h.until) != 0 {
+		t.Errorf("held a link whose flight needs a second to drain: until %v (now %v)", s.h.until[0].Sub(t0), s.h.start[0].Sub(t0))
+	}
+}

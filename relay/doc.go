@@ -175,7 +175,8 @@
 // a CUBIC one 21.4 Mbit/s (11.2 %). On a clean WAN that a site pair has to
 // itself, --wan-cc cubic gains back the 2.5 % of every 10 s of continuous
 // bulk.
-// The tenth session made the gateways skip the dip (gateway/probertt.go):
+// The tenth session made the gateways able to skip the dip
+// (--wan-skip-probe-rtt, gateway/probertt.go; off by default, see below):
 // BBR does not dip when the first ACK after its min_rtt filter expires ends
 // a restart from idle, so the gateway places the filter's stamp from 5 ms
 // samples of TCP_CC_INFO and holds the busy link's writes (Link.Hold) until
@@ -183,9 +184,12 @@
 // latest expiry. 25 s of bulk (MPI5K_BULK_SECS=25), where two expiries fall:
 // 101.7, 101.6, 101.3 % of direct (direct dips), 0 dips, 2 holds and 2
 // skips each, about 100 ms held per hold of which the bottleneck idles a
-// few tens; with --wan-skip-probe-rtt=false 99.0, 100.0, 100.0 % and 1-2
+// few tens; without it 99.0, 100.0, 100.0 % and 1-2
 // dips. The 8 s runs: 100.2 % four times. At 0.1 % loss one of two holds
-// was followed by a dip anyway (one run): 101.2 %.
+// was followed by a dip anyway (one run): 101.2 %. The guard is opt-in:
+// with it on, e2e TestBenchLab (BT through the gateways beside iperf3
+// cross traffic, 10 ms lab) stalled in 6 of 7 runs, also once holds were
+// barred while messages cross, and never with it off; not understood yet.
 // Before trunks: 100.2 % (quiet VM), 97.1-98.6 % (loaded VM). With a 1 MiB
 // window the pair fell to 79-83 % in overloaded runs (credit round trips
 // stretched by scheduling delays).

@@ -22,7 +22,7 @@ func TestHold(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	const hold = 2 * time.Second
+	const hold = MaxHold * 9 / 10
 	start := time.Now()
 	a.Hold(start.Add(hold))
 	sent := a.Stats.BytesSent.Load()
@@ -30,7 +30,7 @@ func TestHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	go app.Write(data[first+10:]) // bulk: blocks once the window is used
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(hold / 3)
 	if el := time.Since(start); el < hold {
 		if got := a.Stats.BytesSent.Load(); got != sent {
 			t.Fatalf("%v into a %v hold the link sent %d bytes", el, hold, got-sent)
@@ -50,4 +50,11 @@ func TestHold(t *testing.T) {
 		t.Fatalf("all bytes sent %v into a %v hold", el, hold)
 	}
 	wantSum(t, app, data)
+
+	// A hold is cut to MaxHold, so the link's keepalives keep it alive.
+	a.Hold(time.Now().Add(time.Hour))
+	if d := a.holdLeft(); d <= 0 || d > MaxHold {
+		t.Errorf("an hour's hold runs %v, want at most %v", d, MaxHold)
+	}
+	a.Hold(time.Now())
 }

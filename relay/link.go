@@ -582,12 +582,19 @@ func (l *Link) writeLoop() {
 	}
 }
 
+// MaxHold is the longest a Hold lasts: well under any DeadAfter, so a
+// held link never looks dead to its peer.
+const MaxHold = time.Second
+
 // Hold stops writing to the link's socket until the time until: frames
 // queue meanwhile and go out in order when it ends. The gateway uses it to
 // let a BBR socket go idle across the expiry of its min_rtt filter, which
 // then restarts from idle instead of dipping into PROBE_RTT. Keep holds
-// short (well under the peer's DeadAfter): keepalives wait too.
+// short: keepalives wait too, so a hold is cut to MaxHold.
 func (l *Link) Hold(until time.Time) {
+	if m := time.Now().Add(MaxHold); until.After(m) {
+		until = m
+	}
 	l.holdUntil.Store(until.UnixNano())
 	kick(l.wake) // the writer re-reads the hold before its next batch
 }

@@ -463,7 +463,8 @@ func (t *Trunk) controlQueue(target time.Duration, log *slog.Logger) {
 				continue // closing: the next round finds it dead
 			}
 			ls = append(ls, linkQueueSample{key: l, srtt: in.RTT, minRTT: in.MinRTT, acked: in.BytesAcked,
-				backlog: in.NotsentBytes > 0 || l.queued.Load() > 0, sndWnd: in.SndWnd})
+				// A held link (Hold) waits by choice: its rate is not the path's.
+				backlog: (in.NotsentBytes > 0 || l.queued.Load() > 0) && !l.held(), sndWnd: in.SndWnd})
 		}
 		now := time.Now()
 		msgs := true
