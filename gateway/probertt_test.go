@@ -143,13 +143,8 @@ func TestGuardMiss(t *testing.T) {
 	dipAt := t0.Add(10*time.Second + 40*time.Millisecond)
 	s := &guardSim{t: t0,
 		inflight: func(time.Time) uint32 { return 700 },
-		minRTT: func(at time.Time) time.Duration {
-			if at.Before(t0.Add(20 * time.Millisecond)) {
-				return 21 * time.Millisecond
-			}
-			return 20 * time.Millisecond
-		},
-		probe: func(at time.Time) bool { return !at.Before(dipAt) && at.Before(dipAt.Add(250*time.Millisecond)) },
+		minRTT:   lowerAt20ms(t0),
+		probe:    func(at time.Time) bool { return !at.Before(dipAt) && at.Before(dipAt.Add(250*time.Millisecond)) },
 	}
 	s.run(10*time.Second + 500*time.Millisecond)
 	if s.gl.holds.Load() != 1 || s.gl.skips.Load() != 0 || len(s.h.until) != 1 {
@@ -166,6 +161,17 @@ func TestGuardMiss(t *testing.T) {
 
 const tcpinfoWindow = tcpinfo.BBRMinRTTWindow
 
+// lowerAt20ms is a min_rtt that drops from 21 to 20 ms 20 ms after t0
+// (sampled every 5 ms: the stamp lies in (15, 20] ms).
+func lowerAt20ms(t0 time.Time) func(time.Time) time.Duration {
+	return func(at time.Time) time.Duration {
+		if at.Before(t0.Add(20 * time.Millisecond)) {
+			return 21 * time.Millisecond
+		}
+		return 20 * time.Millisecond
+	}
+}
+
 // TestGuardNoLongHold: a link whose bandwidth estimate is far too low for
 // its flight (it has sent only bursts) would need a hold longer than the
 // dip it avoids; the guard never holds it.
@@ -173,13 +179,8 @@ func TestGuardNoLongHold(t *testing.T) {
 	t0 := time.Unix(5000, 0)
 	s := &guardSim{t: t0,
 		inflight: func(time.Time) uint32 { return 700 },
-		minRTT: func(at time.Time) time.Duration {
-			if at.Before(t0.Add(20 * time.Millisecond)) {
-				return 21 * time.Millisecond
-			}
-			return 20 * time.Millisecond
-		},
-		bw: 1e6, // 1 MB in flight drains in a second at this rate
+		minRTT:   lowerAt20ms(t0),
+		bw:       1e6, // 1 MB in flight drains in a second at this rate
 	}
 	s.run(11 * time.Second)
 	if len(s.h.until) != 0 {
