@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -67,8 +66,9 @@ type guardLink struct {
 	// before this time; zero when nothing is being verified.
 	verifyBy time.Time
 
-	holds, skips atomic.Uint64
-	held         atomic.Int64 // ns
+	// Counters, read by metrics; like the rest, under probeGuard.mu.
+	holds, skips uint64
+	held         time.Duration
 }
 
 // probeGuard holds the guard's per-link state.
@@ -189,7 +189,7 @@ func (gl *guardLink) step(l holder, now time.Time, in *tcpinfo.Info, b *tcpinfo.
 			// resumed bytes would join a flight whose ACKs cross the expiry.
 			if gl.end.Sub(now) <= guardEvery && in.Unacked > 0 && now.Before(gl.from) && gl.end.Sub(gl.start) < guardMaxHold {
 				gl.end = gl.end.Add(guardEvery)
-				gl.held.Add(int64(guardEvery))
+				gl.held += guardEvery
 				l.Hold(gl.end)
 			}
 			return
@@ -204,7 +204,7 @@ func (gl *guardLink) step(l holder, now time.Time, in *tcpinfo.Info, b *tcpinfo.
 		case !known && b.Bandwidth > 0 && b.Mode() == tcpinfo.BBRProbeRTT:
 			gl.verifyBy = time.Time{} // dipped anyway (counted by wanEvents)
 		case known && from.After(gl.from):
-			gl.skips.Add(1) // BBR restamped min_rtt from the restart
+			gl.skips++ // BBR restamped min_rtt from the restart
 			gl.verifyBy = time.Time{}
 		case now.After(gl.verifyBy):
 			// Neither: the link stayed idle (the next burst restamps, in
@@ -241,8 +241,8 @@ func (gl *guardLink) step(l holder, now time.Time, in *tcpinfo.Info, b *tcpinfo.
 		return
 	}
 	gl.holding, gl.from, gl.end, gl.start = true, from, end, now
-	gl.holds.Add(1)
-	gl.held.Add(int64(end.Sub(now)))
+	gl.holds++
+	gl.held += end.Sub(now)
 	l.Hold(end)
 }
 
@@ -270,5 +270,5 @@ func (pg *probeGuard) counters(l *relay.Link) (holds, skips uint64, held time.Du
 	if gl == nil || !gl.bbr {
 		return 0, 0, 0, false
 	}
-	return gl.holds.Load(), gl.skips.Load(), time.Duration(gl.held.Load()), true
+	return gl.holds, gl.skips, gl.held, true
 }

@@ -85,8 +85,8 @@ func TestGuardHolds(t *testing.T) {
 		t.Fatalf("held %v before the expiry was near", s.h.until)
 	}
 	s.run(time.Second + 500*time.Millisecond)
-	if len(s.h.until) != 1 || s.gl.holds.Load() != 1 {
-		t.Fatalf("holds %v (counted %d), want one", s.h.until, s.gl.holds.Load())
+	if len(s.h.until) != 1 || s.gl.holds != 1 {
+		t.Fatalf("holds %v (counted %d), want one", s.h.until, s.gl.holds)
 	}
 	from := t0.Add(15*time.Millisecond + tcpinfoWindow)
 	latest := t0.Add(20*time.Millisecond + tcpinfoWindow + 10*time.Millisecond)
@@ -99,15 +99,15 @@ func TestGuardHolds(t *testing.T) {
 	if end.After(from) {
 		t.Errorf("hold ends at %v, after the earliest expiry %v", end.Sub(t0), from.Sub(t0))
 	}
-	if held := time.Duration(s.gl.held.Load()); !s.h.start[0].Equal(end.Add(-held)) {
+	if held := s.gl.held; !s.h.start[0].Equal(end.Add(-held)) {
 		t.Errorf("hold time counted %v, the hold ran %v", held, end.Sub(s.h.start[0]))
 	}
 	// 1 MB drains at 25 MB/s in 40 ms plus half a min RTT for the last ACK.
 	if lead := from.Sub(s.h.start[0]); lead < 50*time.Millisecond || lead > 100*time.Millisecond {
 		t.Errorf("hold starts %v before the earliest expiry, want 50-100 ms for a 1 MB flight", lead)
 	}
-	if s.gl.skips.Load() != 1 {
-		t.Errorf("skips %d after the restamp, want 1", s.gl.skips.Load())
+	if s.gl.skips != 1 {
+		t.Errorf("skips %d after the restamp, want 1", s.gl.skips)
 	}
 	// The next expiry, 10 s after the restamp, is held too.
 	s.run(10 * time.Second)
@@ -147,8 +147,8 @@ func TestGuardMiss(t *testing.T) {
 		probe:    func(at time.Time) bool { return !at.Before(dipAt) && at.Before(dipAt.Add(250*time.Millisecond)) },
 	}
 	s.run(10*time.Second + 500*time.Millisecond)
-	if s.gl.holds.Load() != 1 || s.gl.skips.Load() != 0 || len(s.h.until) != 1 {
-		t.Fatalf("holds %d (%d asked) skips %d, want 1 and 0", s.gl.holds.Load(), len(s.h.until), s.gl.skips.Load())
+	if s.gl.holds != 1 || s.gl.skips != 0 || len(s.h.until) != 1 {
+		t.Fatalf("holds %d (%d asked) skips %d, want 1 and 0", s.gl.holds, len(s.h.until), s.gl.skips)
 	}
 	from := t0.Add(15*time.Millisecond + tcpinfoWindow)
 	if end := s.h.until[0]; end.Before(from) || end.After(from.Add(2*guardEvery)) {
