@@ -601,18 +601,27 @@ func TestGatewayLossyExpress(t *testing.T) {
 	}
 	d := run(t, w.ctx, w.l, w.src, "pingpong", w.echo, "-", n, strconv.Itoa(64<<10))
 	t.Logf("direct TCP: 64 KiB ping-pong p50/p99 %.2f/%.2f ms", d[0]/1e3, d[1]/1e3)
+	p50 := map[bool]time.Duration{}
 	for _, renew := range []bool{true, false} {
 		stop := startLabGateways(t, w.ctx, w.l, "--wan-cc", "bbr", "--metrics", ":9105", "--wan-express-renew="+strconv.FormatBool(renew))
 		g := run(t, w.ctx, w.l, w.src, "pingpong", w.echo, w.gwLAN, n, strconv.Itoa(64<<10))
 		t.Logf("gateways, --wan-express-renew=%v: 64 KiB ping-pong p50/p99 %.2f/%.2f ms; site1 %s; site2 %s",
 			renew, g[0]/1e3, g[1]/1e3, w.windows(t, w.src, site1.LAN.Addr()), w.windows(t, w.dstHost, site2.LAN.Addr()))
 		stop()
-		// 64 KiB is 2.6 ms at 200 Mbit/s each way: one round trip and the
-		// serialization, with room for the renewals' slow starts and 2 shared
-		// cores. A window cut below a message costs a whole extra RTT.
-		if p50 := time.Duration(g[0]) * time.Microsecond; renew && p50 > rtt+12*time.Millisecond {
-			t.Errorf("with renewal, 64 KiB p50 %v under 0.1 %% loss: more than RTT + 12 ms", p50)
-		}
+		p50[renew] = time.Duration(g[0]) * time.Microsecond
+	}
+	// 64 KiB is 2.6 ms at 200 Mbit/s each way: a ping-pong takes one round
+	// trip and the serialization when both windows hold a message, and a
+	// whole extra round trip for each direction whose window losses have cut
+	// below it. Which of the two the median lands on depends on where the
+	// losses fall (p50 25.9 ms here, 44.1 ms on a CI machine), so renewal
+	// must keep the median within one extra round trip, and well below the
+	// median of the same run without renewal (101 ms in both).
+	if p50[true] > 2*rtt+12*time.Millisecond {
+		t.Errorf("with renewal, 64 KiB p50 %v under 0.1 %% loss: more than 2 RTT + 12 ms", p50[true])
+	}
+	if p50[true] > p50[false]*3/5 {
+		t.Errorf("with renewal, 64 KiB p50 %v under 0.1 %% loss: not clearly below %v without", p50[true], p50[false])
 	}
 }
 

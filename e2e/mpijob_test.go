@@ -19,7 +19,9 @@ import (
 // its endpoints while the other waits in the PMI barrier
 // (openucx/ucx#8738). A final MPI_Barrier makes it rarer, not impossible. A
 // job whose output holds Done, but which has not exited Grace later, is
-// such a hang: it is interrupted and, while Tries allows, run again.
+// such a hang: it is interrupted and, while Tries allows, run again. On the
+// last try a hang fails the test unless AcceptHang is set: 3 tries that
+// all hung failed CI for a job whose work was complete and checked.
 type mpiJob struct {
 	Host    string
 	Argv    []string
@@ -28,6 +30,9 @@ type mpiJob struct {
 	Done    string        // output that says the job's work is complete
 	Grace   time.Duration // time to exit after Done (default 30 s)
 	Tries   int           // runs allowed when the job hangs after Done (default 1: no retry)
+	// AcceptHang accepts the last try's hang after Done (logged): for
+	// MPICH, whose finalize hang is not the code under test.
+	AcceptHang bool
 	// Before, if set, runs before each try (a fresh trace directory).
 	Before func(try int)
 }
@@ -74,6 +79,9 @@ func (j mpiJob) run(t *testing.T, l *testbed.Lab) string {
 			t.Logf("%s (try %d): job done but not exited %v later: MPI_Finalize hang (openucx/ucx#8738), interrupted; running it again\n%s",
 				j.Argv[0], try, j.grace(), lastLines(out, 8))
 			continue
+		case hung && j.AcceptHang:
+			t.Logf("%s (try %d): job done but not exited %v later: MPI_Finalize hang (openucx/ucx#8738) in each of %d tries; interrupted, its output accepted",
+				j.Argv[0], try, j.grace(), tries)
 		case hung:
 			t.Fatalf("%s: job done but not exited %v later in each of %d tries (MPI_Finalize hang); output:\n%s",
 				strings.Join(j.Argv, " "), j.grace(), tries, out)
@@ -166,4 +174,12 @@ func TestMPIJob(t *testing.T) {
 			}
 		})
 	}
+	// run accepts a hang on the last try when told to, output and all.
+	t.Run("accepted hang", func(t *testing.T) {
+		j := mpiJob{Host: "node-1.site1", Argv: []string{"sh", "-c", "echo job done; exec sleep 60"},
+			Timeout: 4 * time.Second, Done: "job done", Grace: time.Second, AcceptHang: true}
+		if out := j.run(t, l); !strings.Contains(out, "job done") {
+			t.Errorf("output %q lacks the job's", out)
+		}
+	})
 }

@@ -193,8 +193,9 @@ func TestShimMPI(t *testing.T) {
 		// barrier with unread bytes from rank 0 on its UCX socket. It is not
 		// the shim: without it, 5 of 8 two-rank runs of this program hung the
 		// same way (10 ms RTT, loaded 2-core machine). mpiJob runs a job that
-		// hangs after its output is complete again, at most 3 times.
-		{"mpich", "mpicc.mpich", 3, func(bin string) []string {
+		// hangs after its output is complete once more, then accepts it:
+		// its output and the checks below are what this test is about.
+		{"mpich", "mpicc.mpich", 2, func(bin string) []string {
 			argv := []string{"mpiexec.mpich", "-launcher", "ssh", "-hosts", hosts2, "-n", "2",
 				"-genv", "UCX_TLS", "tcp,self", "-genv", "UCX_NET_DEVICES", "eth0"}
 			for _, e := range shimEnv {
@@ -218,7 +219,8 @@ func TestShimMPI(t *testing.T) {
 				t.Fatal(err)
 			}
 			job := mpiJob{Host: "node-1.site1", Argv: c.cmd(bin), Dir: filepath.Dir(bin),
-				Timeout: 90 * time.Second, Done: "shim_mpi ok", Tries: c.tries}
+				Timeout: 90 * time.Second, Done: "shim_mpi ok", Tries: c.tries,
+				AcceptHang: c.name == "mpich"}
 			out := job.run(t, l)
 			t.Logf("%s:\n%s", strings.Join(job.Argv, " "), out)
 			after, err := l.Stats()

@@ -293,7 +293,7 @@ func TestTraceMPILab(t *testing.T) {
 		// MPICH 4.0/UCX may hang in MPI_Finalize even after the
 		// ping-pong's final barrier (see mpiJob): such a run is
 		// interrupted and traced again.
-		{"mpich", 2 * 10 * (1 + 1024 + 65536 + 1<<20), "pingpong ok", 3, func(t *testing.T) []string {
+		{"mpich", 2 * 10 * (1 + 1024 + 65536 + 1<<20), "pingpong ok", 2, func(t *testing.T) []string {
 			pingpong["mpich"] = labBuildPingPong(t, "mpicc.mpich")
 			return []string{"mpiexec.mpich", "-launcher", "ssh", "-hosts", "node-1.site1,node-1.site2", "-n", "2",
 				"-genv", "UCX_TLS", "tcp,self", "-genv", "UCX_NET_DEVICES", "eth0", pingpong["mpich"], "10"}
@@ -303,7 +303,7 @@ func TestTraceMPILab(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "trace")
 			job := mpiJob{Host: "node-1.site1", Argv: append([]string{mpi5k, "run", "--sites", sites, "--trace", dir}, tc.argv(t)...),
-				Timeout: 150 * time.Second, Done: tc.done, Tries: tc.tries,
+				Timeout: 150 * time.Second, Done: tc.done, Tries: tc.tries, AcceptHang: tc.name == "mpich",
 				Before: func(int) {
 					if err := os.RemoveAll(dir); err != nil {
 						t.Fatal(err)
