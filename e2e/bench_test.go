@@ -51,7 +51,7 @@ func TestBenchLab(t *testing.T) {
 	ex := &npb.LabExecutor{Lab: l, Flavour: "openmpi", Workload: wl, Mpi5k: mpi5k, WorkDir: filepath.Join(dir, "work")}
 	c := npb.Config{
 		Workloads: []string{"pingpong", "bt"},
-		Modes:     []npb.Mode{npb.Direct, {Name: "gateways", Kind: npb.KindGateways}, {Name: "socat-relay", Kind: npb.KindRelay}},
+		Modes:     []npb.Mode{npb.Direct, {Name: "gateways", Kind: npb.KindGateways, Args: strings.Fields(os.Getenv("MPI5K_RUN_ARGS"))}, {Name: "socat-relay", Kind: npb.KindRelay}},
 		Reps:      1, Cross: []bool{false, true}, Ranks: 4, Scale: 0.25, Timeout: 2 * time.Minute,
 		// Small gaps and few sizes keep the test short; the pattern is intact.
 		ExtraArgs: []string{"--compute", "clock", "--compute-scale", "0.2", "--max-size", "65536"},

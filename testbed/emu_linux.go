@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"net"
 	"net/netip"
@@ -115,7 +116,8 @@ var prioWarn sync.Once
 
 // setPacketPriority raises the calling (locked) packet thread above normal
 // processes so a busy machine delays packets less: nice -10 by default
-// (about 9 times the CPU share of a nice-0 thread under contention).
+// (about 9 times the CPU share of a nice-0 thread under contention, once
+// raiseAutogroup has given the daemon's group the same weight).
 // MPI5K_EMU_PRIO=none leaves the thread alone; MPI5K_EMU_PRIO=rt uses
 // SCHED_FIFO, which wakes the thread at once but can invert priorities with
 // the Go runtime's normal threads: a real-time thread leaving a syscall
@@ -502,6 +504,22 @@ func openTUN(name string) (int, error) {
 	return fd, nil
 }
 
+// raiseAutogroup gives the emulator daemon's autogroup nice -10. With
+// kernel.sched_autogroup_enabled (Debian's default) the scheduler first
+// shares a CPU between sessions, then between threads of one session by
+// nice: a nice -10 thread in a session of its own got no more than any
+// other session, and 4 busy-polling MPI ranks plus iperf3 (a session per
+// process) left the packet threads runnable but unscheduled for 1.5 s,
+// long enough for every TCP flow across the WAN to time out (TestBenchLab
+// with --wan-skip-probe-rtt, about 1 run in 3). The daemon runs in a
+// session of its own (startEmulator), so this raises nothing else.
+func raiseAutogroup() {
+	err := os.WriteFile("/proc/self/autogroup", []byte("-10"), 0)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) { // no file: autogroup not built in
+		fmt.Fprintf(os.Stderr, "emulator: cannot raise the autogroup's priority (%v); timing may suffer under load\n", err)
+	}
+}
+
 // RunEmulator is the WAN emulator daemon of a lab (`mpi5k lab _emu`). It
 // creates the TUN devices in the router namespace, routes each site's
 // traffic to other sites through them, and serves stats until killed.
@@ -516,6 +534,9 @@ func RunEmulator(name string) error {
 		return err
 	}
 	c := st.Config
+	if os.Getenv("MPI5K_EMU_PRIO") != "none" {
+		raiseAutogroup()
+	}
 	if err := os.WriteFile(filepath.Join(dir, "emu.pid"), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
 		return err
 	}
