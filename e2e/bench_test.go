@@ -35,7 +35,8 @@ func benchBuildWorkload(t *testing.T) string {
 // TestBenchLab: the runner on a lab, through the real lab executor: a short
 // ping-pong and a short BT pattern, direct and through the gateways, with
 // and without competing traffic, every cell verified and aggregated, the
-// relay-chain baseline included, figures drawn.
+// relay-chain baseline included, figures drawn. MPI5K_RUN_ARGS adds flags
+// of mpi5k run to the gateway cells (e.g. --wan-skip-probe-rtt=false).
 func TestBenchLab(t *testing.T) {
 	labRequireRoot(t)
 	if _, err := exec.LookPath("socat"); err != nil {

@@ -73,13 +73,11 @@ type Config struct {
 	// carries app-limited messages, which never regrow a window that loss
 	// recovery has cut (see package relay, renewal).
 	NoRenew bool
-	// ProbeRTTSkip runs the PROBE_RTT guard (see probertt.go): it idles a
-	// busy BBR bulk link across its min_rtt filter's expiry, which BBR then
-	// takes as a restart from idle instead of a reason to hold cwnd at 4
-	// for 200 ms. Off by default: with it on, an MPI benchmark with
-	// competing WAN traffic (e2e TestBenchLab, bt through gateways) stalled
-	// in most runs, for a reason not yet found.
-	ProbeRTTSkip bool
+	// NoProbeRTTGuard lets busy BBR bulk links dip into PROBE_RTT (cwnd 4
+	// for 200 ms every 10 s of bulk). By default the PROBE_RTT guard (see
+	// probertt.go) idles such a link across its min_rtt filter's expiry,
+	// which BBR then takes as a restart from idle instead.
+	NoProbeRTTGuard bool
 	// NoPollThread waits for idle sockets in Go's network poller instead of
 	// the relay's poller thread, which forwards small messages with one
 	// thread wake-up per gateway (see package relay, figure (a)).
@@ -304,12 +302,12 @@ func (g *Gateway) Run(ctx context.Context) error {
 	}
 	g.log.Info("gateway up", "id", g.site.ID, "lan", g.lanLn.Addr().String(), "wan", g.wanLn.Addr().String(),
 		"peers", len(g.peers), "wan_conns", g.cfg.WANConns, "express", !g.cfg.NoExpress, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
-		"wan_pace_bps", g.cfg.WANPace, "wan_queue", g.cfg.WANQueue.String())
+		"wan_pace_bps", g.cfg.WANPace, "wan_queue", g.cfg.WANQueue.String(), "probe_rtt_guard", !g.cfg.NoProbeRTTGuard)
 	g.wg.Add(3)
 	go g.serveLAN()
 	go g.serveWAN()
 	go g.sampleWAN()
-	if g.cfg.ProbeRTTSkip {
+	if !g.cfg.NoProbeRTTGuard {
 		g.wg.Add(1)
 		go g.guardProbeRTT()
 	}
@@ -499,7 +497,7 @@ func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello, since
 		g.log.Warn("WAN link: socket options not set", "peer", p.site.Name, "link", i, "express", x, "err", err)
 	}
 	l := p.trunk.Add(c, g.rcfg, ph, i, x)
-	if !x && g.cfg.ProbeRTTSkip {
+	if !x && !g.cfg.NoProbeRTTGuard {
 		g.guard.begin(l, since) // before setLink publishes l to the guard
 	}
 	g.setLink(p, i, l)

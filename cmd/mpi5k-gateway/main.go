@@ -48,7 +48,7 @@ func run(args []string) int {
 	wanQueue := fs.Duration("wan-queue", time.Millisecond, "queue control: WAN bottleneck queue a saturating bulk link may keep, by capping the peer's receive window at measured rate x (min RTT + this); lifted while other flows fill the queue (0: off)")
 	rtoMin := fs.Duration("wan-rto-min", 10*time.Millisecond, "floor of WAN sockets' retransmission timeout (TCP_RTO_MIN_US; 0: the kernel's 200 ms): a lost lone message then waits tens of ms, not 200+")
 	delackMax := fs.Duration("wan-delack-max", 5*time.Millisecond, "longest a WAN socket delays an ACK (TCP_DELACK_MAX_US; 0: the kernel's 200 ms); bounds the peer's tail-loss probe delay")
-	skipProbe := fs.Bool("wan-skip-probe-rtt", false, "experimental: idle a busy BBR bulk link for a few ms across its min_rtt filter's expiry, so BBR restarts from idle instead of cutting cwnd to 4 for 200 ms (PROBE_RTT) every 10 s of bulk")
+	skipProbe := fs.Bool("wan-skip-probe-rtt", true, "idle a busy BBR bulk link for a few ms across its min_rtt filter's expiry, so BBR restarts from idle instead of cutting cwnd to 4 for 200 ms (PROBE_RTT) every 10 s of bulk")
 	pollThread := fs.Bool("poll-thread", true, "forward small messages on one event-loop thread that waits for every idle socket (false: Go's network poller)")
 	ready := fs.String("ready-file", "", "file written once every WAN link is up")
 	metrics := fs.String("metrics", "", "listen address of the HTTP server for /metrics and /ready (e.g. :9105)")
@@ -110,20 +110,20 @@ func run(args []string) int {
 		LAN: gateway.SockOpts{CC: *lanCC, SndBuf: n["lan-sndbuf"], RcvBuf: n["lan-rcvbuf"]},
 		WAN: gateway.SockOpts{CC: *wanCC, SndBuf: n["wan-sndbuf"], RcvBuf: n["wan-rcvbuf"], NotSentLowat: n["wan-notsent-lowat"],
 			RTOMin: *rtoMin, DelackMax: *delackMax},
-		Chunk:        n["chunk"],
-		Window:       uint32(n["window"]),
-		WANConns:     *wanConns,
-		NoExpress:    !*express,
-		ExpressCC:    *expressCC,
-		NoRenew:      !*renew,
-		ExpressMax:   n["express-max"],
-		WANPace:      pace,
-		WANQueue:     *wanQueue,
-		NoPollThread: !*pollThread,
-		ProbeRTTSkip: *skipProbe,
-		ReadyFile:    *ready,
-		MetricsAddr:  *metrics,
-		Logger:       log,
+		Chunk:           n["chunk"],
+		Window:          uint32(n["window"]),
+		WANConns:        *wanConns,
+		NoExpress:       !*express,
+		ExpressCC:       *expressCC,
+		NoRenew:         !*renew,
+		ExpressMax:      n["express-max"],
+		WANPace:         pace,
+		WANQueue:        *wanQueue,
+		NoPollThread:    !*pollThread,
+		NoProbeRTTGuard: !*skipProbe,
+		ReadyFile:       *ready,
+		MetricsAddr:     *metrics,
+		Logger:          log,
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "mpi5k-gateway: %v\n", err)
