@@ -511,7 +511,7 @@ func openTUN(name string) (int, error) {
 // other session, and 4 busy-polling MPI ranks plus iperf3 (a session per
 // process) left the packet threads runnable but unscheduled for 1.5 s,
 // long enough for every TCP flow across the WAN to time out (TestBenchLab
-// with --wan-skip-probe-rtt, about 1 run in 3). The daemon runs in a
+// with the gateways' PROBE_RTT guard on, about 1 run in 3). The daemon runs in a
 // session of its own (startEmulator), so this raises nothing else.
 func raiseAutogroup() {
 	err := os.WriteFile("/proc/self/autogroup", []byte("-10"), 0)
