@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/mpi5k/mpi5k/relay"
@@ -49,8 +48,8 @@ const (
 
 // guardLink is the guard's state for one WAN link.
 type guardLink struct {
-	bbr, checked bool // the link runs BBR (checked once)
-	listed       bool // seen among the gateway's links (begin comes first)
+	cc     string // the socket's congestion control ("" until read)
+	listed bool   // seen among the gateway's links (begin comes first)
 	// quiet: the last sample had nothing in flight, and frames is what the
 	// link had sent then; until it sends more, BBR's state cannot change.
 	quiet  bool
@@ -134,7 +133,7 @@ func (pg *probeGuard) tick(links []*relay.Link) {
 			pg.links[l] = gl
 		}
 		gl.listed = true
-		if gl.checked && !gl.bbr {
+		if gl.cc != "" && gl.cc != "bbr" {
 			continue
 		}
 		frames := l.Stats.FramesSent.Load()
@@ -142,34 +141,7 @@ func (pg *probeGuard) tick(links []*relay.Link) {
 			gl.stamp.Observe(time.Now(), &gl.last) // unchanged until now
 			continue
 		}
-		sc, ok := l.Conn().(syscall.Conn)
-		if !ok {
-			gl.checked = true
-			continue
-		}
-		rc, err := sc.SyscallConn()
-		if err != nil {
-			continue
-		}
-		var rerr error
-		var have bool
-		rc.Control(func(fd uintptr) {
-			if !gl.checked {
-				cc, err := tcpinfo.CongestionControl(int(fd))
-				if err != nil {
-					rerr = err
-					return
-				}
-				gl.checked, gl.bbr = true, cc == "bbr"
-				if !gl.bbr {
-					return
-				}
-			}
-			if rerr = tcpinfo.Read(int(fd), &pg.raw, &pg.in); rerr == nil {
-				have, rerr = tcpinfo.ReadBBR(int(fd), &pg.bbr)
-			}
-		})
-		if rerr != nil || !have {
+		if have, err := readWANSocket(l, &gl.cc, &pg.raw, &pg.in, &pg.bbr); err != nil || !have {
 			continue
 		}
 		gl.quiet, gl.frames, gl.last = pg.in.Unacked == 0, frames, pg.bbr
@@ -201,7 +173,7 @@ func (gl *guardLink) step(l holder, now time.Time, in *tcpinfo.Info, b *tcpinfo.
 	from, to, known := gl.stamp.Expiry()
 	if !gl.verifyBy.IsZero() {
 		switch {
-		case !known && b.Bandwidth > 0 && b.Mode() == tcpinfo.BBRProbeRTT:
+		case !known && b.Mode() == tcpinfo.BBRProbeRTT:
 			gl.verifyBy = time.Time{} // dipped anyway (counted by wanEvents)
 		case known && from.After(gl.from):
 			gl.skips++ // BBR restamped min_rtt from the restart
@@ -267,7 +239,7 @@ func (pg *probeGuard) counters(l *relay.Link) (holds, skips uint64, held time.Du
 	pg.mu.Lock()
 	defer pg.mu.Unlock()
 	gl := pg.links[l]
-	if gl == nil || !gl.bbr {
+	if gl == nil || gl.cc != "bbr" {
 		return 0, 0, 0, false
 	}
 	return gl.holds, gl.skips, gl.held, true

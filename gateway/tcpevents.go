@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"errors"
 	"sync"
 	"syscall"
 	"time"
@@ -64,38 +65,16 @@ func (w *wanEvents) sample(links []*relay.Link) {
 		}
 	}
 	for _, l := range links {
-		sc, ok := l.Conn().(syscall.Conn)
-		if !ok {
-			continue
-		}
-		rc, err := sc.SyscallConn()
-		if err != nil {
-			continue
-		}
 		tr := w.t[l]
 		fresh := tr == nil
 		if fresh {
 			tr = &tcpinfo.Tracker{}
 		}
-		var rerr error
-		haveBBR := false
-		// One Control for every read of this socket: TCP_INFO, the
-		// congestion control's name once, and BBR's model.
-		rc.Control(func(fd uintptr) {
-			if rerr = tcpinfo.Read(int(fd), &w.raw, &w.in); rerr != nil {
-				return
-			}
-			if fresh {
-				tr.CongestionControl, _ = tcpinfo.CongestionControl(int(fd))
-			}
-			// BBR's PROBE_RTT dips (cwnd 4 for >= 200 ms every 10 s of
-			// continuous sending) cost a bulk link about 2.5 % of its
-			// rate; the counter tells such a run from a loss-limited one.
-			if tr.CongestionControl == "bbr" {
-				haveBBR, _ = tcpinfo.ReadBBR(int(fd), &w.bbr)
-			}
-		})
-		if rerr != nil {
+		// BBR's PROBE_RTT dips (cwnd 4 for >= 200 ms every 10 s of
+		// continuous sending) cost a bulk link about 2.5 % of its rate;
+		// the counter tells such a run from a loss-limited one.
+		haveBBR, err := readWANSocket(l, &tr.CongestionControl, &w.raw, &w.in, &w.bbr)
+		if err != nil {
 			continue
 		}
 		if fresh {
@@ -107,6 +86,35 @@ func (w *wanEvents) sample(links []*relay.Link) {
 			tr.UpdateBBR(now, &w.bbr)
 		}
 	}
+}
+
+// readWANSocket reads, in one Control of l's socket, its TCP_INFO into in
+// (raw is scratch) and, if it runs BBR, BBR's model into b (haveBBR). *cc
+// caches the socket's congestion control; an empty one is read first.
+func readWANSocket(l *relay.Link, cc *string, raw *tcpinfo.Raw, in *tcpinfo.Info, b *tcpinfo.BBR) (haveBBR bool, err error) {
+	sc, ok := l.Conn().(syscall.Conn)
+	if !ok {
+		return false, errors.New("gateway: WAN link without a socket")
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false, err
+	}
+	cerr := rc.Control(func(fd uintptr) {
+		if err = tcpinfo.Read(int(fd), raw, in); err != nil {
+			return
+		}
+		if *cc == "" {
+			*cc, _ = tcpinfo.CongestionControl(int(fd))
+		}
+		if *cc == "bbr" {
+			haveBBR, _ = tcpinfo.ReadBBR(int(fd), b)
+		}
+	})
+	if cerr != nil {
+		return false, cerr
+	}
+	return haveBBR, err
 }
 
 // last returns the latest TCP_INFO sample of l, if it has one.

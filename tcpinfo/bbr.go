@@ -158,7 +158,7 @@ type MinRTTStamp struct {
 
 // Observe takes the BBR sample b read at time at (samples in time order).
 func (m *MinRTTStamp) Observe(at time.Time, b *BBR) {
-	probe := b.Bandwidth > 0 && b.Mode() == BBRProbeRTT
+	probe := b.Mode() == BBRProbeRTT // Mode says STARTUP while Bandwidth is 0
 	switch {
 	case !m.have:
 		m.have = true
