@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mpi5k/mpi5k/sitemap"
 )
 
@@ -402,7 +404,9 @@ func TestRunGatewayNeverReady(t *testing.T) {
 	pidfile := filepath.Join(dir, "pids")
 	// The fake launcher stands for "ssh HOST mpi5k-gateway ...": it records
 	// its pid and sleeps like a gateway that never reaches its peer.
-	launcher := writeFile(t, dir, "fake-ssh", "#!/bin/sh\necho $$ >> "+pidfile+"\nexec sleep 300\n")
+	// The sixth field of /proc/PID/stat is the session id: every gateway
+	// must lead a session of its own (see gateway.start).
+	launcher := writeFile(t, dir, "fake-ssh", "#!/bin/sh\necho $$ $(cut -d' ' -f6 /proc/$$/stat) >> "+pidfile+"\nexec sleep 300\n")
 	c, _, _ := testConfig(t, "sh", "-hosts", "node-1.site1,node-1.site2", "-c", "exit 0")
 	c.Flavour = Hydra
 	c.Launcher = []string{launcher}
@@ -417,13 +421,22 @@ func TestRunGatewayNeverReady(t *testing.T) {
 		t.Errorf("took %v", d)
 	}
 	b, _ := os.ReadFile(pidfile)
-	pids := strings.Fields(string(b))
-	if len(pids) != 2 {
-		t.Fatalf("launcher ran %d times: %q", len(pids), b)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("launcher ran %d times: %q", len(lines), b)
 	}
-	for _, p := range pids {
-		var pid int
-		fmt.Sscan(p, &pid)
+	ours, err := unix.Getsid(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range lines {
+		var pid, sid int
+		if _, err := fmt.Sscan(l, &pid, &sid); err != nil {
+			t.Fatalf("pid file line %q: %v", l, err)
+		}
+		if sid != pid || sid == ours {
+			t.Errorf("gateway launcher %d runs in session %d (ours %d), want a session of its own", pid, sid, ours)
+		}
 		if syscall.Kill(pid, 0) == nil {
 			t.Errorf("gateway launcher %d still running", pid)
 			syscall.Kill(pid, syscall.SIGKILL)
