@@ -137,6 +137,11 @@ func gwHelper(a []string) error {
 		if len(a) > 4 {
 			size, _ = strconv.Atoi(a[4])
 		}
+		gap := 5 * time.Millisecond // MPI-like gaps, not a busy loop
+		if len(a) > 5 {
+			ms, _ := strconv.Atoi(a[5])
+			gap = time.Duration(ms) * time.Millisecond
+		}
 		b := make([]byte, size)
 		var lat []time.Duration
 		// Warm-up round trips, not measured: the first one includes the far
@@ -158,7 +163,7 @@ func gwHelper(a []string) error {
 			if d := lat[len(lat)-1]; os.Getenv("MPI5K_GWHELPER_SLOW") != "" && d > 30*time.Millisecond {
 				fmt.Fprintf(os.Stderr, "slow round trip %d: %v\n", i, d)
 			}
-			time.Sleep(5 * time.Millisecond) // MPI-like gaps, not a busy loop
+			time.Sleep(gap)
 		}
 		slices.Sort(lat)
 		fmt.Printf("%d %d %d\n", lat[len(lat)/2].Microseconds(), lat[len(lat)*99/100].Microseconds(), lat[len(lat)-1].Microseconds())
@@ -622,6 +627,71 @@ func TestGatewayLossyExpress(t *testing.T) {
 	}
 	if p50[true] > p50[false]*3/5 {
 		t.Errorf("with renewal, 64 KiB p50 %v under 0.1 %% loss: not clearly below %v without", p50[true], p50[false])
+	}
+}
+
+// TestGatewayKeepWarm: an MPI job pauses between bursts for longer than
+// the express link's RTO (about 30 ms at 20 ms RTT with --wan-rto-min
+// 10ms). Without --wan-keep-warm the CUBIC express link then restarts from
+// 10 segments and a 64 KiB message takes three round trips; with it (the
+// default) the gateways turn off slow start after idle in their
+// namespaces, the link keeps its window, and the message takes one. The
+// sysctl must be back to 1 once the gateways have stopped.
+func TestGatewayKeepWarm(t *testing.T) {
+	const rtt = 20 * time.Millisecond
+	w := newWANLab(t, rtt)
+	var gws []string
+	for _, site := range w.l.Sites() {
+		nodes := w.l.Hosts(site, false)
+		for _, h := range w.l.Hosts(site, true) {
+			if !slices.Contains(nodes, h) {
+				gws = append(gws, h)
+			}
+		}
+	}
+	sysctl := func() string {
+		var vs []string
+		for _, h := range gws {
+			out, err := w.l.CommandContext(w.ctx, h, "cat", "/proc/sys/net/ipv4/tcp_slow_start_after_idle").Output()
+			if err != nil {
+				t.Fatalf("%s: reading tcp_slow_start_after_idle: %v", h, err)
+			}
+			vs = append(vs, strings.TrimSpace(string(out)))
+		}
+		return strings.Join(vs, ",")
+	}
+	if v := sysctl(); v != "1,1" {
+		t.Fatalf("the lab's gateway hosts start with tcp_slow_start_after_idle %s, want the kernel's 1,1", v)
+	}
+	n := "30"
+	if testing.Short() {
+		n = "15"
+	}
+	p50 := map[bool]time.Duration{}
+	for _, warm := range []bool{true, false} {
+		stop := startLabGateways(t, w.ctx, w.l, "--wan-keep-warm="+strconv.FormatBool(warm))
+		want := "0,0"
+		if !warm {
+			want = "1,1"
+		}
+		if v := sysctl(); v != want {
+			t.Errorf("--wan-keep-warm=%v: tcp_slow_start_after_idle %s on the gateway hosts, want %s", warm, v, want)
+		}
+		g := run(t, w.ctx, w.l, w.src, "pingpong", w.echo, w.gwLAN, n, strconv.Itoa(64<<10), "150")
+		stop()
+		if v := sysctl(); v != "1,1" {
+			t.Errorf("--wan-keep-warm=%v: tcp_slow_start_after_idle %s after the gateways stopped, want 1,1 back", warm, v)
+		}
+		t.Logf("--wan-keep-warm=%v: 64 KiB ping-pong every 150 ms, p50/p99 %.2f/%.2f ms", warm, g[0]/1e3, g[1]/1e3)
+		p50[warm] = time.Duration(g[0]) * time.Microsecond
+	}
+	// One round trip plus 2 x 2.6 ms of serialization when warm; a cold
+	// link needs two more round trips.
+	if p50[true] > rtt+12*time.Millisecond {
+		t.Errorf("kept warm, 64 KiB p50 %v after 150 ms pauses: more than RTT + 12 ms", p50[true])
+	}
+	if p50[true] > p50[false]*3/5 {
+		t.Errorf("kept warm, 64 KiB p50 %v: not clearly below %v without", p50[true], p50[false])
 	}
 }
 

@@ -78,6 +78,12 @@ type Config struct {
 	// probertt.go) idles such a link across its min_rtt filter's expiry,
 	// which BBR then takes as a restart from idle instead.
 	NoProbeRTTGuard bool
+	// KeepWarm turns off net.ipv4.tcp_slow_start_after_idle in the
+	// gateway's network namespace while it runs (the mpi5k-gateway command
+	// defaults to on): without it the CUBIC express link restarts from 10
+	// segments after every pause longer than its RTO (see warm.go). If the
+	// sysctl cannot be written the gateway warns and runs anyway.
+	KeepWarm bool
 	// NoPollThread waits for idle sockets in Go's network poller instead of
 	// the relay's poller thread, which forwards small messages with one
 	// thread wake-up per gateway (see package relay, figure (a)).
@@ -300,9 +306,21 @@ func (g *Gateway) Run(ctx context.Context) error {
 		srv = &http.Server{Handler: g.m.handler(), ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln)
 	}
+	keepWarmState := "off (--wan-keep-warm=false)"
+	if g.cfg.KeepWarm {
+		state, release, err := keepWarm()
+		if err != nil {
+			g.log.Warn("cannot keep the WAN links warm: the express link will restart from 10 segments after every pause longer than its RTO; run as root or set the sysctl on the gateway host", "err", err)
+			keepWarmState = "failed"
+		} else {
+			defer release()
+			keepWarmState = state
+		}
+	}
 	g.log.Info("gateway up", "id", g.site.ID, "lan", g.lanLn.Addr().String(), "wan", g.wanLn.Addr().String(),
 		"peers", len(g.peers), "wan_conns", g.cfg.WANConns, "express", !g.cfg.NoExpress, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
-		"wan_pace_bps", g.cfg.WANPace, "wan_queue", g.cfg.WANQueue.String(), "probe_rtt_guard", !g.cfg.NoProbeRTTGuard)
+		"wan_pace_bps", g.cfg.WANPace, "wan_queue", g.cfg.WANQueue.String(), "probe_rtt_guard", !g.cfg.NoProbeRTTGuard,
+		"slow_start_after_idle", keepWarmState)
 	g.wg.Add(3)
 	go g.serveLAN()
 	go g.serveWAN()

@@ -41,6 +41,7 @@ func runMain(args []string) int {
 		renew    = fs.Bool("wan-express-renew", true, "gateways replace an express link whose congestion window losses have cut below one message")
 		pollThr  = fs.Bool("poll-thread", true, "gateways forward small messages of quiet connections on one event-loop thread")
 		skipRTT  = fs.Bool("wan-skip-probe-rtt", true, "gateways idle a busy BBR bulk link for a few ms across its min_rtt expiry instead of letting it dip into PROBE_RTT")
+		warm     = fs.Bool("wan-keep-warm", true, "gateways turn off TCP slow start after idle in their hosts' network namespaces while they run (keeps the express link's window across pauses)")
 		chunk    = fs.String("chunk", "", "gateway chunk size, e.g. 128KiB")
 		window   = fs.String("window", "", "per-stream window, e.g. 4MiB")
 		wanPace  = fs.String("wan-pace", "", "cap each site pair's WAN rate, e.g. 950mbit for a 1 Gbit/s WAN (keeps its queue empty)")
@@ -130,6 +131,9 @@ func runMain(args []string) int {
 	}
 	if !*skipRTT {
 		c.GatewayArgs = append(c.GatewayArgs, "--wan-skip-probe-rtt=false")
+	}
+	if !*warm {
+		c.GatewayArgs = append(c.GatewayArgs, "--wan-keep-warm=false")
 	}
 	if !*express {
 		c.GatewayArgs = append(c.GatewayArgs, "--wan-express=false")
