@@ -329,7 +329,7 @@ func (g *gateway) start(dir string) error {
 
 // stop closes the gateway's stdin (the gateway runs with
 // --exit-on-stdin-eof, which survives ssh), then signals the launcher's
-// process group, and kills it if it lingers.
+// session (its process group), and kills it if it lingers.
 func (g *gateway) stop() {
 	if g.cmd == nil || g.cmd.Process == nil {
 		return
