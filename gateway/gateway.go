@@ -306,7 +306,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		srv = &http.Server{Handler: g.m.handler(), ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln)
 	}
-	keepWarmState := "off (--wan-keep-warm=false)"
+	keepWarmState := "no (--wan-keep-warm=false)"
 	if g.cfg.KeepWarm {
 		state, release, err := keepWarm()
 		if err != nil {
@@ -320,7 +320,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	g.log.Info("gateway up", "id", g.site.ID, "lan", g.lanLn.Addr().String(), "wan", g.wanLn.Addr().String(),
 		"peers", len(g.peers), "wan_conns", g.cfg.WANConns, "express", !g.cfg.NoExpress, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
 		"wan_pace_bps", g.cfg.WANPace, "wan_queue", g.cfg.WANQueue.String(), "probe_rtt_guard", !g.cfg.NoProbeRTTGuard,
-		"slow_start_after_idle", keepWarmState)
+		"keep_warm", keepWarmState)
 	g.wg.Add(3)
 	go g.serveLAN()
 	go g.serveWAN()

@@ -61,9 +61,9 @@ func keepWarm() (state string, release func(), err error) {
 		}
 	}
 	warm.users++
-	state = "already off"
+	state = "tcp_slow_start_after_idle already 0"
 	if warm.restore {
-		state = "turned off while the gateway runs"
+		state = "tcp_slow_start_after_idle set to 0 while the gateway runs"
 	}
 	var once sync.Once
 	return state, func() { once.Do(releaseWarm) }, nil
