@@ -257,13 +257,7 @@ func startLabGateways(t *testing.T, ctx context.Context, l *testbed.Lab, gwArgs 
 	}
 	t.Cleanup(func() { stop() })
 	for _, site := range l.Sites() {
-		var gw string
-		nodes := l.Hosts(site, false)
-		for _, h := range l.Hosts(site, true) {
-			if !slices.Contains(nodes, h) {
-				gw = h
-			}
-		}
+		gw := l.Gateway(site)
 		ready := filepath.Join(dir, site+".ready")
 		args := append([]string{"--map", l.SiteMapPath(), "--site", site, "--ready-file", ready, "--log-level", "warn"}, gwArgs...)
 		g := l.CommandContext(ctx, gw, bin, args...)
@@ -642,12 +636,7 @@ func TestGatewayKeepWarm(t *testing.T) {
 	w := newWANLab(t, rtt)
 	var gws []string
 	for _, site := range w.l.Sites() {
-		nodes := w.l.Hosts(site, false)
-		for _, h := range w.l.Hosts(site, true) {
-			if !slices.Contains(nodes, h) {
-				gws = append(gws, h)
-			}
-		}
+		gws = append(gws, w.l.Gateway(site))
 	}
 	sysctl := func() string {
 		var vs []string

@@ -112,6 +112,16 @@ func (l *Lab) Hosts(site string, gateways bool) []string {
 	return out
 }
 
+// Gateway is the gateway host of site ("" if the site is unknown).
+func (l *Lab) Gateway(site string) string {
+	for _, h := range l.hosts {
+		if h.Kind == kindGateway && h.Site == site {
+			return h.Name
+		}
+	}
+	return ""
+}
+
 // ExtraHosts lists the traffic hosts (x-1.<site>) used by Cross.
 func (l *Lab) ExtraHosts(site string) []string {
 	var out []string

@@ -213,14 +213,8 @@ const (
 
 // gateway is the gateway host of site.
 func (e *LabExecutor) gateway(site string) (string, error) {
-	nodes := map[string]bool{}
-	for _, h := range e.Lab.Hosts(site, false) {
-		nodes[h] = true
-	}
-	for _, h := range e.Lab.Hosts(site, true) {
-		if !nodes[h] {
-			return h, nil
-		}
+	if h := e.Lab.Gateway(site); h != "" {
+		return h, nil
 	}
 	return "", fmt.Errorf("site %s has no gateway host", site)
 }
