@@ -128,8 +128,12 @@ const (
 	// fresh TCP connection for a congestion window that losses have cut):
 	// the dialer connects a new one, both ends then end the old one with
 	// RETIRE, and the acceptor may ask for a renewal with RENEW.
-	FeatureRenew  uint8 = 1 << 3
-	knownFeatures       = FeatureTrunk | FeatureExpress | FeatureClamp | FeatureRenew
+	FeatureRenew uint8 = 1 << 3
+	// FeaturePad: the sender discards PAD frames, which a gateway writes
+	// to give a new link's congestion control a measure of the path
+	// before messages depend on it.
+	FeaturePad    uint8 = 1 << 4
+	knownFeatures       = FeatureTrunk | FeatureExpress | FeatureClamp | FeatureRenew | FeaturePad
 )
 
 // Hello is the body of HELLO, the first frame each side of a WAN link sends.

@@ -17,6 +17,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add(enc(Header{Type: TypeClamp, Length: 4}))
 	f.Add(enc(Header{Type: TypeRetire}))
 	f.Add(enc(Header{Type: TypeRenew}))
+	f.Add(enc(Header{Type: TypePad, Length: 4096}))
 	f.Add([]byte{1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 14, 4, 0, 80, 10, 0, 0, 1, 4, 0, 81, 10, 0, 0, 2})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := Decode(b)

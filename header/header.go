@@ -50,7 +50,8 @@ const (
 	TypeClamp       Type = 14 // cap on the receive window of the link's socket
 	TypeRetire      Type = 15 // the sender writes nothing more on this link
 	TypeRenew       Type = 16 // acceptor to dialer: replace this (express) link
-	maxType         Type = TypeRenew
+	TypePad         Type = 17 // filler the receiver discards
+	maxType         Type = TypePad
 )
 
 var typeNames = [...]string{
@@ -59,6 +60,7 @@ var typeNames = [...]string{
 	TypeReset: "RESET", TypeWindow: "WINDOW", TypePing: "PING", TypePong: "PONG",
 	TypePeerQuery: "PEER_QUERY", TypePeerReply: "PEER_REPLY", TypeDataAt: "DATA_AT",
 	TypeClamp: "CLAMP", TypeRetire: "RETIRE", TypeRenew: "RENEW",
+	TypePad: "PAD",
 }
 
 func (t Type) String() string {
@@ -122,6 +124,7 @@ var payloadBounds = [...][2]uint32{
 	TypeClamp:       {4, 4},
 	TypeRetire:      {0, 0},
 	TypeRenew:       {0, 0},
+	TypePad:         {0, MaxPayload},
 }
 
 // Decode parses and validates the header in b[:Size]: version, type, flags,
@@ -159,7 +162,7 @@ func Decode(b []byte) (Header, error) {
 		return h, fmt.Errorf("%w: %v of %d bytes (want %d..%d)", ErrPayload, h.Type, h.Length, lo, hi)
 	}
 	switch h.Type {
-	case TypeHello, TypePing, TypePong, TypeClamp, TypeRetire, TypeRenew:
+	case TypeHello, TypePing, TypePong, TypeClamp, TypeRetire, TypeRenew, TypePad:
 		if h.Stream != 0 {
 			return h, fmt.Errorf("%w: %v on stream %d (want 0)", ErrStream, h.Type, h.Stream)
 		}

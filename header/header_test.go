@@ -36,7 +36,9 @@ func TestDecodeRejects(t *testing.T) {
 		{"version 0", []byte{0, 5, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrVersion},
 		{"version 2", []byte{2, 5, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrVersion},
 		{"type 0", []byte{1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
-		{"type 17", []byte{1, 17, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
+		{"type 18", []byte{1, 18, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
+		{"pad on a stream", enc(Header{Type: TypePad, Stream: 3, Length: 100}), ErrStream},
+		{"pad above MaxPayload", enc(Header{Type: TypePad, Length: MaxPayload + 1}), ErrTooLarge},
 		{"retire with a body", enc(Header{Type: TypeRetire, Length: 1}), ErrPayload},
 		{"retire on a stream", enc(Header{Type: TypeRetire, Stream: 1}), ErrStream},
 		{"renew with a body", enc(Header{Type: TypeRenew, Length: 4}), ErrPayload},
@@ -84,6 +86,8 @@ func TestDecodeAccepts(t *testing.T) {
 		{Type: TypeClamp, Length: 4},
 		{Type: TypeRetire},
 		{Type: TypeRenew},
+		{Type: TypePad},
+		{Type: TypePad, Length: MaxPayload},
 		{Type: TypePeerReply, Stream: 0, Length: 9},
 	} {
 		got, err := Decode(enc(h))
@@ -102,7 +106,7 @@ func randomHeader(r *rand.Rand) Header {
 		h.Length = 4 * r.Uint32N(2)
 	}
 	switch t {
-	case TypeHello, TypePing, TypePong, TypeClamp, TypeRetire, TypeRenew:
+	case TypeHello, TypePing, TypePong, TypeClamp, TypeRetire, TypeRenew, TypePad:
 	default:
 		h.Stream = 1 + r.Uint32N(1<<31)
 	}
@@ -189,7 +193,7 @@ func TestHello(t *testing.T) {
 		{SiteID: 1, LinkCount: 1, MaxPayload: MaxPayload + 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Window: 1},
-		{SiteID: 1, LinkCount: 1, Features: 16, MaxPayload: 1, Window: 1, Name: "a"}, // undefined bit
+		{SiteID: 1, LinkCount: 1, Features: 32, MaxPayload: 1, Window: 1, Name: "a"}, // undefined bit
 		{SiteID: 1, LinkCount: 2, Features: FeatureExpress, MaxPayload: 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, Features: FeatureTrunk | FeatureExpress, MaxPayload: 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 2, Features: FeatureTrunk | FeatureRenew, MaxPayload: 1, Window: 1, Name: "a"},

@@ -161,6 +161,8 @@ type Stats struct {
 	QueueDelay atomic.Int64
 	ClampLifts atomic.Uint64
 	PeerClamp  atomic.Uint32
+	// PAD payload bytes (Pad).
+	PadSent, PadRecv atomic.Uint64
 }
 
 // frame is one queued outgoing frame.
@@ -318,6 +320,14 @@ func (l *Link) Err() error {
 	return l.err
 }
 
+// closedErr is why the link no longer takes frames.
+func (l *Link) closedErr() error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	return net.ErrClosed
+}
+
 // OnClose registers f to run once when the link ends.
 func (l *Link) OnClose(f func(error)) {
 	l.mu.Lock()
@@ -448,7 +458,8 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 		return true
 	}
 	// In a trunk, offsets restore a stream's order, so only size decides.
-	bulk := f.isData() && f.dataLen() > l.cfg.SmallFrame
+	// Filler waits behind everything.
+	bulk := f.isData() && f.dataLen() > l.cfg.SmallFrame || f.h.Type == header.TypePad
 	if !l.t.lanes && s != nil && s.bulkQueued > 0 {
 		bulk = true
 	}
@@ -486,8 +497,40 @@ func (l *Link) sent(f *frame) {
 		putBuf(f.buf)
 		f.s.returnToken()
 	}
+	if f.h.Type == header.TypePad {
+		l.Stats.PadSent.Add(uint64(f.h.Length))
+	}
 	if f.done != nil {
 		close(f.done)
+	}
+}
+
+// padZeros is the payload of every PAD frame (never written to, so it
+// costs no memory).
+var padZeros [header.MaxPayload]byte
+
+// ErrNoPad: the peer did not say it discards PAD frames (HELLO feature PAD).
+var ErrNoPad = errors.New("relay: the peer does not take PAD frames")
+
+// Pad writes one PAD frame of n filler bytes (at most one chunk: it
+// returns how many) behind everything queued, as bulk, and returns once it
+// is on the socket, or with the link's error if the link closes first. Small frames sent meanwhile
+// go ahead of it. A gateway pads a new link to let its congestion control
+// measure the path (see the gateway's priming).
+func (l *Link) Pad(n int) (int, error) {
+	if l.peer.Features&header.FeaturePad == 0 {
+		return 0, ErrNoPad
+	}
+	n = max(0, min(n, l.chunk))
+	f := frame{h: header.Header{Type: header.TypePad, Length: uint32(n)}, body: padZeros[:n], done: make(chan struct{})}
+	if !l.enqueue(f, nil) {
+		return 0, l.closedErr()
+	}
+	select {
+	case <-f.done:
+		return n, nil
+	case <-l.done:
+		return 0, l.closedErr()
 	}
 }
 
@@ -796,6 +839,14 @@ func (l *Link) handle(r *header.Reader, h header.Header) error {
 	if h.Type == header.TypeData || h.Type == header.TypeDataAt {
 		l.bulk1 = int(h.Length) > l.cfg.SmallFrame
 		return l.recvData(r, h)
+	}
+	if h.Type == header.TypePad {
+		if l.peer.Features&header.FeaturePad == 0 {
+			return fmt.Errorf("relay: protocol error from %v: PAD from a peer without feature PAD", l.conn.RemoteAddr())
+		}
+		l.bulk1 = int(h.Length) > l.cfg.SmallFrame
+		l.Stats.PadRecv.Add(uint64(h.Length))
+		return r.Discard()
 	}
 	p := l.ctl[:h.Length]
 	if _, err := io.ReadFull(payloadReader{r}, p); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -405,5 +406,66 @@ func TestTrunkRenewRequest(t *testing.T) {
 	}
 	if err := as[0].dispatch(header.Header{Type: header.TypeRetire}, nil); err == nil {
 		t.Errorf("RETIRE on a bulk link accepted")
+	}
+}
+
+// TestPad: PAD frames cross to a peer that takes them (HELLO feature PAD),
+// at most one chunk each, are counted and dropped there, and leave the link
+// working; without the feature Pad refuses and a received PAD is a protocol
+// error.
+func TestPad(t *testing.T) {
+	cfg := Config{Chunk: 64 << 10}
+	_, _, as, bs := trunkPairF(t, cfg, 1, true, header.FeaturePad)
+	var want uint64
+	for _, n := range []int{0, 1, 5000, 200 << 10} {
+		got, err := as[1].Pad(n)
+		if err != nil {
+			t.Fatalf("Pad(%d): %v", n, err)
+		}
+		if w := min(n, 64<<10); got != w {
+			t.Errorf("Pad(%d) wrote %d, want %d", n, got, w)
+		}
+		want += uint64(got)
+	}
+	if _, err := bs[0].Pad(1000); err != nil { // the other way, on a bulk link
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for bs[1].Stats.PadRecv.Load() != want || as[0].Stats.PadRecv.Load() != 1000 {
+		if time.Now().After(deadline) {
+			t.Fatalf("PAD received: %d and %d bytes, want %d and 1000", bs[1].Stats.PadRecv.Load(), as[0].Stats.PadRecv.Load(), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if as[1].Stats.PadSent.Load() != want {
+		t.Errorf("PAD sent: %d bytes, want %d", as[1].Stats.PadSent.Load(), want)
+	}
+	for _, l := range append(as, bs...) {
+		if err := l.Err(); err != nil {
+			t.Fatalf("link %d failed: %v", l.Index(), err)
+		}
+	}
+
+	_, _, ps, _ := trunkPair(t, Config{}, 1, true)
+	if _, err := ps[1].Pad(100); err != ErrNoPad {
+		t.Errorf("Pad to a peer without feature PAD: %v, want ErrNoPad", err)
+	}
+	// A peer that sends PAD all the same: the link fails.
+	ta := NewTrunk(true, HandlerFunc(dialHandler))
+	c := Config{}
+	ca, cb, ha, _ := handshaken(t, &c, 0, 1, header.FeatureTrunk)
+	l := ta.Add(ca, c, ha, 0, false)
+	defer l.Close()
+	defer cb.Close()
+	if _, err := cb.Write(header.AppendFrame(nil, header.TypePad, 0, make([]byte, 100))); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Done():
+		if err := l.Err(); err == nil || !strings.Contains(err.Error(), "PAD") {
+			t.Errorf("link ended with %v, want a protocol error about PAD", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Errorf("PAD from a peer without feature PAD accepted")
 	}
 }
