@@ -947,3 +947,47 @@ func TestExpressCold(t *testing.T) {
 		}
 	}
 }
+
+// TestPrime: by the time a gateway reports ready it has filled every new
+// BBR WAN link with PAD frames (and no CUBIC one), in both directions;
+// --wan-prime=false sends none.
+func TestPrime(t *testing.T) {
+	if CheckCC("bbr") != nil {
+		t.Skip("no bbr congestion control on this kernel")
+	}
+	for _, tc := range []struct {
+		name    string
+		express string
+		off     bool
+		bulk, x bool // padded
+	}{
+		{"bbr express", "bbr", false, true, true},
+		{"cubic express", "cubic", false, true, false},
+		{"off", "bbr", true, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, a, b := startPair(t, func(c *Config) { c.WAN.CC, c.ExpressCC, c.NoPrime = "bbr", tc.express, tc.off })
+			for _, g := range []*testGW{a, b} {
+				g.peersMu.Lock()
+				priming := g.priming
+				g.peersMu.Unlock()
+				if priming != 0 {
+					t.Errorf("%s ready with %d links priming", g.site.Name, priming)
+				}
+				links := g.allLinks()
+				if len(links) != 2 {
+					t.Fatalf("%s: %d links, want 2", g.site.Name, len(links))
+				}
+				for _, l := range links {
+					want := tc.bulk
+					if l.Express() {
+						want = tc.x
+					}
+					if sent := l.Stats.PadSent.Load(); (sent > 0) != want {
+						t.Errorf("%s link %d (express %v): %d PAD bytes sent by ready, want padded=%v", g.site.Name, l.Index(), l.Express(), sent, want)
+					}
+				}
+			}
+		})
+	}
+}

@@ -25,10 +25,10 @@ type metrics struct {
 	streamsOpened   *prometheus.CounterVec
 	peerQueries     *prometheus.CounterVec
 
-	bytes, frames, writes, stalls, streams, up, rtt *prometheus.Desc
-	polled, partial                                 *prometheus.Desc
-	clamp, peerClamp, queue, lifts                  *prometheus.Desc
-	cwnd, ssthresh, srtt, retrans, lost, notsent    *prometheus.Desc
+	bytes, pad, frames, writes, stalls, streams, up, rtt *prometheus.Desc
+	polled, partial                                      *prometheus.Desc
+	clamp, peerClamp, queue, lifts                       *prometheus.Desc
+	cwnd, ssthresh, srtt, retrans, lost, notsent         *prometheus.Desc
 	// Derived from periodic TCP_INFO samples (tcpevents.go).
 	ev                                        wanEvents
 	samples, rtxFast, rtxRTO, rtos, idleRst   *prometheus.Desc
@@ -61,6 +61,7 @@ func newMetrics(g *Gateway) *metrics {
 	m.frames = d("mpi5k_wan_frames_total", "Frames on the WAN link.", "dir")
 	m.polled = d("mpi5k_wan_frames_poll_thread_total", "Frames the relay's poller thread forwarded (small messages of quiet streams; see mpi5k_wan_frames_total).", "dir")
 	m.partial = d("mpi5k_wan_poll_thread_partial_writes_total", "Frames the poller thread wrote of which the socket took only part.")
+	m.pad = d("mpi5k_wan_pad_bytes_total", "PAD (filler) payload bytes on the WAN link: priming of a BBR express link.", "dir")
 	m.writes = d("mpi5k_wan_writes_total", "writev calls on the WAN socket (frames/writes = batching).")
 	m.stalls = d("mpi5k_window_stalls_total", "Times a stream waited for credit from the peer.")
 	m.streams = d("mpi5k_open_streams", "Streams open on the link.")
@@ -95,7 +96,7 @@ func newMetrics(g *Gateway) *metrics {
 
 // Describe implements prometheus.Collector.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.bytes, m.frames, m.polled, m.partial, m.writes, m.stalls, m.streams, m.up, m.rtt,
+	for _, d := range []*prometheus.Desc{m.bytes, m.pad, m.frames, m.polled, m.partial, m.writes, m.stalls, m.streams, m.up, m.rtt,
 		m.clamp, m.peerClamp, m.queue, m.lifts,
 		m.cwnd, m.ssthresh, m.srtt, m.retrans, m.lost, m.notsent, m.samples, m.rtxFast, m.rtxRTO, m.rtos, m.idleRst, m.renewals,
 		m.probeRTTs, m.probeRTTTime, m.bbrBW, m.bbrMinRTT, m.holds, m.skips, m.held} {
@@ -136,6 +137,8 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		c(m.up, prometheus.GaugeValue, 1)
 		c(m.bytes, prometheus.CounterValue, float64(st.BytesSent.Load()), "tx")
 		c(m.bytes, prometheus.CounterValue, float64(st.BytesRecv.Load()), "rx")
+		c(m.pad, prometheus.CounterValue, float64(st.PadSent.Load()), "tx")
+		c(m.pad, prometheus.CounterValue, float64(st.PadRecv.Load()), "rx")
 		c(m.frames, prometheus.CounterValue, float64(st.FramesSent.Load()), "tx")
 		c(m.frames, prometheus.CounterValue, float64(st.FramesRecv.Load()), "rx")
 		c(m.polled, prometheus.CounterValue, float64(st.PollSent.Load()), "tx")

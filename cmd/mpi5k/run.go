@@ -41,6 +41,7 @@ func runMain(args []string) int {
 		renew    = fs.Bool("wan-express-renew", true, "gateways replace an express link whose congestion window losses have cut below one message")
 		pollThr  = fs.Bool("poll-thread", true, "gateways forward small messages of quiet connections on one event-loop thread")
 		skipRTT  = fs.Bool("wan-skip-probe-rtt", true, "gateways idle a busy BBR bulk link for a few ms across its min_rtt expiry instead of letting it dip into PROBE_RTT")
+		prime    = fs.Bool("wan-prime", true, "gateways fill each new BBR WAN link with filler until BBR has measured the path")
 		warm     = fs.Bool("wan-keep-warm", true, "gateways turn off TCP slow start after idle in their hosts' network namespaces while they run (keeps the express link's window across pauses)")
 		chunk    = fs.String("chunk", "", "gateway chunk size, e.g. 128KiB")
 		window   = fs.String("window", "", "per-stream window, e.g. 4MiB")
@@ -134,6 +135,9 @@ func runMain(args []string) int {
 	}
 	if !*warm {
 		c.GatewayArgs = append(c.GatewayArgs, "--wan-keep-warm=false")
+	}
+	if !*prime {
+		c.GatewayArgs = append(c.GatewayArgs, "--wan-prime=false")
 	}
 	if !*express {
 		c.GatewayArgs = append(c.GatewayArgs, "--wan-express=false")

@@ -1,0 +1,150 @@
+package gateway
+
+import (
+	"time"
+
+	"github.com/mpi5k/mpi5k/relay"
+	"github.com/mpi5k/mpi5k/tcpinfo"
+)
+
+// Priming a BBR WAN link.
+//
+// BBR paces a socket at the highest delivery rate it has measured, and it
+// keeps an app-limited sample only when the sample beats that rate
+// (tcp_bbr.c, bbr_update_bw). A link that carries only messages sends
+// nothing but app-limited bursts, so a fresh one never learns the path: each
+// message is paced at a small multiple of the rate of the one before, and in
+// the lab a 16 KiB ping-pong over a BBR express link took 17.0 ms per half
+// round trip against 10.8 over CUBIC. A bulk link learns from large
+// transfers, but once STARTUP has ended on an estimate that bursts left low
+// it probes for more only 25 % per eight round trips. Once BBR has measured
+// the path it keeps the rate for as long as the link carries app-limited
+// bursts.
+//
+// So the gateway fills each new BBR link with PAD frames (filler the peer
+// discards) until BBR's bandwidth estimate stops growing: no 25 % growth in
+// three round trips, BBR's own test for the end of STARTUP. BBR itself
+// applies that test only to samples the application did not limit, which
+// the filler cannot always promise on a busy host, and an emulated WAN
+// whose ACKs come in bursts keeps it from ending for a long time; the
+// estimate is what messages need, and BBR counts every sample above it. A
+// link left in STARTUP stays there while it carries messages, pacing them at
+// 2.89 times the estimate: as fast as the path goes. A bulk link ends
+// STARTUP on its first transfers. The primer then waits for the bottleneck
+// queue that STARTUP built to drain. The filler goes through the link's
+// writer like bulk, one frame at a time, so messages go ahead of it, and
+// TCP_NOTSENT_LOWAT keeps the socket's unsent queue short. One link of a
+// site pair primes at a time, so each measures the whole path, and the
+// gateway reports ready only when its links are primed.
+
+const (
+	// primePad is the filler per PAD frame.
+	primePad = 64 << 10
+	// primePoll is how often the primer looks at the socket while the
+	// queue drains.
+	primePoll = time.Millisecond
+	// primeGrowth and primeRounds: the estimate has stopped growing when
+	// it has not grown by primeGrowth for primeRounds round trips (and at
+	// least primeMinFlat).
+	primeGrowth  = 1.25
+	primeRounds  = 3
+	primeMinFlat = 5 * time.Millisecond
+	// primeDrained: the queue has drained when at most this many segments
+	// are in flight.
+	primeDrained = 4
+	// primeMaxTime ends priming of a path whose rate BBR cannot settle.
+	primeMaxTime = 3 * time.Second
+	// primeMinBytes and primeBDPs bound the filler: STARTUP sends about
+	// three bandwidth-delay products, and a path of tiny BDP (loopback)
+	// never needs more than a few MiB.
+	primeMinBytes = 8 << 20
+	primeBDPs     = 16
+)
+
+// primeResult is what priming did, for the log and the tests.
+type primeResult struct {
+	primed  bool          // the estimate stopped growing (or BBR left STARTUP)
+	skipped string        // why the link was not primed ("" if it was tried)
+	bytes   uint64        // PAD payload bytes written
+	took    time.Duration // until the queue drained, or priming gave up
+	bw      uint64        // BBR's bandwidth estimate at the end, bytes/s
+	mode    tcpinfo.BBRMode
+	err     error // the link failed or a socket read failed
+}
+
+// prime pads link l until its BBR estimate has stopped growing, then waits
+// for the queue to drain (see above), for at most maxTime. It returns at
+// once for a link that is not BBR or a peer that does not take PAD.
+func prime(l *relay.Link, maxTime time.Duration) primeResult {
+	var (
+		res     primeResult
+		cc      string
+		raw     tcpinfo.Raw
+		in      tcpinfo.Info
+		bbr     tcpinfo.BBR
+		t0      = time.Now()
+		ref     uint64    // the estimate at the last growth
+		grew    time.Time // when it grew by primeGrowth
+		padding = true
+		poll    *time.Timer
+	)
+	for {
+		have, err := readWANSocket(l, &cc, &raw, &in, &bbr)
+		now := time.Now()
+		res.took = now.Sub(t0)
+		switch {
+		case err != nil:
+			res.err = err
+			return res
+		case cc != "bbr":
+			res.skipped = "congestion control " + cc
+			return res
+		case !have:
+			res.skipped = "no BBR state (TCP_CC_INFO)"
+			return res
+		}
+		res.bw, res.mode = bbr.Bandwidth, bbr.Mode()
+		if float64(bbr.Bandwidth) >= primeGrowth*float64(ref) {
+			ref, grew = bbr.Bandwidth, now
+		}
+		if padding {
+			flat := max(primeRounds*bbr.MinRTT, primeMinFlat)
+			bdp := float64(bbr.Bandwidth) * bbr.MinRTT.Seconds()
+			switch {
+			case bbr.Bandwidth > 0 && (res.mode != tcpinfo.BBRStartup || now.Sub(grew) >= flat):
+				res.primed = true
+				padding = false
+			case res.bytes >= uint64(max(primeMinBytes, primeBDPs*bdp)) || res.took >= maxTime:
+				padding = false
+			}
+		}
+		if padding {
+			n, err := l.Pad(primePad)
+			if err != nil {
+				if err == relay.ErrNoPad {
+					res.skipped = "peer takes no PAD"
+				} else {
+					res.err = err
+				}
+				return res
+			}
+			res.bytes += uint64(n)
+			continue
+		}
+		if in.Unacked <= primeDrained || res.took >= maxTime {
+			return res
+		}
+		if poll == nil {
+			poll = time.NewTimer(primePoll)
+			defer poll.Stop()
+		} else {
+			poll.Reset(primePoll)
+		}
+		select {
+		case <-poll.C:
+		case <-l.Done():
+			res.err = l.Err()
+			return res
+		}
+	}
+}
