@@ -545,7 +545,7 @@ func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello, since
 // logs what it did.
 func (g *Gateway) primeLink(p *peer, i int, express bool, l *relay.Link) {
 	p.primeMu.Lock()
-	r := prime(l, primeMaxTime)
+	r := prime(l, express, primeMaxTime)
 	p.primeMu.Unlock()
 	g.peersMu.Lock()
 	g.priming--

@@ -50,8 +50,9 @@ const (
 	TypeClamp       Type = 14 // cap on the receive window of the link's socket
 	TypeRetire      Type = 15 // the sender writes nothing more on this link
 	TypeRenew       Type = 16 // acceptor to dialer: replace this (express) link
-	TypePad         Type = 17 // filler the receiver discards
-	maxType         Type = TypePad
+	// 17 is reserved for WAN resume's ACK (docs/wire-format.md).
+	TypePad Type = 18 // filler the receiver discards
+	maxType Type = TypePad
 )
 
 var typeNames = [...]string{
@@ -64,7 +65,7 @@ var typeNames = [...]string{
 }
 
 func (t Type) String() string {
-	if t >= 1 && t <= maxType {
+	if t >= 1 && t <= maxType && typeNames[t] != "" {
 		return typeNames[t]
 	}
 	return fmt.Sprintf("type(%d)", uint8(t))
@@ -145,7 +146,7 @@ func Decode(b []byte) (Header, error) {
 	if b[0] != Version {
 		return h, fmt.Errorf("%w: %d (want %d)", ErrVersion, b[0], Version)
 	}
-	if h.Type < 1 || h.Type > maxType {
+	if h.Type < 1 || h.Type > maxType || typeNames[h.Type] == "" {
 		return h, fmt.Errorf("%w: %d", ErrType, uint8(h.Type))
 	}
 	if h.Flags != 0 {

@@ -36,7 +36,8 @@ func TestDecodeRejects(t *testing.T) {
 		{"version 0", []byte{0, 5, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrVersion},
 		{"version 2", []byte{2, 5, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrVersion},
 		{"type 0", []byte{1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
-		{"type 18", []byte{1, 18, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
+		{"type 17 (reserved)", []byte{1, 17, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
+		{"type 19", []byte{1, 19, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
 		{"pad on a stream", enc(Header{Type: TypePad, Stream: 3, Length: 100}), ErrStream},
 		{"pad above MaxPayload", enc(Header{Type: TypePad, Length: MaxPayload + 1}), ErrTooLarge},
 		{"retire with a body", enc(Header{Type: TypeRetire, Length: 1}), ErrPayload},
@@ -100,6 +101,9 @@ func TestDecodeAccepts(t *testing.T) {
 // randomHeader draws a header that Decode must accept.
 func randomHeader(r *rand.Rand) Header {
 	t := Type(1 + r.IntN(int(maxType)))
+	for typeNames[t] == "" { // reserved
+		t = Type(1 + r.IntN(int(maxType)))
+	}
 	lo, hi := payloadBounds[t][0], payloadBounds[t][1]
 	h := Header{Type: t, Length: lo + uint32(r.Int64N(int64(hi-lo)+1))}
 	if t == TypeHalfClose {
