@@ -12,6 +12,8 @@
 # value it found.
 #
 # usage: bench/pingpong.sh [REPEATS]   (default 3; run after `make`)
+#        MPI5K_ECHO=proc bench/pingpong.sh   the echo server in a process of its
+#        own, as a remote rank is (default: in the benchmark's process)
 set -eu
 cd "$(dirname "$0")/.."
 reps=${1:-3}

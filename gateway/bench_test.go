@@ -50,7 +50,69 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if addr := os.Getenv("MPI5K_ECHO_CHILD"); addr != "" {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			os.Exit(1)
+		}
+		serveEchoProc(ln.(*net.TCPListener))
+		os.Exit(0)
+	}
 	os.Exit(m.Run())
+}
+
+// serveEchoProc echoes each accepted connection with blocking read and
+// write on a locked OS thread, as a C echo server does.
+func serveEchoProc(ln *net.TCPListener) {
+	for {
+		c, err := ln.AcceptTCP()
+		if err != nil {
+			return
+		}
+		c.SetNoDelay(true)
+		go func() {
+			runtime.LockOSThread()
+			f, _ := c.File()
+			fd := int(f.Fd())
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := unix.Read(fd, buf)
+				if n <= 0 || err != nil {
+					f.Close()
+					c.Close()
+					return
+				}
+				for off := 0; off < n; {
+					w, err := unix.Write(fd, buf[off:n])
+					if err != nil {
+						return
+					}
+					off += w
+				}
+			}
+		}()
+	}
+}
+
+// echoProc starts an echo server in its own process on addr.
+func echoProc(b testing.TB, addr netip.Addr) netip.AddrPort {
+	p := netip.AddrPortFrom(addr, freePort(b, addr))
+	c := exec.Command(os.Args[0], "-test.run=^$")
+	c.Env = append(os.Environ(), "MPI5K_ECHO_CHILD="+p.String())
+	if err := c.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Process.Kill(); c.Wait() })
+	for i := 0; ; i++ {
+		if c, err := net.Dial("tcp", p.String()); err == nil {
+			c.Close()
+			return p
+		}
+		if i > 200 {
+			b.Fatal("echo child did not start")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // childGateway runs one gateway: spec is "mapfile,site,readyfile".
@@ -210,7 +272,15 @@ func pingPong(b *testing.B, c *net.TCPConn) {
 // BenchmarkPingPong: 1-byte round trip (a) directly, through the gateway
 // pair, and through a chain of two socat relays, on the same loopback path.
 func BenchmarkPingPong(b *testing.B) {
+	// The echo server runs in this process, where Go's runtime hands the
+	// byte between client and server without a process wake-up: the
+	// cheapest direct path, so every relay's cost shows in full.
+	// MPI5K_ECHO=proc runs it in a process of its own instead, as a remote
+	// rank is (bench/figures/pollthread, thirteenth session).
 	dst := testnet.Serve(b, nodeB, echoServer)
+	if os.Getenv("MPI5K_ECHO") == "proc" {
+		dst = echoProc(b, nodeB)
+	}
 	// via dials the first hop: a gateway's LAN side (with the OPEN the shim
 	// sends) or a plain forwarder.
 	gw := func(lan netip.AddrPort) (*net.TCPConn, error) { return lanOpen(lan, nodeA, dst) }

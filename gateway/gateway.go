@@ -95,7 +95,7 @@ type Config struct {
 	// thread wake-up per gateway (see package relay, figure (a)).
 	NoPollThread bool
 
-	ReadyFile   string // written once every WAN link is up
+	ReadyFile   string // written once every WAN link is up and primed (prime.go)
 	MetricsAddr string // HTTP listener for /metrics and /ready ("" = none)
 
 	DialTimeout  time.Duration // LAN connect to a destination (default 10 s)
@@ -448,7 +448,8 @@ func (g *Gateway) setReady() {
 	g.log.Info("ready: every WAN link is up (and primed)")
 }
 
-// allUp reports whether every link is currently up (the /ready endpoint).
+// allUp reports whether every link is currently up and none is being primed
+// (the /ready endpoint).
 func (g *Gateway) allUp() bool {
 	g.peersMu.Lock()
 	defer g.peersMu.Unlock()

@@ -191,7 +191,7 @@ func (m *metrics) handler() http.Handler {
 			fmt.Fprintln(w, "ready")
 			return
 		}
-		http.Error(w, "not ready: a WAN link is down", http.StatusServiceUnavailable)
+		http.Error(w, "not ready: a WAN link is down or being primed", http.StatusServiceUnavailable)
 	})
 	return mux
 }
