@@ -97,8 +97,15 @@ func serveEchoProc(ln *net.TCPListener) {
 // echoProc starts an echo server in its own process on addr.
 func echoProc(b testing.TB, addr netip.Addr) netip.AddrPort {
 	p := netip.AddrPortFrom(addr, freePort(b, addr))
+	startChild(b, "MPI5K_ECHO_CHILD="+p.String(), p)
+	return p
+}
+
+// startChild re-executes this test binary with env set (one of the child
+// modes of TestMain) and waits until it accepts connections on p.
+func startChild(b testing.TB, env string, p netip.AddrPort) {
 	c := exec.Command(os.Args[0], "-test.run=^$")
-	c.Env = append(os.Environ(), "MPI5K_ECHO_CHILD="+p.String())
+	c.Env = append(os.Environ(), env)
 	if err := c.Start(); err != nil {
 		b.Fatal(err)
 	}
@@ -106,10 +113,10 @@ func echoProc(b testing.TB, addr netip.Addr) netip.AddrPort {
 	for i := 0; ; i++ {
 		if c, err := net.Dial("tcp", p.String()); err == nil {
 			c.Close()
-			return p
+			return
 		}
 		if i > 200 {
-			b.Fatal("echo child did not start")
+			b.Fatalf("child %s did not start", env)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -401,22 +408,7 @@ func goChain(b testing.TB, dst netip.AddrPort, separate bool, mode string) netip
 	for _, a := range []netip.Addr{gwB, gwA} {
 		if separate {
 			p := netip.AddrPortFrom(a, freePort(b, a))
-			c := exec.Command(os.Args[0], "-test.run=^$")
-			c.Env = append(os.Environ(), "MPI5K_COPY_CHILD="+p.String()+","+next.String()+","+mode)
-			if err := c.Start(); err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { c.Process.Kill(); c.Wait() })
-			for i := 0; ; i++ {
-				if c, err := net.Dial("tcp", p.String()); err == nil {
-					c.Close()
-					break
-				}
-				if i > 200 {
-					b.Fatal("copy child did not start")
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			startChild(b, "MPI5K_COPY_CHILD="+p.String()+","+next.String()+","+mode, p)
 			next = p
 			continue
 		}
