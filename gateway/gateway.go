@@ -396,8 +396,8 @@ func (g *Gateway) WANAddr() netip.AddrPort {
 
 // ---- WAN mesh ----
 
-// setLink installs l as p's link i. priming: l is being primed, and counts
-// as not up until primed calls back.
+// setLink installs l as p's link i. priming: l is about to be primed, and
+// the gateway is not ready until primeLink has finished with it.
 func (g *Gateway) setLink(p *peer, i int, l *relay.Link, priming bool) {
 	g.peersMu.Lock()
 	old := p.links[i]

@@ -514,9 +514,9 @@ var ErrNoPad = errors.New("relay: the peer does not take PAD frames")
 
 // Pad writes one PAD frame of n filler bytes (at most one chunk: it
 // returns how many) behind everything queued, as bulk, and returns once it
-// is on the socket, or with the link's error if the link closes first. Small frames sent meanwhile
-// go ahead of it. A gateway pads a new link to let its congestion control
-// measure the path (see the gateway's priming).
+// is on the socket, or with the link's error if the link closes first.
+// Small frames sent meanwhile go ahead of it. A gateway pads a new link to
+// let its congestion control measure the path (gateway/prime.go).
 func (l *Link) Pad(n int) (int, error) {
 	if l.peer.Features&header.FeaturePad == 0 {
 		return 0, ErrNoPad
