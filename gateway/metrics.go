@@ -61,7 +61,7 @@ func newMetrics(g *Gateway) *metrics {
 	m.frames = d("mpi5k_wan_frames_total", "Frames on the WAN link.", "dir")
 	m.polled = d("mpi5k_wan_frames_poll_thread_total", "Frames the relay's poller thread forwarded (small messages of quiet streams; see mpi5k_wan_frames_total).", "dir")
 	m.partial = d("mpi5k_wan_poll_thread_partial_writes_total", "Frames the poller thread wrote of which the socket took only part.")
-	m.pad = d("mpi5k_wan_pad_bytes_total", "PAD (filler) payload bytes on the WAN link: priming of a BBR express link.", "dir")
+	m.pad = d("mpi5k_wan_pad_bytes_total", "PAD (filler) payload bytes on the WAN link: priming of a new BBR link (prime.go).", "dir")
 	m.writes = d("mpi5k_wan_writes_total", "writev calls on the WAN socket (frames/writes = batching).")
 	m.stalls = d("mpi5k_window_stalls_total", "Times a stream waited for credit from the peer.")
 	m.streams = d("mpi5k_open_streams", "Streams open on the link.")
