@@ -630,7 +630,8 @@ func TestGatewayLossyExpress(t *testing.T) {
 // 10 segments and a 64 KiB message takes three round trips; with it (the
 // default) the gateways turn off slow start after idle in their
 // namespaces, the link keeps its window, and the message takes one. The
-// sysctl must be back to 1 once the gateways have stopped.
+// sysctl must be back to 1 once the gateways have stopped, and stay
+// untouched when every WAN socket runs BBR, which Linux never restarts.
 func TestGatewayKeepWarm(t *testing.T) {
 	const rtt = 20 * time.Millisecond
 	w := newWANLab(t, rtt)
@@ -656,6 +657,11 @@ func TestGatewayKeepWarm(t *testing.T) {
 	if testing.Short() {
 		n = "15"
 	}
+	stop := startLabGateways(t, w.ctx, w.l, "--wan-express-cc", "bbr")
+	if v := sysctl(); v != "1,1" {
+		t.Errorf("--wan-express-cc bbr (every WAN socket BBR): tcp_slow_start_after_idle %s on the gateway hosts, want 1,1 untouched", v)
+	}
+	stop()
 	p50 := map[bool]time.Duration{}
 	for _, warm := range []bool{true, false} {
 		stop := startLabGateways(t, w.ctx, w.l, "--wan-keep-warm="+strconv.FormatBool(warm))

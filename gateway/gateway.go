@@ -86,9 +86,10 @@ type Config struct {
 	NoPrime bool
 	// KeepWarm turns off net.ipv4.tcp_slow_start_after_idle in the
 	// gateway's network namespace while it runs (the mpi5k-gateway command
-	// defaults to on): without it the CUBIC express link restarts from 10
-	// segments after every pause longer than its RTO (see warm.go). If the
-	// sysctl cannot be written the gateway warns and runs anyway.
+	// defaults to on) if any WAN socket runs a CC other than BBR: without it
+	// a CUBIC express link restarts from 10 segments after every pause
+	// longer than its RTO (see warm.go). If the sysctl cannot be written the
+	// gateway warns and runs anyway.
 	KeepWarm bool
 	// NoPollThread waits for idle sockets in Go's network poller instead of
 	// the relay's poller thread, which forwards small messages with one
@@ -317,7 +318,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 		go srv.Serve(ln)
 	}
 	keepWarmState := "no (--wan-keep-warm=false)"
-	if g.cfg.KeepWarm {
+	if g.cfg.KeepWarm && !g.cfg.restartsAfterIdle() {
+		keepWarmState = "not needed: every WAN socket runs BBR, which Linux never restarts after idle"
+	} else if g.cfg.KeepWarm {
 		state, release, err := keepWarm()
 		if err != nil {
 			g.log.Warn("cannot keep the WAN links warm: the express link will restart from 10 segments after every pause longer than its RTO; run as root or set the sysctl on the gateway host", "err", err)

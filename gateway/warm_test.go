@@ -96,3 +96,25 @@ func TestKeepWarmError(t *testing.T) {
 		t.Fatalf("got %s", v)
 	}
 }
+
+// Only a WAN socket that is not BBR needs the sysctl: Linux never restarts
+// a BBR socket after idle.
+func TestRestartsAfterIdle(t *testing.T) {
+	for _, c := range []struct {
+		wan, express string
+		noExpress    bool
+		want         bool
+	}{
+		{"bbr", "bbr", false, false},
+		{"bbr", "", false, false}, // the express link is created with the WAN CC
+		{"bbr", "cubic", false, true},
+		{"bbr", "cubic", true, false}, // no express link
+		{"cubic", "bbr", false, true},
+		{"", "", false, true}, // the system's default may be CUBIC
+	} {
+		cfg := Config{WAN: SockOpts{CC: c.wan}, ExpressCC: c.express, NoExpress: c.noExpress}
+		if got := cfg.restartsAfterIdle(); got != c.want {
+			t.Errorf("--wan-cc %q --wan-express-cc %q no express %v: restarts after idle %v, want %v", c.wan, c.express, c.noExpress, got, c.want)
+		}
+	}
+}

@@ -50,7 +50,7 @@ func run(args []string) int {
 	delackMax := fs.Duration("wan-delack-max", 5*time.Millisecond, "longest a WAN socket delays an ACK (TCP_DELACK_MAX_US; 0: the kernel's 200 ms); bounds the peer's tail-loss probe delay")
 	skipProbe := fs.Bool("wan-skip-probe-rtt", true, "idle a busy BBR bulk link for a few ms across its min_rtt filter's expiry, so BBR restarts from idle instead of cutting cwnd to 4 for 200 ms (PROBE_RTT) every 10 s of bulk")
 	prime := fs.Bool("wan-prime", true, "fill each new BBR WAN link with filler (PAD frames, one link of a site pair at a time) until BBR has measured the path, so it does not pace messages at the rate of earlier small ones (no effect on CUBIC or Reno links)")
-	keepWarm := fs.Bool("wan-keep-warm", true, "turn off TCP slow start after idle (net.ipv4.tcp_slow_start_after_idle) in this host's network namespace while the gateway runs, so the CUBIC express link keeps its window across an MPI job's pauses; restored at exit")
+	keepWarm := fs.Bool("wan-keep-warm", true, "turn off TCP slow start after idle (net.ipv4.tcp_slow_start_after_idle) in this host's network namespace while the gateway runs, so the CUBIC express link keeps its window across an MPI job's pauses; restored at exit; not needed, and not done, when every WAN socket runs BBR")
 	pollThread := fs.Bool("poll-thread", true, "forward small messages on one event-loop thread that waits for every idle socket (false: Go's network poller)")
 	ready := fs.String("ready-file", "", "file written once every WAN link is up (and primed, see --wan-prime)")
 	metrics := fs.String("metrics", "", "listen address of the HTTP server for /metrics and /ready (e.g. :9105)")
