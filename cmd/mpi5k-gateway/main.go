@@ -41,7 +41,7 @@ func run(args []string) int {
 	window := fs.String("window", "4MiB", "per-stream receive window granted to peers (far-side memory bound: streams x window)")
 	wanConns := fs.Int("wan-conns", 1, "parallel bulk WAN connections per site pair, large writes striped over them (same on every gateway)")
 	express := fs.Bool("wan-express", true, "one more WAN connection per site pair for small frames only, so they never wait behind bulk (same on every gateway)")
-	expressCC := fs.String("wan-express-cc", "", "congestion control of the express link (default: cubic; BBR paces app-limited messages slowly)")
+	expressCC := fs.String("wan-express-cc", "", "congestion control of the express link (default: cubic; bbr, primed, holds up better against competing BBR flows but loses its estimate under random loss)")
 	renew := fs.Bool("wan-express-renew", true, "replace the express link with a fresh connection when losses have cut its congestion window below one --express-max message (same on every gateway)")
 	expressMax := fs.String("express-max", "68KiB", "largest message (burst of bytes a rank writes without pausing) that takes the express link; at most --chunk")
 	wanPace := fs.String("wan-pace", "0", "cap each site pair's bulk WAN sending rate, e.g. 190mbit (0: no cap); a few percent below the WAN bottleneck keeps its queue empty")
