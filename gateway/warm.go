@@ -9,30 +9,29 @@ import (
 
 // Keeping the WAN links warm.
 //
-// An express link that runs CUBIC (--wan-express-cc cubic, or any WAN CC
-// other than BBR, or --wan-prime=false) carries app-limited messages, and
-// Linux cuts such a socket's congestion window in two ways, both gated by
-// the network namespace's net.ipv4.tcp_slow_start_after_idle (1 by
-// default) and by nothing per socket: after an idle period longer than one
-// RTO the window is halved once per RTO idle, down to the initial 10
-// segments (tcp_cwnd_restart), and while the socket is app-limited it
-// decays every RTO towards what was in flight (tcp_cwnd_application_limited).
-// BBR, which runs the bulk links (and by default the express link), is
-// exempt: the kernel skips both for a CC with its own cong_control. With
-// the WAN RTO floor at 10 ms (--wan-rto-min) the RTO at 20 ms RTT is about
-// 30 ms, so every pause of an MPI job between bursts restarted a CUBIC
-// express link, and a 64 KiB message then took three round trips instead
-// of one: 18 idle restarts in one BT run, BT 1.09x and SP 1.10x direct's
-// time on the lab (Reno hosts, 20 ms); with the sysctl off 0 restarts,
-// 0.99x and 1.00x, side by side.
+// The express link carries app-limited messages on a CUBIC socket (the
+// default --wan-express-cc), and Linux cuts such a socket's congestion
+// window in two ways, both gated by the network namespace's
+// net.ipv4.tcp_slow_start_after_idle (1 by default) and by nothing per
+// socket: after an idle period longer than one RTO the window is halved once
+// per RTO idle, down to the initial 10 segments (tcp_cwnd_restart), and
+// while the socket is app-limited it decays every RTO towards what was in
+// flight (tcp_cwnd_application_limited). BBR, which runs the bulk links (and
+// the express link with --wan-express-cc bbr), is exempt: the kernel skips
+// both for a CC with its own cong_control. With the WAN RTO floor at 10 ms
+// (--wan-rto-min) the RTO at 20 ms RTT is about 30 ms, so every pause of an
+// MPI job between bursts restarted a CUBIC express link, and a 64 KiB
+// message then took three round trips instead of one: 18 idle restarts in
+// one BT run, BT 1.09x and SP 1.10x direct's time on the lab (Reno hosts, 20
+// ms); with the sysctl off 0 restarts, 0.99x and 1.00x, side by side.
 //
 // So a gateway with Config.KeepWarm and a WAN socket that is not BBR turns
 // the sysctl off in its network namespace while it runs and puts it back
-// when the last such gateway of the process stops. It is a namespace-wide switch: other TCP connections
-// of the gateway host stop restarting after idle too (what a dedicated
-// gateway node wants anyway). A gateway killed with SIGKILL leaves it off;
-// two gateway processes sharing one namespace restore it when the first
-// of them stops.
+// when the last such gateway of the process stops. It is a namespace-wide
+// switch: other TCP connections of the gateway host stop restarting after
+// idle too (what a dedicated gateway node wants anyway). A gateway killed
+// with SIGKILL leaves it off; two gateway processes sharing one namespace
+// restore it when the first of them stops.
 
 // restartsAfterIdle says whether some WAN socket of c runs a congestion
 // control that Linux restarts after idle: anything but BBR ("" is the
