@@ -575,10 +575,15 @@ func TestGatewayWAN(t *testing.T) {
 		t.Errorf("p50 beside a saturating stream %v, more than RTT + 5 ms", p50)
 	}
 	// Unpaced, queue control (on by default) keeps the bottleneck queue
-	// near 1 ms while the ping-pong's messages cross it: p99 RTT + 1.7 ms
-	// where the bulk link alone fills the 1-BDP queue (RTT + 8..14 ms).
-	if p99 := time.Duration(loaded[1]) * time.Microsecond; !custom && p99 > rtt+8*time.Millisecond {
-		t.Errorf("p99 beside a saturating stream %v with queue control, more than RTT + 8 ms: the bulk link fills the WAN queue", p99)
+	// near 1 ms while the ping-pong's messages cross it: p99 RTT + 1.5-2.1
+	// ms in the runs relay/doc.go records, where the bulk link alone
+	// fills the 1-BDP queue (RTT + 7.7-14 ms; RTT + 7.8-8.1 ms when a
+	// change let a draining link's bytes in flight pass for a cap in
+	// force, fifteenth session, which the old bound of RTT + 8 ms let
+	// through in three of four runs). The bound leaves 2 shared cores their
+	// noise (idle, p99 once reached RTT + 3.6 ms).
+	if p99 := time.Duration(loaded[1]) * time.Microsecond; !custom && p99 > rtt+5*time.Millisecond {
+		t.Errorf("p99 beside a saturating stream %v with queue control, more than RTT + 5 ms: the bulk link fills the WAN queue", p99)
 	}
 }
 

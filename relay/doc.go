@@ -237,7 +237,12 @@
 // MB window let the queue fill for tenths of a second after a cap was
 // sent; the controllers read that as another flow's queue and lifted. Now
 // one controller caps the trunk, and counts a queue as foreign only while
-// the peers' windows (tcpi_snd_wnd) have come down to the cap: p99 with
+// no link can have more in flight than its cap: a link with bytes waiting
+// by its peer's window (tcpi_snd_wnd), one with none by its bytes
+// unacknowledged. (Until the fifteenth session every link by its window,
+// which a link that carries few chunks keeps at megabytes for minutes:
+// against a BBR flow the cap was never lifted and the busier link sat at
+// 16 KiB.) p99 with
 // two bulk links 21.59-21.88 ms (5 runs), with one 21.49-22.08 ms (5 runs;
 // bench/figures/queuecontrol). Its
 // foreign-queue rule is faster and tighter (target + 2 ms for 4 RTTs):

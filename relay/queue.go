@@ -81,11 +81,12 @@ type queueSample struct {
 	// link sent some within queueMsgWindow, or there is no express link).
 	// Without them a bulk link may keep any queue it likes.
 	messages bool
-	// inForce: the peer's advertised window has come down to the cap. A
-	// receiver never shrinks a window it offered (unless the
-	// tcp_shrink_window sysctl allows it), so a cap below it only takes
-	// hold as data consumes it: after a bulk run that let the receive
-	// buffer autotune to megabytes, that takes tenths of a second.
+	// inForce: the link can have no more in flight than the cap allows,
+	// so a queue above the target is not its own. A receiver never shrinks
+	// a window it offered (unless the tcp_shrink_window sysctl allows it),
+	// so a cap below it only takes hold as data consumes it: after a bulk
+	// run that let the receive buffer autotune to megabytes, that takes
+	// tenths of a second.
 	inForce bool
 }
 
@@ -279,6 +280,7 @@ type linkQueueSample struct {
 	acked        uint64
 	backlog      bool
 	sndWnd       uint32 // the peer's advertised window (tcpi_snd_wnd)
+	inflight     uint32 // bytes sent and not yet acknowledged
 }
 
 // merge returns the trunk's sample at now. Its min_rtt is the least of the
@@ -376,6 +378,7 @@ type trunkQueue struct {
 	shares  []timedShare // the per-link caps of the last round trips, oldest first
 	inForce bool         // at the last step (for the log)
 	peerWnd uint32       // the largest window a peer offered at the last step
+	flight  uint32       // the most a link had in flight at the last step
 }
 
 type timedShare struct {
@@ -398,11 +401,19 @@ func (q *trunkQueue) step(now time.Time, ls []linkQueueSample, messages bool) (n
 		q.sentTo = map[any]uint32{}
 	}
 	s := q.agg.merge(now, ls, messages)
-	// The cap holds on a link once it heard one and the window its peer
-	// offers is within an eighth (plus window-scale rounding) of the
+	// The cap holds on a link once it heard one and it can have no more in
+	// flight than within an eighth (plus window-scale rounding) of the
 	// largest cap of the last 1.5 round trips: the window a sender sees
 	// answers a cap sent a round trip before, and a cap may halve per
-	// round trip.
+	// round trip. A link with bytes waiting puts in flight all the window
+	// its peer offers, and that window comes down to a cap only as data
+	// consumes it, so the window is what counts. A link with none waiting
+	// has in flight all it will have until more comes; its window may be
+	// the megabytes a bulk run left it for minutes (striping gives chunks
+	// to the least queued link, so a link that carries few keeps it).
+	// Judged on the window alone, such a link kept the trunk's cap from
+	// ever counting as held: against another flow's queue the cap was
+	// never lifted and the busy link sat at queueClampMin.
 	recent := s.srtt + s.srtt/2
 	i := 0
 	for i < len(q.shares)-1 && now.Sub(q.shares[i+1].at) >= recent {
@@ -413,10 +424,14 @@ func (q *trunkQueue) step(now time.Time, ls []linkQueueSample, messages bool) (n
 	for _, h := range q.shares {
 		hold = max(hold, h.share)
 	}
-	s.inForce, q.peerWnd = len(ls) > 0, 0
+	s.inForce, q.peerWnd, q.flight = len(ls) > 0, 0, 0
 	for _, l := range ls {
-		s.inForce = s.inForce && q.sentTo[l.key] != 0 && uint64(l.sndWnd) <= uint64(hold)+uint64(hold)/8+64<<10
-		q.peerWnd = max(q.peerWnd, l.sndWnd)
+		w := l.sndWnd
+		if !l.backlog {
+			w = min(w, l.inflight)
+		}
+		s.inForce = s.inForce && q.sentTo[l.key] != 0 && uint64(w) <= uint64(hold)+uint64(hold)/8+64<<10
+		q.peerWnd, q.flight = max(q.peerWnd, l.sndWnd), max(q.flight, w)
 	}
 	q.inForce = s.inForce
 	next, all := q.ctl.step(s)
@@ -464,7 +479,7 @@ func (t *Trunk) controlQueue(target time.Duration, log *slog.Logger) {
 			}
 			ls = append(ls, linkQueueSample{key: l, srtt: in.RTT, minRTT: in.MinRTT, acked: in.BytesAcked,
 				// A held link (Hold) waits by choice: its rate is not the path's.
-				backlog: (in.NotsentBytes > 0 || l.queued.Load() > 0) && !l.held(), sndWnd: in.SndWnd})
+				backlog: (in.NotsentBytes > 0 || l.queued.Load() > 0) && !l.held(), sndWnd: in.SndWnd, inflight: in.Unacked * in.SndMSS})
 		}
 		now := time.Now()
 		msgs := true
@@ -478,7 +493,7 @@ func (t *Trunk) controlQueue(target time.Duration, log *slog.Logger) {
 		c := &q.ctl
 		if len(sends) > 0 {
 			log.Debug("queue control", "peer", links[0].peer.Name, "links", len(ls), "clamp", c.clamp, "per_link", share,
-				"queue", c.queue, "min_rtt", c.ago(0).minRTT, "rate_mbit", c.rate*8/1e6, "lifts", c.lifts, "in_force", q.inForce, "peer_wnd", q.peerWnd)
+				"queue", c.queue, "min_rtt", c.ago(0).minRTT, "rate_mbit", c.rate*8/1e6, "lifts", c.lifts, "in_force", q.inForce, "peer_wnd", q.peerWnd, "in_flight", q.flight)
 		}
 		for _, l := range links {
 			l.Stats.Clamp.Store(share)
