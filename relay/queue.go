@@ -378,7 +378,7 @@ type trunkQueue struct {
 	shares  []timedShare // the per-link caps of the last round trips, oldest first
 	inForce bool         // at the last step (for the log)
 	peerWnd uint32       // the largest window a peer offered at the last step
-	flight  uint32       // the most a link had in flight at the last step
+	flight  uint32       // the largest in-flight bound judged at the last step (window, or bytes in flight of a link with none waiting)
 }
 
 type timedShare struct {
@@ -493,7 +493,7 @@ func (t *Trunk) controlQueue(target time.Duration, log *slog.Logger) {
 		c := &q.ctl
 		if len(sends) > 0 {
 			log.Debug("queue control", "peer", links[0].peer.Name, "links", len(ls), "clamp", c.clamp, "per_link", share,
-				"queue", c.queue, "min_rtt", c.ago(0).minRTT, "rate_mbit", c.rate*8/1e6, "lifts", c.lifts, "in_force", q.inForce, "peer_wnd", q.peerWnd, "in_flight", q.flight)
+				"queue", c.queue, "min_rtt", c.ago(0).minRTT, "rate_mbit", c.rate*8/1e6, "lifts", c.lifts, "in_force", q.inForce, "peer_wnd", q.peerWnd, "flight_bound", q.flight)
 		}
 		for _, l := range links {
 			l.Stats.Clamp.Store(share)
