@@ -9,11 +9,16 @@
 # this project's VM ships with it set to 0, so every hop pays a VM exit. The
 # script measures as the machine is and, when it can (root, haltpoll
 # loaded), once more with the kernel's default polling, then restores the
-# value it found.
+# value it found. A last pass holds /dev/cpu_dma_latency at 0, so idle vCPUs
+# poll and never halt: what is left then is the cost of switching between
+# processes, not of waking a halted vCPU.
 #
 # usage: bench/pingpong.sh [REPEATS]   (default 3; run after `make`)
 #        MPI5K_ECHO=proc bench/pingpong.sh   the echo server in a process of its
 #        own, as a remote rank is (default: in the benchmark's process)
+#        MPI5K_RAWCLIENT=1 ...   the client waits in a blocking read(2) on a
+#        socket the Go runtime does not watch, as a C rank does (default: Go's
+#        network poller)
 set -eu
 cd "$(dirname "$0")/.."
 reps=${1:-3}
@@ -44,4 +49,11 @@ if [ -w "$knob" ] && [ "$(cat $knob)" = 0 ]; then
 	echo 200000 >"$knob"
 	run "guest_halt_poll_ns=200000 (the kernel's default)"
 	echo "$old" >"$knob"
+fi
+if [ -w /dev/cpu_dma_latency ]; then
+	# The request lasts as long as the file stays open.
+	exec 9>/dev/cpu_dma_latency
+	printf 0 >&9
+	run "cpu_dma_latency held at 0 (idle vCPUs poll, never halt)"
+	exec 9>&-
 fi

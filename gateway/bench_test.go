@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/sitemap"
@@ -39,6 +41,10 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv("MPI5K_COPY_CHILD"); spec != "" {
 		// A minimal forwarder process: "listen,to[,epoll]".
 		f := strings.Split(spec, ",")
+		if len(f) > 2 && strings.HasPrefix(f[2], "raw-") {
+			serveRaw(netip.MustParseAddrPort(f[0]), netip.MustParseAddrPort(f[1]), strings.TrimPrefix(f[2], "raw-"))
+			os.Exit(0)
+		}
 		ln, err := net.Listen("tcp", f[0])
 		if err != nil {
 			os.Exit(1)
@@ -51,45 +57,30 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	if addr := os.Getenv("MPI5K_ECHO_CHILD"); addr != "" {
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			os.Exit(1)
-		}
-		serveEchoProc(ln.(*net.TCPListener))
+		serveEchoProc(netip.MustParseAddrPort(addr))
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }
 
-// serveEchoProc echoes each accepted connection with blocking read and
-// write on a locked OS thread, as a C echo server does.
-func serveEchoProc(ln *net.TCPListener) {
+// serveEchoProc echoes each connection accepted on addr with blocking read
+// and write on a locked OS thread, with sockets the Go runtime never sees
+// (see serveRaw), as a C echo server does.
+func serveEchoProc(addr netip.AddrPort) {
+	ln := rawListen(addr)
+	rawRuntime()
 	for {
-		c, err := ln.AcceptTCP()
+		c, _, err := unix.Accept4(ln, unix.SOCK_CLOEXEC)
 		if err != nil {
-			return
+			continue
 		}
-		c.SetNoDelay(true)
+		unix.SetsockoptInt(c, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 		go func() {
 			runtime.LockOSThread()
-			f, _ := c.File()
-			fd := int(f.Fd())
 			buf := make([]byte, 64<<10)
-			for {
-				n, err := unix.Read(fd, buf)
-				if n <= 0 || err != nil {
-					f.Close()
-					c.Close()
-					return
-				}
-				for off := 0; off < n; {
-					w, err := unix.Write(fd, buf[off:n])
-					if err != nil {
-						return
-					}
-					off += w
-				}
+			for forward(c, c, buf) {
 			}
+			unix.Close(c)
 		}()
 	}
 }
@@ -325,6 +316,11 @@ func BenchmarkPingPong(b *testing.B) {
 		// right there, as a C event loop does (and the gateway's poller
 		// thread). No framing, no multiplexing.
 		{"go-epoll-chain", func(b *testing.B) (*net.TCPConn, error) { return plain(goChain(b, dst, true, "epoll")) }},
+		// The same two forwarders, and two that block in read(2), with
+		// sockets the Go runtime never sees (serveRaw): the floor of a relay
+		// process, Go or C, on this machine.
+		{"raw-epoll-chain", func(b *testing.B) (*net.TCPConn, error) { return plain(goChain(b, dst, true, "raw-epoll")) }},
+		{"raw-blocking-chain", func(b *testing.B) (*net.TCPConn, error) { return plain(goChain(b, dst, true, "raw-blocking")) }},
 		{"socat", func(b *testing.B) (*net.TCPConn, error) { return plain(socatChain(b, dst)) }},
 		// No relay process at all: the kernel forwards (sockmap), the
 		// floor of any relay pair on this machine.
@@ -343,6 +339,10 @@ func BenchmarkPingPong(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer c.Close()
+			if os.Getenv("MPI5K_RAWCLIENT") != "" {
+				rawPingPong(b, c)
+				return
+			}
 			pingPong(b, c)
 		})
 	}
@@ -518,4 +518,173 @@ func serveEpoll(ln *net.TCPListener, to netip.AddrPort) {
 			unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, int(x), &unix.EpollEvent{Events: unix.EPOLLIN, Fd: x})
 		}
 	})
+}
+
+// rawListen opens a listening socket with raw system calls, so that the Go
+// runtime never registers it, or the sockets accepted from it, in its own
+// epoll set (see serveRaw).
+func rawListen(p netip.AddrPort) int {
+	ln, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		os.Exit(1)
+	}
+	unix.SetsockoptInt(ln, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+	if unix.Bind(ln, &unix.SockaddrInet4{Port: int(p.Port()), Addr: p.Addr().As4()}) != nil || unix.Listen(ln, 16) != nil {
+		os.Exit(1)
+	}
+	return ln
+}
+
+// serveRaw forwards each connection accepted on listen to "to", like
+// serveCopy and serveEpoll, but with sockets the Go runtime never sees.
+// Every socket made through package net sits in the runtime's epoll set, and
+// while the process has a timer or a goroutine waiting for a socket, one
+// runtime thread sleeps in that set: each arriving byte wakes it as well as
+// the thread that reads the byte. These forwarders pay only the wake-up of
+// the thread that reads: with mode "blocking" one locked thread per
+// direction blocks in read(2), the simplest C relay; with "epoll" one locked
+// thread waits in epoll_wait for every socket, as a C event loop and the
+// gateway's poller thread do.
+func serveRaw(listen, to netip.AddrPort, mode string) {
+	ln := rawListen(listen)
+	rawRuntime()
+	var add func(a, b int)
+	if mode == "epoll" {
+		ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+		if err != nil {
+			os.Exit(1)
+		}
+		var mu sync.Mutex
+		peer := map[int32]int{}
+		go func() {
+			runtime.LockOSThread()
+			evs := make([]unix.EpollEvent, 16)
+			buf := make([]byte, 64<<10)
+			for {
+				n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_WAIT, uintptr(ep), uintptr(unsafe.Pointer(&evs[0])), uintptr(len(evs)), ^uintptr(0), 0, 0)
+				if e != 0 {
+					continue
+				}
+				for _, ev := range evs[:n] {
+					mu.Lock()
+					dst := peer[ev.Fd]
+					mu.Unlock()
+					if !forward(int(ev.Fd), dst, buf) {
+						unix.EpollCtl(ep, unix.EPOLL_CTL_DEL, int(ev.Fd), nil)
+					}
+				}
+			}
+		}()
+		add = func(a, b int) {
+			mu.Lock()
+			peer[int32(a)], peer[int32(b)] = b, a
+			mu.Unlock()
+			for _, x := range []int{a, b} {
+				unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, x, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(x)})
+			}
+		}
+	} else {
+		pump := func(src, dst int) {
+			runtime.LockOSThread()
+			buf := make([]byte, 64<<10)
+			for forward(src, dst, buf) {
+			}
+		}
+		add = func(a, b int) {
+			go pump(a, b)
+			go pump(b, a)
+		}
+	}
+	runtime.LockOSThread()
+	for {
+		c, _, err := unix.Accept4(ln, unix.SOCK_CLOEXEC)
+		if err != nil {
+			continue
+		}
+		d, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err == nil {
+			err = unix.Connect(d, &unix.SockaddrInet4{Port: int(to.Port()), Addr: to.Addr().As4()})
+		}
+		if err != nil {
+			unix.Close(c)
+			continue
+		}
+		for _, fd := range []int{c, d} {
+			unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+		}
+		add(c, d)
+	}
+}
+
+// rawRuntime readies this process for threads that block in raw system
+// calls, which keep the runtime out of every wake-up: such a thread keeps
+// its P while it blocks, so there must be Ps enough for every thread, and no
+// collection (which would wait for them) may start.
+func rawRuntime() {
+	runtime.GOMAXPROCS(64)
+	debug.SetGCPercent(-1)
+}
+
+func rawRW(nr uintptr, fd int, b []byte) int {
+	n, _, e := unix.RawSyscall(nr, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+	if e != 0 {
+		return -1
+	}
+	return int(n)
+}
+
+// forward reads what src has (blocking until it has something) and writes
+// all of it to dst; false at end of file or on an error.
+func forward(src, dst int, buf []byte) bool {
+	n := rawRW(unix.SYS_READ, src, buf)
+	if n <= 0 {
+		unix.Shutdown(dst, unix.SHUT_WR)
+		return false
+	}
+	for off := 0; off < n; {
+		w := rawRW(unix.SYS_WRITE, dst, buf[off:n])
+		if w < 0 {
+			return false
+		}
+		off += w
+	}
+	return true
+}
+
+// rawPingPong is pingPong with the client blocking in read(2) on a
+// duplicate of c that the Go runtime does not watch, as a C rank's socket
+// (MPI5K_RAWCLIENT=1): Go's poller then adds no wake-ups of its own to the
+// client's side of every row.
+func rawPingPong(b *testing.B, c *net.TCPConn) {
+	c.SetNoDelay(true)
+	rc, _ := c.SyscallConn()
+	fd := -1
+	rc.Control(func(x uintptr) { fd, _ = unix.Dup(int(x)) })
+	unix.SetNonblock(fd, false)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer unix.Close(fd)
+	buf := make([]byte, 1)
+	rt := func() {
+		if _, err := unix.Write(fd, buf); err != nil {
+			b.Fatal(err)
+		}
+		if n, err := unix.Read(fd, buf); n != 1 || err != nil {
+			b.Fatal(n, err)
+		}
+	}
+	for range 100 {
+		rt()
+	}
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for b.Loop() {
+		t := time.Now()
+		rt()
+		lat = append(lat, time.Since(t))
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-us")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-us")
 }
