@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 		os.Exit(childGateway(spec))
 	}
 	if spec := os.Getenv("MPI5K_COPY_CHILD"); spec != "" {
-		// A minimal forwarder process: "listen,to[,epoll]".
+		// A minimal forwarder process: "listen,to[,epoll|raw-epoll|raw-blocking]".
 		f := strings.Split(spec, ",")
 		if len(f) > 2 && strings.HasPrefix(f[2], "raw-") {
 			serveRaw(netip.MustParseAddrPort(f[0]), netip.MustParseAddrPort(f[1]), strings.TrimPrefix(f[2], "raw-"))
