@@ -10,8 +10,9 @@
 # script measures as the machine is and, when it can (root, haltpoll
 # loaded), once more with the kernel's default polling, then restores the
 # value it found. A last pass holds /dev/cpu_dma_latency at 0, so idle vCPUs
-# poll and never halt: what is left then is the cost of switching between
-# processes, not of waking a halted vCPU.
+# poll and never halt: what is left then is each hop's own work (a loopback
+# TCP traversal, a wake-up on a running vCPU), not the cost of waking a
+# halted one.
 #
 # usage: bench/pingpong.sh [REPEATS]   (default 3; run after `make`)
 #        MPI5K_ECHO=proc bench/pingpong.sh   the echo server in a process of its

@@ -70,9 +70,9 @@ func serveEchoProc(addr netip.AddrPort) {
 	ln := rawListen(addr)
 	rawRuntime()
 	for {
-		c, _, err := unix.Accept4(ln, unix.SOCK_CLOEXEC)
+		c, err := rawAccept(ln)
 		if err != nil {
-			continue
+			return
 		}
 		unix.SetsockoptInt(c, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 		go func() {
@@ -535,10 +535,26 @@ func rawListen(p netip.AddrPort) int {
 		os.Exit(1)
 	}
 	unix.SetsockoptInt(ln, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
-	if unix.Bind(ln, &unix.SockaddrInet4{Port: int(p.Port()), Addr: p.Addr().As4()}) != nil || unix.Listen(ln, 16) != nil {
+	if unix.Bind(ln, sockaddr4(p)) != nil || unix.Listen(ln, 16) != nil {
 		os.Exit(1)
 	}
 	return ln
+}
+
+func sockaddr4(p netip.AddrPort) *unix.SockaddrInet4 {
+	return &unix.SockaddrInet4{Port: int(p.Port()), Addr: p.Addr().As4()}
+}
+
+// rawAccept accepts the next connection on ln, retrying only an
+// interrupted call; any other error ends the caller's accept loop, as a
+// closed listener ends forwardEach's.
+func rawAccept(ln int) (int, error) {
+	for {
+		c, _, err := unix.Accept4(ln, unix.SOCK_CLOEXEC)
+		if err != unix.EINTR {
+			return c, err
+		}
+	}
 }
 
 // serveRaw forwards each connection accepted on listen to "to", like
@@ -603,13 +619,13 @@ func serveRaw(listen, to netip.AddrPort, mode string) {
 	}
 	runtime.LockOSThread()
 	for {
-		c, _, err := unix.Accept4(ln, unix.SOCK_CLOEXEC)
+		c, err := rawAccept(ln)
 		if err != nil {
-			continue
+			return
 		}
 		d, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 		if err == nil {
-			err = unix.Connect(d, &unix.SockaddrInet4{Port: int(to.Port()), Addr: to.Addr().As4()})
+			err = unix.Connect(d, sockaddr4(to))
 		}
 		if err != nil {
 			unix.Close(c)
