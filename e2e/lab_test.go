@@ -199,6 +199,31 @@ func labTCPRTT(t *testing.T, l *testbed.Lab, from, to string, n int) []time.Dura
 	return rtts
 }
 
+// labRTTWithin checks that the median of a round-trip sample is within
+// bound (a fraction) of want. The lab's path cost (veths, TUN, waking idle
+// vCPUs; 0.3-0.5 ms here) is calibrated once at lab up and drifts with the
+// VM's load, so one sample of 20-40 round trips now and then lands a few
+// hundred microseconds off (CI saw 10.40 ms on a 10 ms lab). A miss is
+// measured again, up to three samples a second apart: a lab whose delay is
+// really wrong misses every time, a noisy moment does not.
+func labRTTWithin(t *testing.T, what string, want time.Duration, bound float64, sample func() []time.Duration) {
+	t.Helper()
+	var meds []time.Duration
+	for try := 0; try < 3; try++ {
+		if try > 0 {
+			time.Sleep(time.Second)
+		}
+		d := sample()
+		med := labMedian(d)
+		meds = append(meds, med)
+		t.Logf("%s rtt: median %v mean %v over %d (set %v)", what, med, labMean(d), len(d), want)
+		if math.Abs(float64(med-want)) <= bound*float64(want) {
+			return
+		}
+	}
+	t.Errorf("%s median rtt %v in three samples, each more than %.0f%% off %v", what, meds, bound*100, want)
+}
+
 // TestLabRTT: ping and TCP round trips between node-1.site1 and
 // node-1.site2 are within 3 % of --rtt.
 func TestLabRTT(t *testing.T) {
@@ -207,24 +232,17 @@ func TestLabRTT(t *testing.T) {
 		t.Run(rtt.String(), func(t *testing.T) {
 			l := labUp(t, testbed.Config{Nodes: 1, RTT: rtt, WANRate: 100e6})
 			a, b := "node-1.site1", "node-1.site2"
-			pings, err := l.Ping(context.Background(), a, b, 40, 10*time.Millisecond)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(pings) < 38 {
-				t.Fatalf("only %d of 40 pings answered", len(pings))
-			}
-			tcp := labTCPRTT(t, l, a, b, 40)
-			for _, m := range []struct {
-				what string
-				d    []time.Duration
-			}{{"ping", pings}, {"tcp", tcp}} {
-				med, mean := labMedian(m.d), labMean(m.d)
-				t.Logf("%s rtt: median %v mean %v (set %v)", m.what, med, mean, rtt)
-				if dev := math.Abs(float64(med-rtt)) / float64(rtt); dev > 0.03 {
-					t.Errorf("%s median rtt %v is %.1f%% off --rtt %v (bound 3%%)", m.what, med, dev*100, rtt)
+			labRTTWithin(t, "ping", rtt, 0.03, func() []time.Duration {
+				pings, err := l.Ping(context.Background(), a, b, 40, 10*time.Millisecond)
+				if err != nil {
+					t.Fatal(err)
 				}
-			}
+				if len(pings) < 38 {
+					t.Fatalf("only %d of 40 pings answered", len(pings))
+				}
+				return pings
+			})
+			labRTTWithin(t, "tcp", rtt, 0.03, func() []time.Duration { return labTCPRTT(t, l, a, b, 40) })
 		})
 	}
 }
@@ -591,10 +609,14 @@ func TestLabCLI(t *testing.T) {
 	if _, err := l.PingAddr(ctx, "gw.lyon", l.WANAddr("gw.rennes"), 2, 5*time.Millisecond); err != nil { // ARP warm-up
 		t.Fatal(err)
 	}
-	gwRTT, err := l.PingAddr(ctx, "gw.lyon", l.WANAddr("gw.rennes"), 20, 10*time.Millisecond)
-	if err != nil || len(gwRTT) < 18 {
-		t.Fatalf("gateway WAN-leg ping: %v %v", gwRTT, err)
-	}
+	labRTTWithin(t, "gateway WAN-leg", 10*time.Millisecond, 0.03, func() []time.Duration {
+		gwRTT, err := l.PingAddr(ctx, "gw.lyon", l.WANAddr("gw.rennes"), 20, 10*time.Millisecond)
+		if err != nil || len(gwRTT) < 18 {
+			t.Fatalf("gateway WAN-leg ping: %v %v", gwRTT, err)
+		}
+		return gwRTT
+	})
+	t.Logf("lab path cost %v", l.PathCost())
 	s, err := l.Stats()
 	if err != nil {
 		t.Fatal(err)
@@ -602,9 +624,6 @@ func TestLabCLI(t *testing.T) {
 	lr := s.Link("lyon", "rennes")
 	if lr == nil || lr.Flow("icmp", l.WANAddr("gw.lyon").String(), l.WANAddr("gw.rennes").String()) == nil {
 		t.Errorf("gateway WAN-leg ping not seen on the lyon->rennes link: %+v", lr)
-	}
-	if med := labMedian(gwRTT); math.Abs(float64(med-10*time.Millisecond)) > 0.03*float64(10*time.Millisecond) {
-		t.Errorf("gateway WAN-leg rtt %v, want 10ms +- 3%%", med)
 	}
 
 	// Cross traffic: 2 flows lyon -> rennes, visible in stats, then stopped.
