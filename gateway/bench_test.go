@@ -124,6 +124,7 @@ func childGateway(spec string) int {
 	cfg := Config{Map: m, Site: f[1], ReadyFile: f[2],
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	cfg.NoPollThread = os.Getenv("MPI5K_GW_NOPOLL") != ""
+	cfg.NoQuietRuntime = os.Getenv("MPI5K_GW_RTWAKES") != ""
 	if v := os.Getenv("MPI5K_GW_CHUNK"); v != "" {
 		cfg.Chunk, _ = units.Size(v)
 	}
@@ -297,6 +298,11 @@ func BenchmarkPingPong(b *testing.B) {
 	}{
 		{"direct", func(b *testing.B) (*net.TCPConn, error) { return plain(dst) }},
 		{"gateway", func(b *testing.B) (*net.TCPConn, error) { return gw(startChildren(b).lan("a")) }},
+		// The same pair with Go's runtime woken by every arriving byte as
+		// well (--quiet-runtime=false).
+		{"gateway-runtime-wakes", func(b *testing.B) (*net.TCPConn, error) {
+			return gw(startChildren(b, "MPI5K_GW_RTWAKES=1").lan("a"))
+		}},
 		// The same pair waiting in Go's network poller (--poll-thread=false).
 		{"gateway-go-poller", func(b *testing.B) (*net.TCPConn, error) {
 			return gw(startChildren(b, "MPI5K_GW_NOPOLL=1").lan("a"))

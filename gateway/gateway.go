@@ -95,6 +95,10 @@ type Config struct {
 	// the relay's poller thread, which forwards small messages with one
 	// thread wake-up per gateway (see package relay, figure (a)).
 	NoPollThread bool
+	// NoQuietRuntime leaves Go's runtime watching the input of sockets the
+	// poller thread owns (package relay, rtquiet.go): each arriving byte
+	// then wakes a runtime thread too.
+	NoQuietRuntime bool
 
 	ReadyFile   string // written once every WAN link is up and primed (prime.go)
 	MetricsAddr string // HTTP listener for /metrics and /ready ("" = none)
@@ -274,7 +278,7 @@ func New(cfg Config) (*Gateway, error) {
 		peers: map[uint8]*peer{}, readyc: make(chan struct{}), stopped: make(chan struct{})}
 	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, ExpressMax: cfg.ExpressMax,
 		PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log,
-		NoPoller: cfg.NoPollThread, QueueTarget: cfg.WANQueue}
+		NoPoller: cfg.NoPollThread, RuntimeWakes: cfg.NoQuietRuntime, QueueTarget: cfg.WANQueue}
 	g.lan = cfg.Transport
 	if g.lan == nil {
 		g.lan = &TCPTransport{Opts: cfg.LAN}

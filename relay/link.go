@@ -66,6 +66,10 @@ type Config struct {
 	// NoPoller keeps idle sockets in Go's network poller instead of the
 	// relay's poller thread (see poller.go); for measuring the difference.
 	NoPoller bool
+	// RuntimeWakes leaves Go's runtime watching the input of sockets the
+	// poller thread owns, so each arriving byte also wakes a runtime
+	// thread (rtquiet.go); for measuring the difference.
+	RuntimeWakes bool
 	// QueueTarget turns on queue control (queue.go) on bulk links whose
 	// peer applies CLAMP frames: the WAN bottleneck queue a saturating
 	// link may keep (0 = off).
@@ -286,7 +290,7 @@ func newLink(conn net.Conn, cfg Config, peer header.Hello, t *Trunk, index int, 
 	l.lastRecv.Store(time.Now().UnixNano())
 	l.r = header.NewReader(conn, 0)
 	if !cfg.NoPoller {
-		l.w = newWaiter(conn, l.readStep)
+		l.w = newWaiter(conn, l.readStep, !cfg.RuntimeWakes)
 	}
 	return l
 }

@@ -133,11 +133,14 @@ type waiter struct {
 	// armed: registered for one readiness event. added: known to epoll.
 	// cancelled: the socket is closing; never arm again.
 	armed, added, cancelled bool
+	rt                      rtReg // the runtime's registration (rtquiet.go); the goroutine's
 }
 
 // newWaiter registers c (which must expose its file descriptor) with the
 // process's poller; nil when there is no poller or c is not a socket.
-func newWaiter(c any, step func() bool) *waiter {
+// quiet: keep the runtime from waking for the socket's input while the
+// poller owns it (rtquiet.go).
+func newWaiter(c any, step func() bool, quiet bool) *waiter {
 	sc, ok := c.(interface {
 		SyscallConn() (syscall.RawConn, error)
 	})
@@ -153,6 +156,7 @@ func newWaiter(c any, step func() bool) *waiter {
 		return nil
 	}
 	w := &waiter{p: p, rc: rc, step: step, back: make(chan struct{}, 1)}
+	w.rt.looked = !quiet // never look it up: leave the runtime as it is
 	p.mu.Lock()
 	p.next++
 	w.id = p.next
@@ -189,15 +193,20 @@ func (w *waiter) wait() bool {
 	if !w.added {
 		op = unix.EPOLL_CTL_ADD
 	}
+	// Quiet the runtime before arming, so bytes arriving right after do
+	// not wake it; loud again once the goroutine has the socket back.
+	w.quietRuntime(true)
 	w.armed = true
 	if err := w.ctl(op); err != nil {
 		w.armed = false
 		w.mu.Unlock()
+		w.quietRuntime(false)
 		return false
 	}
 	w.added = true
 	w.mu.Unlock()
 	<-w.back
+	w.quietRuntime(false)
 	return true
 }
 

@@ -2,13 +2,16 @@ package relay
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/mpi5k/mpi5k/header"
 	"github.com/mpi5k/mpi5k/internal/testnet"
+	"golang.org/x/sys/unix"
 )
 
 // TestPollerForwards: in a ping-pong of small messages the poller thread
@@ -106,6 +109,141 @@ func TestAppendIOVSkip(t *testing.T) {
 		g.skip = k
 		if got := bytes.Join(g.appendIOV(nil, hb[:]), nil); !bytes.Equal(got, whole[k:]) {
 			t.Fatalf("skip %d: % x, want % x", k, got, whole[k:])
+		}
+	}
+}
+
+// TestPollerQuietsRuntime: while the poller thread owns a socket the
+// runtime's registration leaves out input, and after the hand-back it is
+// as before: a goroutine reading in Go's poller wakes for bytes sent later,
+// and a writer parked on a full socket while the poller owns the read side
+// wakes when the far end drains it.
+func TestPollerQuietsRuntime(t *testing.T) {
+	accepted := make(chan *net.TCPConn, 1)
+	addr := testnet.Serve(t, loopback, func(c *net.TCPConn) { accepted <- c })
+	c, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	far := <-accepted
+	defer c.Close()
+	defer far.Close()
+	got := make(chan []byte, 1)
+	var w *waiter
+	w = newWaiter(c, func() bool {
+		b := make([]byte, 16)
+		n, err := w.read(b)
+		if err == errWouldBlock {
+			return true
+		}
+		got <- b[:n]
+		return false
+	}, true)
+	if w == nil {
+		t.Skip("no poller on this system")
+	}
+	defer w.close()
+	rc, _ := c.SyscallConn()
+	var fd int
+	rc.Control(func(f uintptr) { fd = int(f) })
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	ep, before, ok := runtimeRegistration(w.p.ep, fd)
+	if !ok {
+		t.Fatal("the runtime's registration of the socket was not found")
+	}
+	if before.Events&rtInput != unix.EPOLLIN|unix.EPOLLRDHUP {
+		t.Fatalf("runtime registration events %#x", before.Events)
+	}
+	events := func() uint32 { // as the kernel holds it now
+		b, err := readAll(fmt.Sprintf("/proc/self/fdinfo/%d", ep), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range bytes.Split(b, []byte("\n")) {
+			if f, ev, _, ino, ok := parseEpollEntry(line); ok && f == fd && ino == st.Ino {
+				return ev
+			}
+		}
+		t.Fatal("registration gone")
+		return 0
+	}
+
+	// A writer fills the socket and parks in the runtime while the poller
+	// owns the read side.
+	c.SetWriteBuffer(64 << 10)
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := c.Write(make([]byte, 32<<20))
+		wrote <- err
+	}()
+	waited := make(chan bool, 1)
+	go func() { waited <- w.wait() }()
+	deadline := time.Now().Add(5 * time.Second)
+	for events()&rtInput != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("runtime registration not quieted: %#x", events())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if ev := events(); ev != before.Events&^rtInput {
+		t.Fatalf("quieted registration %#x, want %#x", ev, before.Events&^rtInput)
+	}
+	var drained atomic.Int64
+	go func() { // drains: the writer must wake
+		b := make([]byte, 64<<10)
+		for drained.Load() < 32<<20 {
+			n, err := far.Read(b)
+			drained.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-wrote:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("a writer parked in the runtime did not wake while the poller owned the socket (far end read %d bytes)", drained.Load())
+	}
+
+	far.Write([]byte("to the poller"))
+	if b := <-got; string(b) != "to the poller" {
+		t.Fatalf("poller read %q", b)
+	}
+	if !<-waited {
+		t.Fatal("wait did not arm")
+	}
+	if ev := events(); ev != before.Events {
+		t.Fatalf("after the hand-back the registration is %#x, want %#x", ev, before.Events)
+	}
+	// Go's poller wakes its reader again.
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		far.Write([]byte("to Go"))
+	}()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b := make([]byte, 16)
+	n, err := c.Read(b)
+	if err != nil || string(b[:n]) != "to Go" {
+		t.Fatalf("Go's reader after the hand-back: %q %v", b[:n], err)
+	}
+}
+
+// TestParseEpollEntry: the fdinfo lines of an epoll descriptor, as
+// fs/eventpoll.c prints them.
+func TestParseEpollEntry(t *testing.T) {
+	fd, ev, data, ino, ok := parseEpollEntry([]byte("tfd:       12 events: 8000201d data: 3f8040a632000002  pos:0 ino:40763 sdev:9"))
+	if !ok || fd != 12 || ev != 0x8000201d || data != 0x3f8040a632000002 || ino != 0x40763 {
+		t.Fatalf("got %d %#x %#x %#x %v", fd, ev, data, ino, ok)
+	}
+	for _, bad := range []string{"pos:\t0", "flags:\t02", "tfd: x events: 1 data: 2 pos:0 ino:3 sdev:4", "tfd: 5 events: 1 data: 2 pos:0 sdev:4", "tfd: 5 events: zz data: 2 pos:0 ino:3 sdev:4"} {
+		if _, _, _, _, ok := parseEpollEntry([]byte(bad)); ok {
+			t.Errorf("%q parsed", bad)
 		}
 	}
 }

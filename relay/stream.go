@@ -203,7 +203,7 @@ func (s *Stream) attach(conn Conn) {
 	s.conn = conn
 	s.tw, _ = conn.(TryWriter)
 	if !s.l.cfg.NoPoller {
-		s.w = newWaiter(conn, s.outStep)
+		s.w = newWaiter(conn, s.outStep, !s.l.cfg.RuntimeWakes)
 	}
 	s.mu.Unlock()
 	go s.pumpOut(conn)

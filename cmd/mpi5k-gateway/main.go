@@ -52,6 +52,7 @@ func run(args []string) int {
 	prime := fs.Bool("wan-prime", true, "fill each new BBR WAN link with filler (PAD frames, one link of a site pair at a time) until BBR has measured the path, so it does not pace messages at the rate of earlier small ones (no effect on CUBIC or Reno links)")
 	keepWarm := fs.Bool("wan-keep-warm", true, "turn off TCP slow start after idle (net.ipv4.tcp_slow_start_after_idle) in this host's network namespace while the gateway runs, so the CUBIC express link keeps its window across an MPI job's pauses; restored at exit; not needed, and not done, when every WAN socket runs BBR")
 	pollThread := fs.Bool("poll-thread", true, "forward small messages on one event-loop thread that waits for every idle socket (false: Go's network poller)")
+	quietRT := fs.Bool("quiet-runtime", true, "while the poll thread waits for a socket, take its input out of Go's runtime epoll registration, so an arriving message wakes one thread, not two (false: leave the runtime's registration alone)")
 	ready := fs.String("ready-file", "", "file written once every WAN link is up (and primed, see --wan-prime)")
 	metrics := fs.String("metrics", "", "listen address of the HTTP server for /metrics and /ready (e.g. :9105)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -122,6 +123,7 @@ func run(args []string) int {
 		WANPace:         pace,
 		WANQueue:        *wanQueue,
 		NoPollThread:    !*pollThread,
+		NoQuietRuntime:  !*quietRT,
 		NoProbeRTTGuard: !*skipProbe,
 		NoPrime:         !*prime,
 		KeepWarm:        *keepWarm,

@@ -40,6 +40,7 @@ func runMain(args []string) int {
 		express  = fs.Bool("wan-express", true, "an express WAN connection per site pair for messages")
 		renew    = fs.Bool("wan-express-renew", true, "gateways replace an express link whose congestion window losses have cut below one message")
 		pollThr  = fs.Bool("poll-thread", true, "gateways forward small messages of quiet connections on one event-loop thread")
+		quietRT  = fs.Bool("quiet-runtime", true, "gateways keep Go's runtime from waking for input on sockets their event-loop thread waits for")
 		skipRTT  = fs.Bool("wan-skip-probe-rtt", true, "gateways idle a busy BBR bulk link for a few ms across its min_rtt expiry instead of letting it dip into PROBE_RTT")
 		prime    = fs.Bool("wan-prime", true, "gateways fill each new BBR WAN link with filler until BBR has measured the path")
 		warm     = fs.Bool("wan-keep-warm", true, "gateways turn off TCP slow start after idle in their hosts' network namespaces while they run (keeps the express link's window across pauses)")
@@ -126,6 +127,9 @@ func runMain(args []string) int {
 	}
 	if !*pollThr {
 		c.GatewayArgs = append(c.GatewayArgs, "--poll-thread=false")
+	}
+	if !*quietRT {
+		c.GatewayArgs = append(c.GatewayArgs, "--quiet-runtime=false")
 	}
 	if !*renew {
 		c.GatewayArgs = append(c.GatewayArgs, "--wan-express-renew=false")

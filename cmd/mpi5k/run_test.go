@@ -69,7 +69,7 @@ func TestRunPassesGatewayTuning(t *testing.T) {
 	}
 	old := os.Stdout
 	os.Stdout = w
-	status := runMain([]string{"--sites", sites, "--workdir", dir + "/work", "--wan-conns", "2", "--wan-skip-probe-rtt=false",
+	status := runMain([]string{"--sites", sites, "--workdir", dir + "/work", "--wan-conns", "2", "--wan-skip-probe-rtt=false", "--quiet-runtime=false",
 		"--wan-queue", "2ms", "--dry-run", "mpirun", "-np", "2", "-H", "127.0.0.2,127.0.0.3", "true"})
 	os.Stdout = old
 	w.Close()
@@ -83,7 +83,7 @@ func TestRunPassesGatewayTuning(t *testing.T) {
 			continue
 		}
 		gws++
-		for _, want := range []string{" --wan-conns 2", " --wan-skip-probe-rtt=false", " --wan-queue 2ms"} {
+		for _, want := range []string{" --wan-conns 2", " --wan-skip-probe-rtt=false", " --quiet-runtime=false", " --wan-queue 2ms"} {
 			if !strings.Contains(line, want) {
 				t.Errorf("gateway command lacks %q: %s", want, line)
 			}
