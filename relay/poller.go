@@ -27,7 +27,8 @@ import (
 // to one OS thread per process, which waits for all such sockets in
 // epoll_wait and, when one becomes readable, runs that socket's step right
 // there: read, frame, write to the next socket, wait again. A small message
-// then costs one thread wake-up per gateway, as in a C event loop. The step
+// then costs one thread wake-up per gateway, as in a C event loop (once
+// Go's runtime is kept from waking for the same bytes: rtquiet.go). The step
 // never blocks (non-blocking reads and writes, short mutexes); anything it
 // cannot finish without blocking (a frame larger than the reader's buffer,
 // no credit, end of file, an error) it hands back to the socket's goroutine,
