@@ -77,7 +77,7 @@ func (p *poller) loop() {
 	evs := make([]unix.EpollEvent, 64)
 	last := time.Now()
 	for {
-		n, err := unix.EpollWait(p.ep, evs, int(sweepEvery/time.Millisecond))
+		n, err := rawEpollWait(p.ep, evs, int(sweepEvery/time.Millisecond))
 		if now := time.Now(); now.Sub(last) >= sweepEvery {
 			last = now
 			p.sweep()
@@ -173,7 +173,7 @@ func (w *waiter) ctl(op int) error {
 	var cerr error
 	err := w.rc.Control(func(fd uintptr) {
 		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT, Fd: int32(w.id)}
-		cerr = unix.EpollCtl(w.p.ep, op, int(fd), &ev)
+		cerr = rawEpollCtl(w.p.ep, op, int(fd), &ev)
 	})
 	if err != nil {
 		return err
@@ -279,7 +279,7 @@ func (w *waiter) read(b []byte) (int, error) {
 	var rerr error
 	if err := w.rc.Read(func(fd uintptr) bool {
 		for {
-			n, rerr = unix.Read(int(fd), b)
+			n, rerr = rawRead(int(fd), b)
 			if rerr != unix.EINTR {
 				return true
 			}
@@ -305,7 +305,7 @@ func (w *waiter) writev(iov [][]byte) (int, error) {
 	var werr error
 	if err := w.rc.Write(func(fd uintptr) bool {
 		for {
-			n, werr = unix.Writev(int(fd), iov)
+			n, werr = rawWritev(int(fd), iov)
 			if werr != unix.EINTR {
 				return true
 			}

@@ -65,7 +65,7 @@ func (w *waiter) quietRuntime(on bool) {
 			ev.Events &^= rtInput
 		}
 		// ENOENT: the socket is being closed and the runtime has dropped it.
-		unix.EpollCtl(w.rt.ep, unix.EPOLL_CTL_MOD, int(fd), &ev)
+		rawEpollCtl(w.rt.ep, unix.EPOLL_CTL_MOD, int(fd), &ev)
 	})
 }
 

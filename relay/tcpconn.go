@@ -37,7 +37,7 @@ func (c TCPConn) TryWrite(p []byte) (int, error) {
 	var n int
 	var werr error
 	if err := c.rc.Write(func(fd uintptr) bool {
-		n, werr = unix.Write(int(fd), p)
+		n, werr = rawWrite(int(fd), p)
 		return true
 	}); err != nil {
 		return 0, err
