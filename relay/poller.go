@@ -77,7 +77,7 @@ func (p *poller) loop() {
 	evs := make([]unix.EpollEvent, 64)
 	last := time.Now()
 	for {
-		n, err := rawEpollWait(p.ep, evs, int(sweepEvery/time.Millisecond))
+		n, err := unix.EpollWait(p.ep, evs, int(sweepEvery/time.Millisecond))
 		if now := time.Now(); now.Sub(last) >= sweepEvery {
 			last = now
 			p.sweep()
