@@ -138,6 +138,18 @@
 // poller thread where a busy Go runtime finds it by polling; streaming
 // sockets therefore wait in Go's poller.
 //
+// Seventeenth session: a byte for the poller thread still woke one of the
+// runtime's threads as well, because every package-net socket is also in
+// the runtime's own epoll set. While the poller thread owns a socket its
+// input is now left out of that registration (rtquiet.go), and the thread's
+// non-blocking calls are raw (rawsys.go). Context switches of a gateway in
+// the ping-pong halved; with C-like endpoints (MPI5K_ECHO=proc
+// MPI5K_RAWCLIENT=1), halt polling on / idle vCPUs polling: direct 12.9 /
+// 13.0 us, pair as processes 67.3 / 67.4 us (73.6 / 83.2 with
+// --quiet-runtime=false), socat 60.1 / 65.0 us. As configured the pair beat
+// --quiet-runtime=false in 5 of 6 runs by 16-49 us and was within -4..+61
+// us of socat (median +20); bench/figures/pollthread, seventeenth session.
+//
 // Before the poller thread (fourth session, same VM): pair as processes
 // 138.8 / 139.9 us, socat 111.6 / 115.4 us; with halt polling 70.4 / 71.7
 // and 58.8 / 65.3 us. Busy polling, which removes the wakes at the price
