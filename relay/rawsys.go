@@ -28,24 +28,16 @@ func rawEpollCtl(ep, op, fd int, ev *unix.EpollEvent) error {
 	return nil
 }
 
-func rawRead(fd int, b []byte) (int, error) {
-	var p unsafe.Pointer
-	if len(b) > 0 {
-		p = unsafe.Pointer(&b[0])
-	}
-	r, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(p), uintptr(len(b)))
-	if e != 0 {
-		return -1, e
-	}
-	return int(r), nil
-}
+func rawRead(fd int, b []byte) (int, error)  { return rawIO(unix.SYS_READ, fd, b) }
+func rawWrite(fd int, b []byte) (int, error) { return rawIO(unix.SYS_WRITE, fd, b) }
 
-func rawWrite(fd int, b []byte) (int, error) {
+// rawIO is read(2) or write(2).
+func rawIO(trap uintptr, fd int, b []byte) (int, error) {
 	var p unsafe.Pointer
 	if len(b) > 0 {
 		p = unsafe.Pointer(&b[0])
 	}
-	r, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(p), uintptr(len(b)))
+	r, _, e := unix.RawSyscall(trap, uintptr(fd), uintptr(p), uintptr(len(b)))
 	if e != 0 {
 		return -1, e
 	}
