@@ -175,9 +175,9 @@ func TestTraceLossLab(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Sample(tc) // baseline before any data
-	// The handshake's own retransmissions (a SYN lost to the 1 % loss
-	// retried after 1 s) precede the baseline: the classification counts
-	// only what follows it.
+	// The handshake's own retransmissions (a SYN or SYN-ACK lost to the
+	// 1 % loss, the SYN retried after 1 s) precede the baseline: the
+	// classification counts only what follows it.
 	base, _, _ := tc.Last()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
