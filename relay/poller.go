@@ -134,7 +134,7 @@ type waiter struct {
 	// armed: registered for one readiness event. added: known to epoll.
 	// cancelled: the socket is closing; never arm again.
 	armed, added, cancelled bool
-	rt                      rtReg // the runtime's registration (rtquiet.go); the goroutine's
+	rt                      rtReg // the runtime's registration (rtquiet.go); only wait touches it
 }
 
 // newWaiter registers c (which must expose its file descriptor) with the
