@@ -217,6 +217,13 @@ func (f *frame) appendIOV(iov net.Buffers, hb []byte) net.Buffers {
 	return iov
 }
 
+// inlineWrite is what send's inline write needs beside the frame's bytes.
+type inlineWrite struct {
+	f  frame
+	hb [header.Size]byte
+	a  [3][]byte
+}
+
 // wireLen is the frame's size on the wire.
 func (f *frame) wireLen() int { return header.Size + int(f.h.Length) }
 
@@ -253,6 +260,7 @@ type Link struct {
 	bulk      []frame
 	ui, bi    int
 	writing   bool
+	inline    inlineWrite // the inline writer's scratch (send), while writing
 	wake      chan struct{}
 	closed    bool
 	err       error
@@ -414,9 +422,12 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 	if mode != sendQueue && !l.writing && l.ui == len(l.urgent) && l.bi == len(l.bulk) && int(f.h.Length) <= l.cfg.SmallFrame && !l.held() {
 		l.writing = true
 		l.mu.Unlock()
-		var hb [header.Size]byte
-		var a [3][]byte
-		iov := f.appendIOV(a[:0], hb[:])
+		// The inline writer's frame, header and iovec live in the link
+		// (l.writing makes them its own): on the stack they would escape
+		// into the write and cost four allocations per small frame.
+		iw := &l.inline
+		iw.f = f
+		iov := iw.f.appendIOV(iw.a[:0], iw.hb[:])
 		var err error
 		if mode == sendTry {
 			var n int
@@ -427,6 +438,7 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 				// The socket took part of the frame, or none of it: the
 				// writer sends the rest before anything else.
 				f.skip = n
+				*iw = inlineWrite{}
 				l.mu.Lock()
 				l.writing = false
 				if !l.closed {
@@ -440,8 +452,10 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 				return true
 			}
 		} else {
-			_, err = iov.WriteTo(l.conn)
+			bufs := iov
+			_, err = bufs.WriteTo(l.conn)
 		}
+		*iw = inlineWrite{} // pins no payload
 		l.Stats.Writes.Add(1)
 		l.sent(&f)
 		l.mu.Lock()

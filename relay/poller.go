@@ -135,6 +135,21 @@ type waiter struct {
 	// cancelled: the socket is closing; never arm again.
 	armed, added, cancelled bool
 	rt                      rtReg // the runtime's registration (rtquiet.go); only wait touches it
+
+	// The callbacks handed to RawConn and their arguments and results,
+	// made once: a closure per call would escape (RawConn is an interface)
+	// and cost the poller thread a few allocations for every message.
+	rfn, wfn func(uintptr) bool
+	rb       []byte // read: the owner's
+	rn       int
+	rerr     error
+	wiov     [][]byte // writev: the current writer's
+	wn       int
+	werr     error
+	cfn      func(uintptr) // ctl: under mu
+	cop      int
+	cev      unix.EpollEvent
+	cerr     error
 }
 
 // newWaiter registers c (which must expose its file descriptor) with the
@@ -157,6 +172,23 @@ func newWaiter(c any, step func() bool, quiet bool) *waiter {
 		return nil
 	}
 	w := &waiter{p: p, rc: rc, step: step, back: make(chan struct{}, 1)}
+	w.rfn = func(fd uintptr) bool {
+		for {
+			w.rn, w.rerr = rawRead(int(fd), w.rb)
+			if w.rerr != unix.EINTR {
+				return true
+			}
+		}
+	}
+	w.wfn = func(fd uintptr) bool {
+		for {
+			w.wn, w.werr = rawWritev(int(fd), w.wiov)
+			if w.werr != unix.EINTR {
+				return true
+			}
+		}
+	}
+	w.cfn = func(fd uintptr) { w.cerr = rawEpollCtl(w.p.ep, w.cop, int(fd), &w.cev) }
 	w.rt.looked = !quiet // never look it up: leave the runtime as it is
 	p.mu.Lock()
 	p.next++
@@ -170,15 +202,13 @@ func newWaiter(c any, step func() bool, quiet bool) *waiter {
 // descriptor, so a concurrent Close cannot let its number be reused under
 // us. A closed socket has left the epoll set with its last reference.
 func (w *waiter) ctl(op int) error {
-	var cerr error
-	err := w.rc.Control(func(fd uintptr) {
-		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT, Fd: int32(w.id)}
-		cerr = rawEpollCtl(w.p.ep, op, int(fd), &ev)
-	})
-	if err != nil {
+	w.cop, w.cev = op, unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT, Fd: int32(w.id)}
+	if err := w.rc.Control(w.cfn); err != nil {
 		return err
 	}
-	return cerr
+	err := w.cerr
+	w.cerr = nil
+	return err
 }
 
 // wait gives the socket to the poller thread until its step hands it back,
@@ -273,18 +303,13 @@ func (w *waiter) close() {
 }
 
 // read makes one non-blocking read(2) (Go's sockets are O_NONBLOCK; the
-// callback never asks Go's poller to wait).
+// callback never asks Go's poller to wait). Only the socket's owner reads.
 func (w *waiter) read(b []byte) (int, error) {
-	var n int
-	var rerr error
-	if err := w.rc.Read(func(fd uintptr) bool {
-		for {
-			n, rerr = rawRead(int(fd), b)
-			if rerr != unix.EINTR {
-				return true
-			}
-		}
-	}); err != nil {
+	w.rb = b
+	err := w.rc.Read(w.rfn)
+	n, rerr := w.rn, w.rerr
+	w.rb, w.rerr = nil, nil
+	if err != nil {
 		return 0, err
 	}
 	switch {
@@ -299,18 +324,13 @@ func (w *waiter) read(b []byte) (int, error) {
 }
 
 // writev makes one non-blocking writev(2); (0, nil) when the socket's
-// buffer is full.
+// buffer is full. One writer at a time (the link's writing flag).
 func (w *waiter) writev(iov [][]byte) (int, error) {
-	var n int
-	var werr error
-	if err := w.rc.Write(func(fd uintptr) bool {
-		for {
-			n, werr = rawWritev(int(fd), iov)
-			if werr != unix.EINTR {
-				return true
-			}
-		}
-	}); err != nil {
+	w.wiov = iov
+	err := w.rc.Write(w.wfn)
+	n, werr := w.wn, w.werr
+	w.wiov, w.werr = nil, nil
+	if err != nil {
 		return 0, err
 	}
 	if werr == unix.EAGAIN {

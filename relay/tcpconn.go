@@ -11,12 +11,29 @@ import (
 type TCPConn struct {
 	*net.TCPConn
 	rc syscall.RawConn
+	tw *tryWrite
+}
+
+// tryWrite is TryWrite's callback and its argument and results, made once
+// per connection: a closure per call escapes (RawConn is an interface) and
+// would cost every small message three allocations. A stream has one
+// writer at a time.
+type tryWrite struct {
+	fn   func(uintptr) bool
+	p    []byte
+	n    int
+	werr error
 }
 
 // WrapTCP returns c as a relay Conn.
 func WrapTCP(c *net.TCPConn) TCPConn {
 	rc, _ := c.SyscallConn()
-	return TCPConn{TCPConn: c, rc: rc}
+	tw := &tryWrite{}
+	tw.fn = func(fd uintptr) bool {
+		tw.n, tw.werr = rawWrite(int(fd), tw.p)
+		return true
+	}
+	return TCPConn{TCPConn: c, rc: rc, tw: tw}
 }
 
 // Abort resets the connection: SO_LINGER 0 makes close send RST.
@@ -34,12 +51,12 @@ func (c TCPConn) TryWrite(p []byte) (int, error) {
 	if c.rc == nil {
 		return 0, nil
 	}
-	var n int
-	var werr error
-	if err := c.rc.Write(func(fd uintptr) bool {
-		n, werr = rawWrite(int(fd), p)
-		return true
-	}); err != nil {
+	t := c.tw
+	t.p = p
+	err := c.rc.Write(t.fn)
+	n, werr := t.n, t.werr
+	t.p, t.werr = nil, nil
+	if err != nil {
 		return 0, err
 	}
 	if werr == unix.EAGAIN || werr == unix.EINTR {
