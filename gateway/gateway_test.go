@@ -261,6 +261,26 @@ func TestThousandStreams(t *testing.T) {
 	t.Logf("%d streams, %d bytes in %v (%.0f Mbit/s)", n, total, d.Round(time.Millisecond), float64(total)*8/d.Seconds()/1e6)
 }
 
+// TestSmallMessageAllocs: a 1-byte ping-pong through the gateway pair (in
+// this process, DATA_AT frames over a trunk, metrics and timers running)
+// allocates nothing per message.
+func TestSmallMessageAllocs(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("short, or the race detector (its instrumentation allocates)")
+	}
+	_, a, _ := startPair(t, nil)
+	app, err := lanOpen(a.LANAddr(), nodeA, testnet.Echo(t, nodeB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	per := testnet.RoundTripAllocs(t, app, 2000)
+	t.Logf("%.3f allocations per round trip", per)
+	if per > 0.5 {
+		t.Errorf("%.2f allocations per round trip; the small-message path should make none", per)
+	}
+}
+
 func TestHalfCloseAndReset(t *testing.T) {
 	_, a, _ := startPair(t, nil)
 	// Half-close: the server answers only after our EOF.

@@ -244,7 +244,8 @@ type Link struct {
 	w    *waiter
 	r    *header.Reader
 	ctl  [header.MaxControl]byte
-	rerr error // what ended the poller's reading
+	ob   [header.DataAtPrefix]byte // a DATA_AT frame's offset, as read
+	rerr error                     // what ended the poller's reading
 	// bulk1: the last frame was a DATA larger than SmallFrame. A link
 	// carrying bulk waits in Go's poller: its next bytes are due at once,
 	// and the poller thread would only hand the next large frame back.
@@ -867,7 +868,7 @@ func (l *Link) handle(r *header.Reader, h header.Header) error {
 		return r.Discard()
 	}
 	p := l.ctl[:h.Length]
-	if _, err := io.ReadFull(payloadReader{r}, p); err != nil {
+	if err := readPayload(r, p); err != nil {
 		return err
 	}
 	if err := l.dispatch(h, p); err != nil {
@@ -879,13 +880,19 @@ func (l *Link) handle(r *header.Reader, h header.Header) error {
 	return nil
 }
 
-type payloadReader struct{ r *header.Reader }
-
-func (p payloadReader) Read(b []byte) (int, error) {
-	if p.r.Remaining() == 0 {
-		return 0, io.ErrUnexpectedEOF
+// readPayload fills b from the current frame's payload.
+func readPayload(r *header.Reader, b []byte) error {
+	for len(b) > 0 {
+		if r.Remaining() == 0 {
+			return io.ErrUnexpectedEOF
+		}
+		n, err := r.ReadPayload(b)
+		if err != nil {
+			return err
+		}
+		b = b[n:]
 	}
-	return p.r.ReadPayload(b)
+	return nil
 }
 
 func (l *Link) lookup(id uint32) *Stream { return l.t.lookup(id) }
@@ -898,11 +905,11 @@ func (l *Link) recvData(r *header.Reader, h header.Header) error {
 	var off uint32
 	at := h.Type == header.TypeDataAt
 	if at {
-		var ob [header.DataAtPrefix]byte
-		if _, err := io.ReadFull(payloadReader{r}, ob[:]); err != nil {
+		ob := l.ob[:] // the reader's own: on the stack it would escape into the read
+		if err := readPayload(r, ob); err != nil {
 			return err
 		}
-		off, _ = header.DecodeOffset(ob[:])
+		off, _ = header.DecodeOffset(ob)
 		n -= header.DataAtPrefix
 	}
 	s := l.lookup(h.Stream)
@@ -914,7 +921,7 @@ func (l *Link) recvData(r *header.Reader, h header.Header) error {
 		return fmt.Errorf("relay: protocol error from %v: stream %d sent %d bytes beyond its window", l.conn.RemoteAddr(), h.Stream, n)
 	}
 	p := getBuf(n)
-	if _, err := io.ReadFull(payloadReader{r}, *p); err != nil {
+	if err := readPayload(r, *p); err != nil {
 		putBuf(p)
 		return err
 	}

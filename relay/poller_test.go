@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -251,37 +250,17 @@ func TestParseEpollEntry(t *testing.T) {
 
 // TestSmallMessageAllocs: a 1-byte ping-pong through a link pair allocates
 // nothing per message on the poller thread's path (reads, writes, epoll
-// re-arming, the inline frame write, the fast delivery). Measured over the
-// whole process, so the bound leaves room for timers and the runtime.
+// re-arming, the inline frame write, the fast delivery). The count covers
+// the whole process, so the bound leaves room for timers and the runtime.
 func TestSmallMessageAllocs(t *testing.T) {
 	if testing.Short() || raceEnabled {
 		t.Skip("short, or the race detector (its instrumentation allocates)")
 	}
 	a, _ := pair(t, Config{})
-	app, _ := openVia(t, a, testnet.Serve(t, loopback, func(c *net.TCPConn) { io.Copy(c, c); c.Close() }))
+	app, _ := openVia(t, a, testnet.Echo(t, loopback))
 	defer app.Close()
-	app.SetNoDelay(true)
-	b := []byte{1}
-	rt := func() {
-		if _, err := app.Write(b); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.ReadFull(app, b); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for range 200 {
-		rt()
-	}
-	const n = 2000
-	var m0, m1 runtime.MemStats
-	runtime.ReadMemStats(&m0)
-	for range n {
-		rt()
-	}
-	runtime.ReadMemStats(&m1)
-	per := float64(m1.Mallocs-m0.Mallocs) / n
-	t.Logf("%.2f allocations per round trip (%d in %d)", per, m1.Mallocs-m0.Mallocs, n)
+	per := testnet.RoundTripAllocs(t, app, 2000)
+	t.Logf("%.3f allocations per round trip", per)
 	if per > 0.5 {
 		t.Errorf("%.2f allocations per round trip; the small-message path should make none", per)
 	}
