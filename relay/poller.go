@@ -76,11 +76,17 @@ func (p *poller) loop() {
 	runtime.LockOSThread() // one thread: the point of the poller
 	evs := make([]unix.EpollEvent, 64)
 	last := time.Now()
+	lastSched := last
 	for {
-		n, err := unix.EpollWait(p.ep, evs, int(sweepEvery/time.Millisecond))
-		if now := time.Now(); now.Sub(last) >= sweepEvery {
+		n, err := unix.EpollWait(p.ep, evs, int(waitMax/time.Millisecond))
+		now := time.Now()
+		if now.Sub(last) >= sweepEvery {
 			last = now
 			p.sweep()
+		}
+		if now.Sub(lastSched) >= schedEvery {
+			lastSched = now
+			runtime.Gosched()
 		}
 		if err != nil {
 			continue // EINTR
@@ -95,6 +101,24 @@ func (p *poller) loop() {
 		}
 	}
 }
+
+// The poller thread passes through Go's scheduler every schedEvery, and
+// waits at most waitMax at a time so that it does so when idle too.
+//
+// sysmon preempts a goroutine that has run 10 ms without a pass through
+// the scheduler (forcePreemptNS). The poller thread never passed one (it
+// holds its P in epoll_wait and loops), so sysmon signalled it (SIGURG)
+// and took its P, and each such retake reset sysmon to waking every 20 us
+// for a millisecond before backing off. In the gateway pair's ping-pong
+// that was 56 signals and 1,100 sysmon wake-ups a second per gateway, on
+// the CPUs the ranks and the other gateway need; with the pass, no
+// signal and 290 wake-ups. A runtime.Gosched on a locked thread costs a
+// hand-off of the P to another thread and back, once per schedEvery.
+// Figures in bench/figures/pollthread (eighteenth session).
+const (
+	schedEvery = 5 * time.Millisecond
+	waitMax    = 8 * time.Millisecond
+)
 
 // sweepEvery is how often the poller looks for sockets closed under it.
 // Closing a socket removes it from the epoll set without an event, so a
