@@ -150,6 +150,17 @@
 // --quiet-runtime=false in 5 of 6 runs by 16-49 us and was within -4..+61
 // us of socat (median +20); bench/figures/pollthread, seventeenth session.
 //
+// Eighteenth session: the small-message path allocated 40 times per round
+// trip (closures handed to RawConn escape; now made once per socket) and
+// the poller thread, which never passed through the scheduler, was
+// preempted by sysmon every 10 ms, which kept sysmon waking every 20 us
+// (now a runtime.Gosched every 5 ms; poller.go). C-like endpoints, 6 runs
+// alternating with the build before, min / median p50: idle vCPUs polling
+// 60.8 / 66.4 us against 67.3 / 79.7, as configured 133.0 / 140.2 against
+// 127.5 / 153.0; CPU per round trip, median, 70.9 against 86.6 and 122.6
+// against 147.4 us. The pair was below socat in 4 of 5 runs with polling
+// and 3 of 5 as configured; bench/figures/pollthread, eighteenth session.
+//
 // Before the poller thread (fourth session, same VM): pair as processes
 // 138.8 / 139.9 us, socat 111.6 / 115.4 us; with halt polling 70.4 / 71.7
 // and 58.8 / 65.3 us. Busy polling, which removes the wakes at the price
