@@ -453,6 +453,8 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 				return true
 			}
 		} else {
+			// A copy: WriteTo's pointer receiver moves its variable to
+			// the heap, and only this branch (no poller) should pay.
 			bufs := iov
 			_, err = bufs.WriteTo(l.conn)
 		}
