@@ -40,11 +40,13 @@ check:
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-# Everything CI runs: format/vet, unit tests with the race detector, then the
-# end-to-end tests on emulated grids (need root and the apt packages;
-# scripts/e2e.sh says when it runs a test again after a lab stall).
+# Everything CI runs: format/vet, unit tests with the race detector (the
+# allocation-counting ones again without it), then the end-to-end tests on
+# emulated grids (need root and the apt packages; scripts/e2e.sh says when it
+# runs a test again after a lab stall).
 test: deps all check
 	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v -e /shim -e /e2e)
+	$(GO) test -count=1 -run 'Allocs' ./relay ./gateway  # counts allocations: not under -race
 	$(GO) test -count=1 -timeout 20m ./shim/...
 	GO=$(GO) ./scripts/e2e.sh
 
