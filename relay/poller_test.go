@@ -19,7 +19,7 @@ import (
 // socket and the idle link), and Config.NoPoller turns it off.
 func TestPollerForwards(t *testing.T) {
 	const rounds = 200
-	dst := testnet.Serve(t, loopback, func(c *net.TCPConn) { io.Copy(c, c); c.Close() })
+	dst := testnet.Echo(t, loopback)
 	for _, off := range []bool{false, true} {
 		a, b := pair(t, Config{NoPoller: off})
 		app, _ := openVia(t, a, dst)

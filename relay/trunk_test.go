@@ -94,7 +94,7 @@ func mixedEcho(app *net.TCPConn, seed byte) error {
 // CloseWrite the echo's EOF comes with no more bytes.
 func echoStreams(t *testing.T, l *Link, n int, f func(i int, app *net.TCPConn) error) {
 	t.Helper()
-	dst := testnet.Serve(t, loopback, func(c *net.TCPConn) { io.Copy(c, c); c.Close() })
+	dst := testnet.Echo(t, loopback)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
@@ -156,7 +156,7 @@ func TestTrunkManyStreams(t *testing.T) {
 // over the bulk links.
 func TestTrunkLinkLoss(t *testing.T) {
 	_, tb, as, bs := trunkPair(t, Config{}, 1, true)
-	echo := testnet.Serve(t, loopback, func(c *net.TCPConn) { io.Copy(c, c); c.Close() })
+	echo := testnet.Echo(t, loopback)
 	farErr := make(chan error, 1)
 	sink := testnet.Serve(t, loopback, func(c *net.TCPConn) {
 		_, err := io.Copy(io.Discard, c)
