@@ -85,6 +85,12 @@ func serveEchoProc(addr netip.AddrPort) {
 	}
 }
 
+// diesWithParent kills a benchmark's child process when the benchmark
+// dies without running its cleanups (interrupted, timed out): orphaned
+// gateways and forwarders would otherwise keep waking up and skew every
+// later measurement on the machine.
+var diesWithParent = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+
 // echoProc starts an echo server in its own process on addr.
 func echoProc(b testing.TB, addr netip.Addr) netip.AddrPort {
 	p := netip.AddrPortFrom(addr, freePort(b, addr))
@@ -97,6 +103,7 @@ func echoProc(b testing.TB, addr netip.Addr) netip.AddrPort {
 func startChild(b testing.TB, env string, p netip.AddrPort) {
 	c := exec.Command(os.Args[0], "-test.run=^$")
 	c.Env = append(os.Environ(), env)
+	c.SysProcAttr = diesWithParent
 	if err := c.Start(); err != nil {
 		b.Fatal(err)
 	}
@@ -167,6 +174,7 @@ func startChildren(b testing.TB, env ...string) *childPair {
 		c := exec.Command(os.Args[0], "-test.run=^$")
 		c.Env = append(append(os.Environ(), "MPI5K_GW_CHILD="+mp+","+site+","+filepath.Join(dir, site+".ready")), env...)
 		c.Stderr = os.Stderr
+		c.SysProcAttr = diesWithParent
 		if err := c.Start(); err != nil {
 			b.Fatal(err)
 		}
@@ -224,6 +232,7 @@ func socatChain(b testing.TB, dst netip.AddrPort) netip.AddrPort {
 	for _, hop := range [][2]netip.AddrPort{{p2, dst}, {p1, p2}} {
 		c := exec.Command("socat", fmt.Sprintf("TCP-LISTEN:%d,bind=%s,reuseaddr,fork,nodelay", hop[0].Port(), hop[0].Addr()),
 			fmt.Sprintf("TCP:%s,nodelay", hop[1]))
+		c.SysProcAttr = diesWithParent
 		if err := c.Start(); err != nil {
 			b.Fatal(err)
 		}
