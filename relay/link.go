@@ -273,6 +273,8 @@ type Link struct {
 	// holdUntil (unix ns, 0 = none): nothing is written to the socket
 	// before then (Hold).
 	holdUntil atomic.Int64
+	// sendWatch (WatchSend): signalled by the next frame sent, then cleared.
+	sendWatch atomic.Pointer[chan<- struct{}]
 
 	// Renewal (HELLO feature RENEW): the trunk has put succ in this link's
 	// place. The writer sends RETIRE once its queues are empty, and from
@@ -511,6 +513,7 @@ func (f *frame) payload() []byte {
 // sent does the bookkeeping once f is on the socket (or the link failed).
 func (l *Link) sent(f *frame) {
 	l.Stats.FramesSent.Add(1)
+	l.notifySent()
 	if f.isData() {
 		n := f.dataLen()
 		l.queued.Add(-int64(n))
@@ -650,6 +653,24 @@ func (l *Link) writeLoop() {
 // held link never looks dead to its peer.
 const MaxHold = time.Second
 
+// WatchSend arms a one-shot signal: the next frame the link sends after
+// the call makes a non-blocking send on c. A sampler that has seen the link
+// quiet (nothing sent, nothing in flight) can then sleep until it sends
+// again instead of polling it. A later call replaces the watch.
+func (l *Link) WatchSend(c chan<- struct{}) { l.sendWatch.Store(&c) }
+
+func (l *Link) notifySent() {
+	if l.sendWatch.Load() == nil {
+		return
+	}
+	if c := l.sendWatch.Swap(nil); c != nil {
+		select {
+		case *c <- struct{}{}:
+		default:
+		}
+	}
+}
+
 // Hold stops writing to the link's socket until the time until: frames
 // queue meanwhile and go out in order when it ends. The gateway uses it to
 // let a BBR socket go idle across the expiry of its min_rtt filter, which
@@ -692,6 +713,7 @@ func (l *Link) writeRetire(hb []byte) {
 		return
 	}
 	l.Stats.FramesSent.Add(1)
+	l.notifySent()
 	l.retireSent.Store(true)
 	l.retireDone()
 }

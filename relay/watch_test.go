@@ -1,0 +1,65 @@
+package relay
+
+import (
+	"testing"
+	"time"
+)
+
+// TestWatchSend: a watch fires once, on the first frame sent after it was
+// armed (inline path and writer alike), and a later watch replaces an
+// earlier one.
+func TestWatchSend(t *testing.T) {
+	// No keepalives during the test: they are frames too.
+	a, app, _, data := sumStream(t, Config{Chunk: 16 << 10, PingInterval: time.Hour}, 256<<10)
+	sentUpTo := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for a.Stats.BytesSent.Load() < uint64(n) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d bytes sent", a.Stats.BytesSent.Load(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	fired := func(c chan struct{}) bool {
+		select {
+		case <-c:
+			return true
+		default:
+			return false
+		}
+	}
+	write := func(from, to int) {
+		t.Helper()
+		if _, err := app.Write(data[from:to]); err != nil {
+			t.Fatal(err)
+		}
+		sentUpTo(to)
+	}
+	write(0, 100) // the stream is confirmed
+	time.Sleep(20 * time.Millisecond)
+
+	c := make(chan struct{}, 1)
+	a.WatchSend(c)
+	time.Sleep(20 * time.Millisecond)
+	if fired(c) {
+		t.Fatal("the watch fired while the link sent nothing")
+	}
+	write(100, 110) // small: the inline path
+	if !fired(c) {
+		t.Fatal("the watch did not fire on the next frame")
+	}
+	write(110, 120)
+	if fired(c) {
+		t.Fatal("the watch fired twice")
+	}
+
+	old, c2 := make(chan struct{}, 1), make(chan struct{}, 1)
+	a.WatchSend(old)
+	a.WatchSend(c2)
+	write(120, len(data)) // bulk: the writer
+	if o, n := fired(old), fired(c2); o || !n {
+		t.Fatalf("replaced watch fired %v, its replacement %v; want false, true", o, n)
+	}
+	wantSum(t, app, data)
+}
