@@ -276,6 +276,7 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g := &Gateway{cfg: cfg, site: site, log: cfg.Logger.With("site", site.Name),
 		peers: map[uint8]*peer{}, readyc: make(chan struct{}), stopped: make(chan struct{})}
+	g.guard.kick = make(chan struct{}, 1)
 	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, ExpressMax: cfg.ExpressMax,
 		PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log,
 		NoPoller: cfg.NoPollThread, RuntimeWakes: cfg.NoQuietRuntime, QueueTarget: cfg.WANQueue}

@@ -70,6 +70,13 @@ type guardLink struct {
 	held         time.Duration
 }
 
+// guardIdleEvery is the sampling period while no bulk BBR link is busy: a
+// quiet link's BBR state cannot change until it sends, and its next frame
+// wakes the guard (relay.Link.WatchSend), so the slow period only tracks
+// express traffic (guardMsgWindow) and links that went away. A variable for
+// tests.
+var guardIdleEvery = 250 * time.Millisecond
+
 // probeGuard holds the guard's per-link state.
 type probeGuard struct {
 	mu    sync.Mutex
@@ -81,6 +88,11 @@ type probeGuard struct {
 	raw  tcpinfo.Raw
 	in   tcpinfo.Info
 	bbr  tcpinfo.BBR
+	// kick wakes the sampling loop: a watched quiet link sent a frame, or
+	// a new link began.
+	kick chan struct{}
+	// ticks counts samplings, busy those that found a link busy (tests).
+	ticks, busy uint64
 }
 
 type msgSeen struct {
@@ -93,12 +105,43 @@ type msgSeen struct {
 const guardMsgWindow = 5 * time.Second
 
 // guardProbeRTT runs the guard on every bulk WAN link until the gateway
-// stops.
+// stops. It samples every guardEvery while a bulk BBR link is busy. Once
+// all are quiet it waits for the next frame one of them sends, checking
+// every guardIdleEvery: an idle gateway, or one that only carries messages
+// on the express link, was woken 200 times a second by the guard alone.
 func (g *Gateway) guardProbeRTT() {
-	g.every(guardEvery, func() { g.guard.tick(g.allLinks()) })
+	defer g.wg.Done()
+	t := time.NewTimer(guardEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.ctx.Done():
+			return
+		case <-t.C:
+		case <-g.guard.kick:
+		}
+		links := g.allLinks()
+		busy := g.guard.tick(links)
+		if !busy {
+			for _, l := range links {
+				if !l.Express() {
+					l.WatchSend(g.guard.kick)
+				}
+			}
+			// A frame sent between the sample and the watch.
+			busy = g.guard.tick(links)
+		}
+		if busy {
+			t.Reset(guardEvery)
+		} else {
+			t.Reset(guardIdleEvery)
+		}
+	}
 }
 
-func (pg *probeGuard) tick(links []*relay.Link) {
+// tick samples links; busy: some bulk BBR link needs sampling every
+// guardEvery (it has bytes in flight, or a hold to end or verify).
+func (pg *probeGuard) tick(links []*relay.Link) (busy bool) {
 	pg.mu.Lock()
 	defer pg.mu.Unlock()
 	if pg.links == nil {
@@ -148,7 +191,13 @@ func (pg *probeGuard) tick(links []*relay.Link) {
 		at := time.Now()
 		m := pg.msgs[l.Peer().SiteID]
 		gl.step(l, at, &pg.in, &pg.bbr, !m.at.IsZero() && at.Sub(m.at) < guardMsgWindow)
+		busy = busy || !gl.quiet || gl.holding || !gl.verifyBy.IsZero()
 	}
+	pg.ticks++
+	if busy {
+		pg.busy++
+	}
+	return busy
 }
 
 // step takes one sample (in, b) of link l read at now; msgs: messages
@@ -229,6 +278,10 @@ func (pg *probeGuard) begin(l *relay.Link, since time.Time) {
 	gl := &guardLink{}
 	gl.stamp.Begin(since)
 	pg.links[l] = gl
+	select {
+	case pg.kick <- struct{}{}:
+	default:
+	}
 }
 
 // holder is what the guard needs of a link (a test fakes it).
