@@ -161,6 +161,15 @@
 // against 147.4 us. The pair was below socat in 4 of 5 runs with polling
 // and 3 of 5 as configured; bench/figures/pollthread, eighteenth session.
 //
+// Nineteenth session, nothing else running, same rows, 5 runs: with idle
+// vCPUs polling the pair took 54.8 / 55.8 us, below socat (62.7 / 65.1) in
+// every run, +41.8 to +48.4 us over direct; as configured 97.8 / 102.8 us,
+// 1.5 to 4.6 us above socat in 4 runs, level with two epoll forwarders
+// (100.9 / 103.1). Of the pair's CPU over those forwarders (about 10 us per
+// round trip with polling) one epoll_ctl per message re-arming the one-shot
+// registration is 1.6 us; the rest is user space, 1.5 us per forwarded
+// message; bench/figures/pollthread, nineteenth session.
+//
 // Before the poller thread (fourth session, same VM): pair as processes
 // 138.8 / 139.9 us, socat 111.6 / 115.4 us; with halt polling 70.4 / 71.7
 // and 58.8 / 65.3 us. Busy polling, which removes the wakes at the price
