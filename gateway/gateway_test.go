@@ -693,9 +693,15 @@ func TestWANPace(t *testing.T) {
 // TestQueueControl: with queue control on, the sending gateway's bulk link
 // caps the peer's receive window while it saturates, and the peer's
 // socket carries that cap (TCP_WINDOW_CLAMP). Loopback has no bottleneck
-// queue to speak of, so the target is set below what loopback shows.
+// queue to speak of, so the target is set below what loopback shows. Nor
+// does loopback hold bytes back: pacing the link plays the WAN's part, so
+// its socket has bytes waiting to be sent, as a saturated WAN link's has.
+// (A stream writes its chunks itself while the link is idle, so unpaced
+// the link looks backlogged only while a write is under way.) Once the
+// cap (a few segments, here) holds, the stream crawls at a window per
+// delayed ACK, so writes get a deadline and the loop keeps to its own.
 func TestQueueControl(t *testing.T) {
-	_, a, b := startPair(t, func(c *Config) { c.WANQueue = time.Microsecond; c.NoExpress = true })
+	_, a, b := startPair(t, func(c *Config) { c.WANQueue = time.Microsecond; c.NoExpress = true; c.WANPace = 400e6 })
 	dst := testnet.Serve(t, nodeB, func(c *net.TCPConn) { io.Copy(io.Discard, c) })
 	c, err := lanOpen(a.LANAddr(), nodeA, dst)
 	if err != nil {
@@ -706,7 +712,8 @@ func TestQueueControl(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	var sent, applied uint32
 	for time.Now().Before(deadline) {
-		if _, err := c.Write(buf); err != nil {
+		c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		if _, err := c.Write(buf); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Fatal(err)
 		}
 		la, lb := a.allLinks(), b.allLinks()
@@ -768,7 +775,7 @@ func TestDrainAndReadyFile(t *testing.T) {
 	}
 	_, body := get("/metrics")
 	for _, want := range []string{`mpi5k_wan_link_up{link="0",peer="b",site="a"} 1`, "mpi5k_wan_tcp_cwnd_segments", "mpi5k_window_stalls_total", "mpi5k_lan_refused_total 0",
-		`mpi5k_wan_frames_poll_thread_total{dir="rx",link="0",peer="b",site="a"}`, "mpi5k_wan_poll_thread_partial_writes_total",
+		`mpi5k_wan_frames_poll_thread_total{dir="rx",link="0",peer="b",site="a"}`, "mpi5k_wan_poll_thread_partial_writes_total", "mpi5k_wan_frames_inline_total",
 		`mpi5k_wan_window_clamp_bytes{link="0",peer="b",site="a"} 0`, "mpi5k_wan_peer_window_clamp_bytes", "mpi5k_wan_queue_delay_seconds",
 		`mpi5k_wan_clamp_lifts_total{link="0",peer="b",site="a"} 0`} {
 		if !strings.Contains(body, want) {

@@ -26,7 +26,7 @@ type metrics struct {
 	peerQueries     *prometheus.CounterVec
 
 	bytes, pad, frames, writes, stalls, streams, up, rtt *prometheus.Desc
-	polled, partial                                      *prometheus.Desc
+	polled, partial, inline                              *prometheus.Desc
 	clamp, peerClamp, queue, lifts                       *prometheus.Desc
 	cwnd, ssthresh, srtt, retrans, lost, notsent         *prometheus.Desc
 	// Derived from periodic TCP_INFO samples (tcpevents.go).
@@ -61,6 +61,7 @@ func newMetrics(g *Gateway) *metrics {
 	m.frames = d("mpi5k_wan_frames_total", "Frames on the WAN link.", "dir")
 	m.polled = d("mpi5k_wan_frames_poll_thread_total", "Frames the relay's poller thread forwarded (small messages of quiet streams; see mpi5k_wan_frames_total).", "dir")
 	m.partial = d("mpi5k_wan_poll_thread_partial_writes_total", "Frames the poller thread wrote of which the socket took only part.")
+	m.inline = d("mpi5k_wan_frames_inline_total", "Frames a stream wrote itself because the link was idle, without a hand-off to the link's writer (see mpi5k_wan_frames_total).")
 	m.pad = d("mpi5k_wan_pad_bytes_total", "PAD (filler) payload bytes on the WAN link: priming of a new BBR link (prime.go).", "dir")
 	m.writes = d("mpi5k_wan_writes_total", "writev calls on the WAN socket (frames/writes = batching).")
 	m.stalls = d("mpi5k_window_stalls_total", "Times a stream waited for credit from the peer.")
@@ -96,7 +97,7 @@ func newMetrics(g *Gateway) *metrics {
 
 // Describe implements prometheus.Collector.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.bytes, m.pad, m.frames, m.polled, m.partial, m.writes, m.stalls, m.streams, m.up, m.rtt,
+	for _, d := range []*prometheus.Desc{m.bytes, m.pad, m.frames, m.polled, m.partial, m.inline, m.writes, m.stalls, m.streams, m.up, m.rtt,
 		m.clamp, m.peerClamp, m.queue, m.lifts,
 		m.cwnd, m.ssthresh, m.srtt, m.retrans, m.lost, m.notsent, m.samples, m.rtxFast, m.rtxRTO, m.rtos, m.idleRst, m.renewals,
 		m.probeRTTs, m.probeRTTTime, m.bbrBW, m.bbrMinRTT, m.holds, m.skips, m.held} {
@@ -144,6 +145,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		c(m.polled, prometheus.CounterValue, float64(st.PollSent.Load()), "tx")
 		c(m.polled, prometheus.CounterValue, float64(st.PollRecv.Load()), "rx")
 		c(m.partial, prometheus.CounterValue, float64(st.PollPartial.Load()))
+		c(m.inline, prometheus.CounterValue, float64(st.InlineSent.Load()))
 		c(m.writes, prometheus.CounterValue, float64(st.Writes.Load()))
 		c(m.stalls, prometheus.CounterValue, float64(st.WindowStalls.Load()))
 		c(m.streams, prometheus.GaugeValue, float64(r.l.NumStreams()))

@@ -157,6 +157,9 @@ type Stats struct {
 	// frames it wrote without blocking, of which the socket took only part
 	// (the writer sent the rest).
 	PollRecv, PollSent, PollPartial atomic.Uint64
+	// Frames a stream's own goroutine wrote, blocking, because the link
+	// was idle (no hand-off to the writer goroutine).
+	InlineSent atomic.Uint64
 	// Queue control (queue.go): the receive-window cap this side asks of
 	// the peer (bytes, 0 = none), the standing queue it measured (ns), how
 	// often it lifted the cap for another flow's queue, and the cap the
@@ -219,9 +222,10 @@ func (f *frame) appendIOV(iov net.Buffers, hb []byte) net.Buffers {
 
 // inlineWrite is what send's inline write needs beside the frame's bytes.
 type inlineWrite struct {
-	f  frame
-	hb [header.Size]byte
-	a  [3][]byte
+	f    frame
+	hb   [header.Size]byte
+	a    [3][]byte
+	bufs net.Buffers // what WriteTo consumes (a local would escape to the heap)
 }
 
 // wireLen is the frame's size on the wire.
@@ -396,14 +400,17 @@ const (
 	sendTry                    // when the link is idle, without blocking (the poller thread)
 )
 
-// send is enqueue with an inline fast path: unless mode is sendQueue, the
-// frame is small and nobody is writing or waiting, the caller writes it to
-// the socket itself. That saves the hand-off to the writer goroutine (a
-// thread wake-up, several microseconds) on the latency-critical
-// small-message path. Only stream pumps write inline: the link reader must
-// never block on a write, or two gateways could deadlock each waiting for
-// the other to read. The poller thread reads links too, so it writes with
-// sendTry: whatever the socket does not take at once goes to the writer.
+// send is enqueue with an inline fast path: unless mode is sendQueue, and
+// nobody is writing or waiting, the caller writes the frame to the socket
+// itself. That saves the hand-off to the writer goroutine, a thread
+// wake-up of several microseconds: on the small-message path it is
+// latency, and for a bulk stream on an idle link it was a third of the
+// sending gateway's CPU (a lone stream's chunks now go out on its own
+// goroutine: BenchmarkForward, relay/doc.go). Only stream pumps write
+// inline: the link reader must never block on a write, or two gateways
+// could deadlock each waiting for the other to read. The poller thread
+// reads links too, so it writes with sendTry, small frames only: whatever
+// the socket does not take at once goes to the writer.
 func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 	l.mu.Lock()
 	if l.retired {
@@ -422,7 +429,7 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 	if mode == sendTry && l.w == nil {
 		mode = sendQueue // no raw socket to try
 	}
-	if mode != sendQueue && !l.writing && l.ui == len(l.urgent) && l.bi == len(l.bulk) && int(f.h.Length) <= l.cfg.SmallFrame && !l.held() {
+	if mode != sendQueue && !l.writing && l.ui == len(l.urgent) && l.bi == len(l.bulk) && (mode == sendInline || int(f.h.Length) <= l.cfg.SmallFrame) && !l.held() {
 		l.writing = true
 		l.mu.Unlock()
 		// The inline writer's frame, header and iovec live in the link
@@ -455,10 +462,9 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 				return true
 			}
 		} else {
-			// A copy: WriteTo's pointer receiver moves its variable to
-			// the heap, and only this branch (no poller) should pay.
-			bufs := iov
-			_, err = bufs.WriteTo(l.conn)
+			iw.bufs = iov
+			_, err = iw.bufs.WriteTo(l.conn)
+			l.Stats.InlineSent.Add(1)
 		}
 		*iw = inlineWrite{} // pins no payload
 		l.Stats.Writes.Add(1)
