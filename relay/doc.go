@@ -52,13 +52,11 @@
 //   - Pipelining: Config.Pipeline (default 2) chunks of a stream may wait for
 //     the writer, so a stream reads chunk B while chunk A is written (double
 //     buffering), and no stream can fill the writer's queue.
-//   - Inline writes: when the link is idle (nothing queued, nobody
-//     writing), a stream's own goroutine writes its DATA frame, of any
-//     size, with no hand-off to the writer. On a busy link frames queue
-//     and pipelining applies. The reader delivers a small payload to an
-//     idle stream with one non-blocking write (no hand-off to pumpIn). The
-//     reader itself never blocks on a write, so two gateways cannot
-//     deadlock on each other.
+//   - Latency fast paths: when the link is idle, a small DATA frame is
+//     written by the stream's own goroutine (no hand-off to the writer), and
+//     the reader delivers a small payload to an idle stream with one
+//     non-blocking write (no hand-off to pumpIn). The reader itself never
+//     blocks on a write, so two gateways cannot deadlock on each other.
 
 //   - Failure: a read/write error, a protocol violation (bad frame, DATA
 //     beyond the granted window, OPEN id of the wrong parity) or a peer
@@ -95,26 +93,29 @@
 // is kept because it lets a stream read while its previous chunk waits for
 // a WAN socket held back by TCP_NOTSENT_LOWAT.
 //
-// Inline writes of bulk chunks (twentieth session; before, only frames up
-// to SmallFrame went inline): the hand-off cost the sending gateway a
-// thread wake-up per chunk. BenchmarkForward (./gateway, one stream through
-// a gateway pair as processes on loopback, 2000 MiB), sending gateway's
-// Gbit/s per CPU-second, 5 runs alternating with the build before, median
-// (min-max), in two sittings an hour apart:
+// Tried and not kept (twentieth session): bulk chunks written inline too,
+// by the stream's own goroutine whenever the link is idle, which saves the
+// sending gateway a thread wake-up per chunk. BenchmarkForward (./gateway,
+// one stream through a gateway pair as processes on loopback), sending
+// gateway's Gbit/s per CPU-second, 5 runs alternating, median (min-max),
+// two sittings an hour apart:
 //
-//	                  before              inline
+//	                  writer goroutine    inline
 //	64 KiB chunks     9.59 (9.17-10.69)   11.81 (11.41-12.61)
 //	128 KiB chunks    10.23 (9.81-11.98)  11.81 (10.23-13.32)
 //	slower sitting:
 //	64 KiB chunks     9.12 (7.77-9.87)    9.87 (9.37-12.43)
 //	128 KiB chunks    9.37 (8.22-11.26)   11.11 (9.02-11.41)
 //
-// The receiving gateway measured 14.72 against 16.29 (128 KiB) and 14.98
-// against 15.11 (64 KiB) in the first sitting, the end-to-end rate the same
-// (7.5-7.8 Gbit/s: both gateways, the sender and the sink share 2 vCPUs).
-// On the emulated WAN nothing changed beyond the noise (TestGatewayWAN, 3
-// runs each, alternating: (b) 100.2-101.1 % against 100.2-100.3 %; (d) p99
-// beside bulk 21.69-22.19 ms against 22.09-22.30 ms).
+// On the emulated WAN alone nothing changed ((b) 100.2-101.1 % both; (d)
+// p99 beside bulk 21.69-22.48 ms against 21.92-22.30). But beside a
+// competing direct flow with queue control on (TestGatewayCompeting), the
+// gateway stream's rate over its rate with --wan-queue 0 was 0.47-1.17
+// (mean 0.81, 8 runs, one below the test's bound of 0.5) against 0.79-1.09
+// (mean 0.94, 6 runs) with the writer. Without the pipeline's queued chunk
+// the link shows no backlog whenever its stream is descheduled between
+// writes, and queue control only judges a foreign queue on a link
+// backlogged for a whole round trip. Not investigated further yet.
 //
 // # Gateway pair figures (issue 4 benchmarks)
 //
