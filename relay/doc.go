@@ -115,7 +115,24 @@
 // (mean 0.94, 6 runs) with the writer. Without the pipeline's queued chunk
 // the link shows no backlog whenever its stream is descheduled between
 // writes, and queue control only judges a foreign queue on a link
-// backlogged for a whole round trip. Not investigated further yet.
+// backlogged for a whole round trip.
+//
+// Twenty-first session: that guess was wrong. A per-sample trace of queue
+// control (8 runs of the inline build) showed the link backlogged in
+// nearly every sample. Alternating 4 runs of each build, the ratio was
+// 0.47-1.05 (mean 0.74) inline and 0.54-0.94 (mean 0.77) with the writer:
+// it swings as much in either build, partly because its --wan-queue 0
+// reference swings (93-155 Mbit/s). What the low runs of both builds
+// shared: the cap fell to a tenth of its settled value (37-52 KB) before
+// the foreign queue was judged and the cap lifted, and BBR, having
+// measured the capped rate, then took seconds to climb back (in flight
+// 47 KB growing to 600 KB over 4 s after the lift). Queue control now
+// lowers the cap by at most half per round trip as the link sees it
+// (srtt, not min_rtt), keeps sampling while a loss stalls the cumulative
+// ACK (it slept 200 ms as if idle), and engages from the best rate of the
+// last 2 s rather than one sample (a sample spanning a stall set caps of
+// 16 KB). TestQueueCtlForeignArrives and TestQueueCtlStalls model these.
+// Whether the inline bulk writes can come back is not measured yet.
 //
 // # Gateway pair figures (issue 4 benchmarks)
 //

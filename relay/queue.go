@@ -146,6 +146,14 @@ func (c *queueCtl) step(s queueSample) (next time.Duration, send bool) {
 		c.backlog = s.at
 	}
 	if dt <= 0 || s.acked == ref.acked {
+		if s.backlog {
+			// Stalled with bytes waiting: loss recovery holds the
+			// cumulative ACK for a round trip or more, and losses come
+			// with competition. Nothing to measure, but look again soon:
+			// an idle tick here kept a cap spiralling down beside another
+			// flow for 200 ms before it could be lifted.
+			return tick, false
+		}
 		// Idle: nothing to measure and nothing to repeat (the receiver's
 		// autotuning only moves while data flows). Keep the cap: the path
 		// has not changed, and the next burst starts under it.
@@ -171,12 +179,20 @@ func (c *queueCtl) step(s queueSample) (next time.Duration, send bool) {
 	peak := c.notePeak(s.at, bw)
 	foreign := c.target + queueForeignMargin
 	// step is how far this sample may lower the cap: at most half per
-	// round trip.
-	step := min(s.at.Sub(c.ago(1).at).Seconds()/r0.Seconds(), 1)
+	// round trip, as long as the link's round trip is now (a lower cap
+	// shows in the queue only that much later). Per min_rtt, a cap
+	// under another flow's 20 ms queue fell tenfold in the 100 ms it
+	// takes to judge that queue foreign, and BBR, having measured the
+	// capped rate, needed seconds to climb back once the cap was lifted.
+	step := min(s.at.Sub(c.ago(1).at).Seconds()/max(s.srtt, r0).Seconds(), 1)
 
 	if c.clamp == 0 {
 		if q >= c.target && !s.at.Before(c.holdUntil) {
-			c.clamp, c.engaged, c.highSince = uint32(setpoint(bw)), s.at, time.Time{}
+			// From the best rate of the last 2 s, not this sample's: a
+			// sample that spans a loss's stalled ACKs reads a fraction of
+			// the path and set caps of a few segments. Too high a cap
+			// comes down by half per round trip.
+			c.clamp, c.engaged, c.highSince = uint32(setpoint(peak)), s.at, time.Time{}
 			return tick, c.refresh(s.at)
 		}
 		return tick, false
