@@ -695,9 +695,9 @@ func TestWANPace(t *testing.T) {
 // socket carries that cap (TCP_WINDOW_CLAMP). Loopback has no bottleneck
 // queue to speak of, so the target is set below what loopback shows. Nor
 // does loopback hold bytes back: pacing the link plays the WAN's part, so
-// its socket has bytes waiting to be sent, as a saturated WAN link's has
-// (unpaced, the link looks backlogged only while a chunk waits in user
-// space for the writer). Once the cap (a few segments, here) holds, the
+// its socket has bytes waiting to be sent, as a saturated WAN link's has.
+// (A stream writes its chunks itself while the link is idle, so unpaced
+// the link looks backlogged only while a write is under way.) Once the cap (a few segments, here) holds, the
 // stream crawls at a window per delayed ACK, so writes get a deadline and
 // the loop keeps to its own.
 func TestQueueControl(t *testing.T) {

@@ -400,18 +400,17 @@ const (
 	sendTry                    // when the link is idle, without blocking (the poller thread)
 )
 
-// send is enqueue with an inline fast path: unless mode is sendQueue, the
-// frame is small and nobody is writing or waiting, the caller writes it to
-// the socket itself. That saves the hand-off to the writer goroutine (a
-// thread wake-up, several microseconds) on the latency-critical
-// small-message path. Only stream pumps write inline: the link reader must
-// never block on a write, or two gateways could deadlock each waiting for
-// the other to read. The poller thread reads links too, so it writes with
-// sendTry: whatever the socket does not take at once goes to the writer.
-// Bulk frames stay with the writer even on an idle link: written by the
-// stream itself they raised the sending gateway's forwarding rate per
-// CPU-second by 8-23 % (medians), but beside a competing flow the link
-// lost its share under queue control (relay/doc.go, twentieth session).
+// send is enqueue with an inline fast path: unless mode is sendQueue, and
+// nobody is writing or waiting, the caller writes the frame to the socket
+// itself. That saves the hand-off to the writer goroutine, a thread
+// wake-up of several microseconds: on the small-message path it is
+// latency, and for a bulk stream on an idle link, one wake-up per chunk,
+// it cost the sending gateway 8-23 % of its forwarding rate per
+// CPU-second (medians of BenchmarkForward, relay/doc.go). Only stream
+// pumps write inline: the link reader must never block on a write, or two
+// gateways could deadlock each waiting for the other to read. The poller
+// thread reads links too, so it writes with sendTry, small frames only:
+// whatever the socket does not take at once goes to the writer.
 func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 	l.mu.Lock()
 	if l.retired {
@@ -430,7 +429,7 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 	if mode == sendTry && l.w == nil {
 		mode = sendQueue // no raw socket to try
 	}
-	if mode != sendQueue && !l.writing && l.ui == len(l.urgent) && l.bi == len(l.bulk) && int(f.h.Length) <= l.cfg.SmallFrame && !l.held() {
+	if mode != sendQueue && !l.writing && l.ui == len(l.urgent) && l.bi == len(l.bulk) && (mode == sendInline || int(f.h.Length) <= l.cfg.SmallFrame) && !l.held() {
 		l.writing = true
 		l.mu.Unlock()
 		// The inline writer's frame, header and iovec live in the link

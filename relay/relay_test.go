@@ -168,6 +168,22 @@ func TestHalfClose(t *testing.T) {
 	waitStreams(t, a, 0)
 }
 
+// TestBulkInline: a lone stream's chunks are written by its own goroutine
+// while the link is idle (no hand-off to the writer per chunk), and its
+// bytes arrive intact.
+func TestBulkInline(t *testing.T) {
+	a, app, _, data := sumStream(t, Config{}, 16<<20+3)
+	if _, err := app.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	wantSum(t, app, data)
+	inline, frames := a.Stats.InlineSent.Load(), a.Stats.FramesSent.Load()
+	t.Logf("%d of %d frames written inline", inline, frames)
+	if frames < 16<<20/(128<<10) || inline < frames/2 { // the default chunk is 128 KiB
+		t.Fatalf("%d of %d frames written inline, want most", inline, frames)
+	}
+}
+
 // wantSum half-closes app, whose far end is a sumServer, and checks the
 // SHA-256 it answers against data.
 func wantSum(t *testing.T, app *net.TCPConn, data []byte) {
