@@ -697,9 +697,9 @@ func TestWANPace(t *testing.T) {
 // does loopback hold bytes back: pacing the link plays the WAN's part, so
 // its socket has bytes waiting to be sent, as a saturated WAN link's has.
 // (A stream writes its chunks itself while the link is idle, so unpaced
-// the link looks backlogged only while a write is under way.) Once the cap (a few segments, here) holds, the
-// stream crawls at a window per delayed ACK, so writes get a deadline and
-// the loop keeps to its own.
+// the link looks backlogged only while a write is under way.) Once the
+// cap (a few segments, here) holds, the stream crawls at a window per
+// delayed ACK, so writes get a deadline and the loop keeps to its own.
 func TestQueueControl(t *testing.T) {
 	_, a, b := startPair(t, func(c *Config) { c.WANQueue = time.Microsecond; c.NoExpress = true; c.WANPace = 400e6 })
 	dst := testnet.Serve(t, nodeB, func(c *net.TCPConn) { io.Copy(io.Discard, c) })

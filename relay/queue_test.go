@@ -244,8 +244,9 @@ func TestQueueCtlForeignArrives(t *testing.T) {
 }
 
 // TestQueueCtlStalls: losses that hold the cumulative ACK for a round trip
-// now (here every 250 ms, more often than the lab's competing flows cause)
-// cost the link little of its rate, and the cap stays above half the BDP.
+// now (here every 250 ms, about as often as the lab's trace showed beside
+// a competing flow) cost the link little of its rate, and the cap stays
+// above half the BDP.
 // Sampled at the idle pace while stalled, the controller missed the
 // recovery and the link got 90.5 % (97.6 % now).
 func TestQueueCtlStalls(t *testing.T) {
