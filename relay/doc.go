@@ -96,10 +96,10 @@
 // Bulk chunks are written inline too, by the stream's own goroutine
 // whenever the link is idle, which saves the sending gateway a thread
 // wake-up per chunk (tried in the twentieth session, taken back out, kept
-// since the twenty-first). BenchmarkForward (./gateway,
-// one stream through a gateway pair as processes on loopback), sending
-// gateway's Gbit/s per CPU-second, 5 runs alternating, median (min-max),
-// two sittings an hour apart:
+// since the twenty-first). BenchmarkForward (./gateway, one stream through
+// a gateway pair as processes on loopback), sending gateway's Gbit/s per
+// CPU-second, 5 runs alternating, median (min-max), two sittings an hour
+// apart:
 //
 //	                  writer goroutine    inline
 //	64 KiB chunks     9.59 (9.17-10.69)   11.81 (11.41-12.61)

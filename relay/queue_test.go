@@ -246,9 +246,8 @@ func TestQueueCtlForeignArrives(t *testing.T) {
 // TestQueueCtlStalls: losses that hold the cumulative ACK for a round trip
 // now (here every 250 ms, about as often as the lab's trace showed beside
 // a competing flow) cost the link little of its rate, and the cap stays
-// above half the BDP.
-// Sampled at the idle pace while stalled, the controller missed the
-// recovery and the link got 90.5 % (97.6 % now).
+// above half the BDP. Sampled at the idle pace while stalled, the
+// controller missed the recovery and the link got 90.5 % (97.6 % now).
 func TestQueueCtlStalls(t *testing.T) {
 	m := newPath(200, 20*time.Millisecond)
 	m.stallEvery = 250 * time.Millisecond
