@@ -726,12 +726,20 @@ func TestGatewayCompeting(t *testing.T) {
 	// MPI5K_GW_ARGS is added to both runs' gateway arguments (a
 	// --log-level debug shows queue control's decisions).
 	extra := strings.Fields(os.Getenv("MPI5K_GW_ARGS"))
-	for range 2 {
+	// The bound is on the rounds together: one 8 s share swings by half
+	// either way with either setting (the --wan-queue 0 reference alone
+	// read 93 to 155 Mbit/s in one session), and the claim is about the
+	// share a stream keeps, not any one transfer.
+	var sum1, sum0 float64
+	const rounds = 2
+	for range rounds {
 		v1, d1 := share(extra...)
 		v0, d0 := share(append(slices.Clip(extra), "--wan-queue", "0")...)
 		t.Logf("gateway stream beside a direct flow, Mbit/s: queue control %.1f (direct %.1f), --wan-queue 0 %.1f (direct %.1f)", v1, d1, v0, d0)
-		if v1 < 0.5*v0 {
-			t.Errorf("with queue control the gateway stream got %.1f Mbit/s beside a direct flow, below half of %.1f without", v1, v0)
-		}
+		sum1, sum0 = sum1+v1, sum0+v0
+	}
+	t.Logf("mean over %d rounds: queue control %.1f Mbit/s, --wan-queue 0 %.1f (ratio %.2f)", rounds, sum1/rounds, sum0/rounds, sum1/sum0)
+	if sum1 < 0.5*sum0 {
+		t.Errorf("with queue control the gateway stream got %.1f Mbit/s on average beside a direct flow, below half of %.1f without", sum1/rounds, sum0/rounds)
 	}
 }
