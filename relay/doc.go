@@ -131,8 +131,9 @@
 // lowers the cap by at most half per round trip as the link sees it
 // (srtt, not min_rtt), keeps sampling while a loss stalls the cumulative
 // ACK (it slept 200 ms as if idle), and engages from the best rate of the
-// last 2 s rather than one sample (a sample spanning a stall set caps of
-// 16 KB). TestQueueCtlForeignArrives and TestQueueCtlStalls model these.
+// last 2 busy seconds rather than one sample (a sample spanning a stall
+// set caps of 16 KB). TestQueueCtlForeignArrives and TestQueueCtlStalls
+// model these.
 // With that controller, 6 runs of each alternating: inline 0.60-1.28
 // (mean 0.97, median 1.00), with the writer 0.66-1.15 (mean 0.93, median
 // 0.93), so the inline writes came back.

@@ -27,10 +27,10 @@ import (
 // product plus the target's worth of queue. While the bottleneck has a
 // queue, the delivery rate is the bottleneck rate, so the cap holds the
 // queue at the target without knowing the WAN's rate. While it has none,
-// the cap is at least the best rate of the last 2 s times (min_rtt +
-// target): a cap that fell below the path's rate is restored at once, and
-// the target's headroom lets a faster path show itself (the cap then
-// follows by target/min_rtt per round trip).
+// the cap is at least the best rate of the last 2 busy seconds times
+// (min_rtt + target): a cap that fell below the path's rate is restored at
+// once, and the target's headroom lets a faster path show itself (the cap
+// then follows by target/min_rtt per round trip).
 //
 // Only while messages cross the bottleneck: when the trunk's express link
 // has sent none for queueMsgWindow, a bulk link's queue delays nobody and
@@ -60,7 +60,10 @@ const (
 	// rate by (min_rtt + target) / (min_rtt + queue) per round trip to
 	// any flow that keeps a queue above the target.
 	queueForeignMargin = 2 * time.Millisecond
-	// queuePeakBucket x 8 is how long the best rate seen is remembered.
+	// queuePeakBucket x 8 is how long the best rate seen is remembered,
+	// counting only time in which rates were measured (buckets age as
+	// samples arrive): an idle link forgets nothing, as its path has not
+	// changed for all the controller can tell.
 	queuePeakBucket = 250 * time.Millisecond
 	// queueMsgWindow: queue control stays on this long after the last
 	// message went out on the express link.
@@ -188,10 +191,10 @@ func (c *queueCtl) step(s queueSample) (next time.Duration, send bool) {
 
 	if c.clamp == 0 {
 		if q >= c.target && !s.at.Before(c.holdUntil) {
-			// From the best rate of the last 2 s, not this sample's: a
-			// sample that spans a loss's stalled ACKs reads a fraction of
-			// the path and set caps of a few segments. Too high a cap
-			// comes down by half per round trip.
+			// From the best rate of the last 2 busy seconds, not this
+			// sample's: a sample that spans a loss's stalled ACKs reads a
+			// fraction of the path and set caps of a few segments. Too
+			// high a cap comes down by half per round trip.
 			c.clamp, c.engaged, c.highSince = uint32(setpoint(peak)), s.at, time.Time{}
 			return tick, c.refresh(s.at)
 		}
@@ -220,9 +223,10 @@ func (c *queueCtl) step(s queueSample) (next time.Duration, send bool) {
 		c.resetPeak(bw)
 		c.clamp = uint32(max(setpoint(bw), cur*(1-0.5*step)))
 	} else {
-		// No queue: let through at least the best rate of the last 2 s
-		// plus the target. Its headroom (target / min_rtt) lets a faster
-		// path show itself, and the cap follows within round trips.
+		// No queue: let through at least the best rate of the last 2
+		// busy seconds plus the target. Its headroom (target / min_rtt)
+		// lets a faster path show itself, and the cap follows within
+		// round trips.
 		c.clamp = uint32(max(cur, setpoint(peak)))
 	}
 	if !c.engaged.IsZero() && s.at.Sub(c.engaged) >= c.hold {
