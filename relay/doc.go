@@ -350,6 +350,24 @@
 // On the loaded VM (first session) the unpaced p99 was 80-120 ms with one WAN
 // connection and 39.8 ms with --wan-conns 2.
 //
+// Twenty-second session: TestGatewayWAN gave (d) p99 22.88, 22.86 and
+// 23.95 ms with the defaults (through the gateways idle 20.75-21.50), so
+// where does the tail come from? Not the bottleneck queue: around the slow
+// round trips (24-26 ms) the bulk link's srtt stayed at 20.3-21.3 ms and
+// queue control's estimate at 0.6-0.9 ms; the emulator queued packets
+// 0.67 ms at p50 and wrote them late by 0.12 ms (p99; reverse direction
+// 0.37). It used 92-100 % of one vCPU at nice -10, the two gateways 6 and
+// 18 %. Pinging direct and through the gateways at the same time beside a
+// gateway bulk stream (both crossing the same queue; 22 rounds of 250
+// round trips): direct p99 20.6-24.4 ms, so even direct TCP misses RTT +
+// 2 ms in about half the rounds on this host; the gateway path's excess
+// over direct, median, 0.65-0.74 ms at p50 (0.4 ms idle) and 0.81-1.17 ms
+// at p99. Giving the poller thread nice -10 (it shares a CPU with the
+// sender, the sink and the gateways' bulk threads, all at nice 0) cut the
+// p99 excess from 1.17 to 0.76 ms in 12 pairs of rounds (less in 9), and
+// not at all in 10 more (0.89 against 0.81; less in 6): no reliable gain,
+// not kept.
+//
 // (e) MPI ping-pong by message size through the trunk (mpi5k bench
 // --workloads pingpong on the 20 ms lab, Open MPI 4.1, Reno hosts, 3
 // repetitions, median half round trip; old16 is the first trunk: express
