@@ -78,7 +78,7 @@ type queueSample struct {
 	at      time.Time
 	srtt    time.Duration
 	minRTT  time.Duration
-	acked   uint64 // bytes delivered (acknowledged or SACKed), cumulative
+	acked   uint64 // bytes acknowledged, cumulative
 	backlog bool   // bytes were waiting to be sent (not app-limited)
 	// messages: small messages cross the same bottleneck now (the express
 	// link sent some within queueMsgWindow, or there is no express link).
@@ -150,13 +150,11 @@ func (c *queueCtl) step(s queueSample) (next time.Duration, send bool) {
 	}
 	if dt <= 0 || s.acked == ref.acked {
 		if s.backlog {
-			// Stalled with bytes waiting: nothing delivered for a round
-			// trip (a retransmission timeout; until the rate was counted
-			// in delivered bytes, any loss that held the cumulative ACK),
-			// and losses come with competition. Nothing to measure, but
-			// look again soon: an idle tick here kept a cap spiralling
-			// down beside another flow for 200 ms before it could be
-			// lifted.
+			// Stalled with bytes waiting: loss recovery holds the
+			// cumulative ACK for a round trip or more, and losses come
+			// with competition. Nothing to measure, but look again soon:
+			// an idle tick here kept a cap spiralling down beside another
+			// flow for 200 ms before it could be lifted.
 			return tick, false
 		}
 		// Idle: nothing to measure and nothing to repeat (the receiver's
@@ -290,8 +288,8 @@ func (c *queueCtl) refresh(now time.Time) bool {
 // foreign queues for all of them, where controllers of their own would
 // each see the others' queue and lift at different times.
 type queueAgg struct {
-	acked      uint64         // bytes delivered by all bulk links, across reconnects
-	last, next map[any]uint64 // each link's delivered bytes at the previous sample
+	acked      uint64         // bytes acknowledged by all bulk links, across reconnects
+	last, next map[any]uint64 // each link's BytesAcked at the previous sample
 }
 
 // linkQueueSample is one bulk link's share of a sample; key tells links
@@ -308,7 +306,7 @@ type linkQueueSample struct {
 // merge returns the trunk's sample at now. Its min_rtt is the least of the
 // links'; its queue the least srtt - min_rtt of the links whose ACKs moved
 // since the last sample (an idle link's srtt is stale), or of all of them
-// when none moved; its delivered bytes sum the links' progress (a new
+// when none moved; its acknowledged bytes sum the links' progress (a new
 // or replaced link counts from its first sample). Backlogged: any link.
 func (a *queueAgg) merge(now time.Time, ls []linkQueueSample, messages bool) queueSample {
 	s := queueSample{at: now, messages: messages}
@@ -478,28 +476,6 @@ func (q *trunkQueue) step(now time.Time, ls []linkQueueSample, messages bool) (n
 	return next, share, q.sends
 }
 
-// delivered counts the bytes a link's peer has received, acknowledged
-// cumulatively or selectively: tcpi_delivered (segments, 32 bits) times
-// the MSS. The rate is measured on it rather than on tcpi_bytes_acked,
-// which stands still while a loss holds the cumulative ACK and then jumps
-// by everything SACKed meanwhile: beside a lossy start-up the lab read
-// 86 Mbit/s and then 295-460 Mbit/s on its 200 Mbit/s WAN, the second
-// raised the cap to 2.4 times the path's, and the queue that cap let
-// build was judged foreign and the cap lifted for 5 s.
-type delivered struct {
-	seen  bool
-	last  uint32
-	bytes uint64
-}
-
-func (d *delivered) add(in *tcpinfo.Info) uint64 {
-	if d.seen {
-		d.bytes += uint64(in.Delivered-d.last) * uint64(in.SndMSS)
-	}
-	d.seen, d.last = true, in.Delivered
-	return d.bytes
-}
-
 // controlQueue runs queue control over the trunk's bulk links until none
 // is left.
 func (t *Trunk) controlQueue(target time.Duration, log *slog.Logger) {
@@ -509,7 +485,6 @@ func (t *Trunk) controlQueue(target time.Duration, log *slog.Logger) {
 	var ls []linkQueueSample
 	var xSent uint64
 	var xAt time.Time
-	deliv := map[*Link]*delivered{}
 	tm := time.NewTimer(queueIdleTick)
 	defer tm.Stop()
 	for {
@@ -518,21 +493,11 @@ func (t *Trunk) controlQueue(target time.Duration, log *slog.Logger) {
 			return
 		}
 		ls = ls[:0]
-		for l := range deliv {
-			if !slices.Contains(links, l) {
-				delete(deliv, l)
-			}
-		}
 		for _, l := range links {
 			if err := tcpinfo.ReadConn(l.conn.(syscall.Conn), &in); err != nil {
 				continue // closing: the next round finds it dead
 			}
-			d := deliv[l]
-			if d == nil {
-				d = &delivered{}
-				deliv[l] = d
-			}
-			ls = append(ls, linkQueueSample{key: l, srtt: in.RTT, minRTT: in.MinRTT, acked: d.add(&in),
+			ls = append(ls, linkQueueSample{key: l, srtt: in.RTT, minRTT: in.MinRTT, acked: in.BytesAcked,
 				// A held link (Hold) waits by choice: its rate is not the path's.
 				backlog: (in.NotsentBytes > 0 || l.queued.Load() > 0) && !l.held(), sndWnd: in.SndWnd, inflight: in.Unacked * in.SndMSS})
 		}
