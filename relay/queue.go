@@ -115,6 +115,18 @@ type queueCtl struct {
 	peak      [8]float64    // largest rate in each of the last 8 buckets of queuePeakBucket
 	peakI     int
 	peakAt    time.Time // start of bucket peakI
+
+	// offset is the part of srtt - min_rtt that is not queue (learned
+	// against min_rtt offMin): see lowered.
+	offset time.Duration
+	offMin time.Duration
+	// lowered: the cap and queue when the cap last started coming down
+	// under a queue (zero at: no such run).
+	lowered struct {
+		at  time.Time
+		cap float64
+		q   time.Duration
+	}
 }
 
 // step takes one sample and returns when to sample next and whether to
@@ -141,6 +153,17 @@ func (c *queueCtl) step(s queueSample) (next time.Duration, send bool) {
 		q = min(q, p.srtt-r0)
 	}
 	q = max(q, 0)
+	// What min_rtt misses: a round trip measured by TCP timestamps (1 ms
+	// resolution) can set it up to 1 ms low, and ACK timing keeps srtt
+	// above it even with no queue. Seen as queue, that offset makes the
+	// controller lower the cap round after round, each time lowering the
+	// rate and never the delay (lowered learns it); a queue below it
+	// shows the offset was too large.
+	if s.minRTT != c.offMin {
+		c.offset, c.offMin = 0, s.minRTT
+	}
+	c.offset = min(c.offset, q)
+	q -= c.offset
 	c.queue = q
 	dt := s.at.Sub(ref.at)
 	if !s.backlog {
@@ -177,7 +200,7 @@ func (c *queueCtl) step(s queueSample) (next time.Duration, send bool) {
 	bw := float64(s.acked-ref.acked) / dt.Seconds() // bytes/s
 	c.rate = bw
 	setpoint := func(rate float64) float64 {
-		return min(max(rate*(r0+c.target).Seconds(), queueClampMin), clampLifted)
+		return min(max(rate*(r0+c.offset+c.target).Seconds(), queueClampMin), clampLifted)
 	}
 	peak := c.notePeak(s.at, bw)
 	foreign := c.target + queueForeignMargin
@@ -217,6 +240,19 @@ func (c *queueCtl) step(s queueSample) (next time.Duration, send bool) {
 		c.highSince = time.Time{} // the queue came down: it was ours
 	}
 	if q >= c.target {
+		if before, ok := c.unmoved(s, q, cur, foreign); ok {
+			// The cap fell by a tenth and the queue did not: it is not
+			// this link's (an offset, or a foreign queue too small to
+			// lift for), and a lower cap only costs rate. Count it as
+			// offset, so the cap covers it and holds the target above
+			// it, and give back what was taken.
+			c.offset += q - c.target/2
+			q = c.target / 2
+			c.queue = q
+			cur = before
+		}
+	}
+	if q >= c.target {
 		// A queue: the bottleneck is saturated, so the delivery rate is
 		// its rate (forget faster ones: the path slowed down or is
 		// shared), and the setpoint holds the queue at the target.
@@ -228,11 +264,41 @@ func (c *queueCtl) step(s queueSample) (next time.Duration, send bool) {
 		// lets a faster path show itself, and the cap follows within
 		// round trips.
 		c.clamp = uint32(max(cur, setpoint(peak)))
+		c.lowered.at = time.Time{} // not a run of queue samples
 	}
 	if !c.engaged.IsZero() && s.at.Sub(c.engaged) >= c.hold {
 		c.hold = 0 // held without lifting: competition is over
 	}
 	return tick, c.refresh(s.at)
+}
+
+// unmoved reports whether the cap, in force, has come down by a tenth or
+// more since it started falling under a queue two round trips or more
+// ago, every sample since has shown a queue, and that queue q (below the
+// foreign threshold) has not come down with the cap; if so, it returns
+// the cap from before. (With the queue at the target, samples fall on
+// either side of it and a noisy rate sample can drop the cap by a tenth
+// at once; an offset shows a queue in every sample.) A link's own queue
+// drains within a round trip of a lower cap: a tenth of the cap is a
+// tenth of min_rtt + target worth of queue, more than target/4 whenever
+// min_rtt exceeds 1.5 x the target.
+func (c *queueCtl) unmoved(s queueSample, q time.Duration, cur float64, foreign time.Duration) (float64, bool) {
+	lw := &c.lowered
+	// Start over whenever the queue came down: what is left is measured
+	// from there (a cap coming into force drains the queue built while
+	// the peer's window still exceeded it, then any offset shows).
+	if !s.inForce || q > foreign || lw.at.IsZero() || cur > lw.cap || q < lw.q-c.target/4 {
+		lw.at, lw.cap, lw.q = s.at, cur, q
+		if !s.inForce {
+			lw.at = time.Time{}
+		}
+		return 0, false
+	}
+	if cur > 0.9*lw.cap || s.at.Sub(lw.at) < 2*max(s.srtt, s.minRTT) {
+		return 0, false
+	}
+	lw.at = time.Time{}
+	return lw.cap, true
 }
 
 // ago returns the sample taken i samples before the newest (i < len(c.hist)).
@@ -513,7 +579,7 @@ func (t *Trunk) controlQueue(target time.Duration, log *slog.Logger) {
 		c := &q.ctl
 		if len(sends) > 0 {
 			log.Debug("queue control", "peer", links[0].peer.Name, "links", len(ls), "clamp", c.clamp, "per_link", share,
-				"queue", c.queue, "min_rtt", c.ago(0).minRTT, "rate_mbit", c.rate*8/1e6, "lifts", c.lifts, "in_force", q.inForce, "peer_wnd", q.peerWnd, "flight_bound", q.flight)
+				"queue", c.queue, "offset", c.offset, "min_rtt", c.ago(0).minRTT, "rate_mbit", c.rate*8/1e6, "lifts", c.lifts, "in_force", q.inForce, "peer_wnd", q.peerWnd, "flight_bound", q.flight)
 		}
 		for _, l := range links {
 			l.Stats.Clamp.Store(share)
