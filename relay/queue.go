@@ -284,14 +284,15 @@ func (c *queueCtl) step(s queueSample) (next time.Duration, send bool) {
 // min_rtt exceeds 1.5 x the target.
 func (c *queueCtl) unmoved(s queueSample, q time.Duration, cur float64, foreign time.Duration) (float64, bool) {
 	lw := &c.lowered
+	if !s.inForce {
+		lw.at = time.Time{}
+		return 0, false
+	}
 	// Start over whenever the queue came down: what is left is measured
 	// from there (a cap coming into force drains the queue built while
 	// the peer's window still exceeded it, then any offset shows).
-	if !s.inForce || q > foreign || lw.at.IsZero() || cur > lw.cap || q < lw.q-c.target/4 {
+	if q > foreign || lw.at.IsZero() || cur > lw.cap || q < lw.q-c.target/4 {
 		lw.at, lw.cap, lw.q = s.at, cur, q
-		if !s.inForce {
-			lw.at = time.Time{}
-		}
 		return 0, false
 	}
 	if cur > 0.9*lw.cap || s.at.Sub(lw.at) < 2*max(s.srtt, s.minRTT) {
