@@ -155,7 +155,8 @@ type waiter struct {
 	step func() bool   // on the poller thread; true: wait for more bytes
 	back chan struct{} // the poller hands the socket back
 	mu   sync.Mutex
-	// armed: registered for one readiness event. added: known to epoll.
+	// armed: the poller thread owns the socket and runs its step on the
+	// next readiness event. added: in the epoll set.
 	// cancelled: the socket is closing; never arm again.
 	armed, added, cancelled bool
 	rt                      rtReg // the runtime's registration (rtquiet.go); only wait touches it
@@ -225,8 +226,15 @@ func newWaiter(c any, step func() bool, quiet bool) *waiter {
 // ctl changes the registration while holding Go's reference to the
 // descriptor, so a concurrent Close cannot let its number be reused under
 // us. A closed socket has left the epoll set with its last reference.
+//
+// The registration is level-triggered and stays while the poller thread
+// keeps the socket: a step that waits for more bytes then costs no system
+// call, where re-arming a one-shot registration cost an epoll_ctl per
+// message at each gateway. Handing the socket back removes it (a
+// registration without events would still report a hang-up, again and
+// again).
 func (w *waiter) ctl(op int) error {
-	w.cop, w.cev = op, unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT, Fd: int32(w.id)}
+	w.cop, w.cev = op, unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(w.id)}
 	if err := w.rc.Control(w.cfn); err != nil {
 		return err
 	}
@@ -275,19 +283,24 @@ func (w *waiter) fire() {
 	}
 	w.armed = false
 	w.mu.Unlock()
-	if w.step() {
-		w.mu.Lock()
-		if !w.cancelled {
-			w.armed = true
-			if w.ctl(unix.EPOLL_CTL_MOD) == nil {
-				w.mu.Unlock()
-				return
-			}
-			w.armed = false
-		}
+	more := w.step()
+	w.mu.Lock()
+	if more && !w.cancelled {
+		w.armed = true // still registered: nothing to do
 		w.mu.Unlock()
+		return
 	}
+	w.remove()
+	w.mu.Unlock()
 	w.back <- struct{}{}
+}
+
+// remove takes the socket out of the epoll set; under mu.
+func (w *waiter) remove() {
+	if w.added {
+		w.ctl(unix.EPOLL_CTL_DEL)
+		w.added = false
+	}
 }
 
 // cancel takes the socket back from the poller before it is closed, and
@@ -301,7 +314,7 @@ func (w *waiter) cancel() {
 	armed := w.armed
 	if armed {
 		w.armed = false
-		w.ctl(unix.EPOLL_CTL_DEL)
+		w.remove()
 	}
 	w.mu.Unlock()
 	if armed {
@@ -316,10 +329,7 @@ func (w *waiter) close() {
 	}
 	w.cancel()
 	w.mu.Lock()
-	if w.added {
-		w.ctl(unix.EPOLL_CTL_DEL)
-		w.added = false
-	}
+	w.remove()
 	w.mu.Unlock()
 	w.p.mu.Lock()
 	delete(w.p.ws, w.id)
