@@ -42,10 +42,14 @@ var errWouldBlock = errors.New("relay: would block")
 
 type poller struct {
 	ep   int
+	tick int // timerfd, every schedEvery
 	mu   sync.Mutex
 	ws   map[uint32]*waiter
 	next uint32
 }
+
+// tickID is the timer's epoll data; waiters' ids start at 1.
+const tickID = 0
 
 var thePoller struct {
 	once sync.Once
@@ -60,7 +64,19 @@ func getPoller() *poller {
 		if err != nil {
 			return
 		}
-		p := &poller{ep: ep, ws: make(map[uint32]*waiter)}
+		tick, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
+		if err != nil {
+			unix.Close(ep)
+			return
+		}
+		every := unix.NsecToTimespec(int64(schedEvery))
+		if err := unix.TimerfdSettime(tick, 0, &unix.ItimerSpec{Interval: every, Value: every}, nil); err != nil ||
+			unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, tick, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: tickID}) != nil {
+			unix.Close(tick)
+			unix.Close(ep)
+			return
+		}
+		p := &poller{ep: ep, tick: tick, ws: make(map[uint32]*waiter)}
 		// The thread spends its life in epoll_wait holding a P in a system
 		// call. One more P keeps it from taking one from the forwarding
 		// goroutines, and while an idle P exists the runtime leaves the
@@ -75,23 +91,20 @@ func getPoller() *poller {
 func (p *poller) loop() {
 	runtime.LockOSThread() // one thread: the point of the poller
 	evs := make([]unix.EpollEvent, 64)
-	last := time.Now()
-	lastSched := last
+	var buf [8]byte
+	ticks := 0
 	for {
-		n, err := unix.EpollWait(p.ep, evs, int(waitMax/time.Millisecond))
-		now := time.Now()
-		if now.Sub(last) >= sweepEvery {
-			last = now
-			p.sweep()
-		}
-		if now.Sub(lastSched) >= schedEvery {
-			lastSched = now
-			runtime.Gosched()
-		}
+		n, err := unix.EpollWait(p.ep, evs, -1)
 		if err != nil {
 			continue // EINTR
 		}
+		ticked := false
 		for _, ev := range evs[:n] {
+			if ev.Fd == tickID {
+				rawRead(p.tick, buf[:]) // the expirations count; any is one tick
+				ticked = true
+				continue
+			}
 			p.mu.Lock()
 			w := p.ws[uint32(ev.Fd)]
 			p.mu.Unlock()
@@ -99,11 +112,17 @@ func (p *poller) loop() {
 				w.fire()
 			}
 		}
+		if ticked {
+			if ticks++; ticks%sweepTicks == 0 {
+				p.sweep()
+			}
+			runtime.Gosched()
+		}
 	}
 }
 
-// The poller thread passes through Go's scheduler every schedEvery, and
-// waits at most waitMax at a time so that it does so when idle too.
+// The poller thread passes through Go's scheduler on each tick of a
+// periodic timer, every schedEvery.
 //
 // sysmon preempts a goroutine that has run 10 ms without a pass through
 // the scheduler (forcePreemptNS). The poller thread never passed one (it
@@ -115,16 +134,19 @@ func (p *poller) loop() {
 // signal and 290 wake-ups. A runtime.Gosched on a locked thread costs a
 // hand-off of the P to another thread and back, once per schedEvery.
 // Figures in bench/figures/pollthread (eighteenth session).
-const (
-	schedEvery = 5 * time.Millisecond
-	waitMax    = 8 * time.Millisecond
-)
+//
+// The timer is a timerfd in the epoll set rather than epoll_wait's
+// timeout: a timeout arms and cancels a kernel timer on every wait, that
+// is at every message, and costs about 1.5 us of CPU per round trip of
+// the pair (twenty-third session); the periodic timer is armed once.
+const schedEvery = 5 * time.Millisecond
 
-// sweepEvery is how often the poller looks for sockets closed under it.
-// Closing a socket removes it from the epoll set without an event, so a
-// socket closed by someone other than its stream or link (which cancel
-// first) would leave its goroutine waiting; the sweep hands it back.
-const sweepEvery = 100 * time.Millisecond
+// sweepTicks is how many ticks apart (100 ms) the poller looks for sockets
+// closed under it. Closing a socket removes it from the epoll set without
+// an event, so a socket closed by someone other than its stream or link
+// (which cancel first) would leave its goroutine waiting; the sweep hands
+// it back.
+const sweepTicks = int(100 * time.Millisecond / schedEvery)
 
 func (p *poller) sweep() {
 	p.mu.Lock()
