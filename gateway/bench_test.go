@@ -347,51 +347,54 @@ func BenchmarkPingPong(b *testing.B) {
 	plain := func(p netip.AddrPort) (*net.TCPConn, error) {
 		return net.DialTCP("tcp", &net.TCPAddr{IP: nodeA.AsSlice()}, net.TCPAddrFromAddrPort(p))
 	}
+	// inproc: the row's relays run in this process, so the client must
+	// not block where the runtime cannot stop it (rawPingPong).
 	for _, r := range []struct {
-		name string
-		via  func(b *testing.B) (*net.TCPConn, error)
+		name   string
+		inproc bool
+		via    func(b *testing.B) (*net.TCPConn, error)
 	}{
-		{"direct", func(b *testing.B) (*net.TCPConn, error) { return plain(dst) }},
-		{"gateway", func(b *testing.B) (*net.TCPConn, error) { return gw(startChildren(b).lan("a")) }},
+		{"direct", false, func(b *testing.B) (*net.TCPConn, error) { return plain(dst) }},
+		{"gateway", false, func(b *testing.B) (*net.TCPConn, error) { return gw(startChildren(b).lan("a")) }},
 		// The same pair with Go's runtime woken by every arriving byte as
 		// well (--quiet-runtime=false).
-		{"gateway-runtime-wakes", func(b *testing.B) (*net.TCPConn, error) {
+		{"gateway-runtime-wakes", false, func(b *testing.B) (*net.TCPConn, error) {
 			return gw(startChildren(b, "MPI5K_GW_RTWAKES=1").lan("a"))
 		}},
 		// The same pair waiting in Go's network poller (--poll-thread=false).
-		{"gateway-go-poller", func(b *testing.B) (*net.TCPConn, error) {
+		{"gateway-go-poller", false, func(b *testing.B) (*net.TCPConn, error) {
 			return gw(startChildren(b, "MPI5K_GW_NOPOLL=1").lan("a"))
 		}},
 		// Both gateways in this process (one poller thread for both).
-		{"gateway-inproc", func(b *testing.B) (*net.TCPConn, error) {
+		{"gateway-inproc", true, func(b *testing.B) (*net.TCPConn, error) {
 			_, a, _ := startPair(b, nil)
 			return gw(a.LANAddr())
 		}},
 		// Without the poller thread the whole round trip runs on this
 		// process's threads without sleeping: the gateways' own cost.
-		{"gateway-inproc-go-poller", func(b *testing.B) (*net.TCPConn, error) {
+		{"gateway-inproc-go-poller", true, func(b *testing.B) (*net.TCPConn, error) {
 			_, a, _ := startPair(b, func(c *Config) { c.NoPollThread = true })
 			return gw(a.LANAddr())
 		}},
 		// Floor of a Go relay: two plain read/write forwarders (a goroutine
 		// per direction), no framing, no multiplexing, in this process...
-		{"go-copy-chain-inproc", func(b *testing.B) (*net.TCPConn, error) { return plain(goChain(b, dst, false, "")) }},
+		{"go-copy-chain-inproc", true, func(b *testing.B) (*net.TCPConn, error) { return plain(goChain(b, dst, false, "")) }},
 		// ... and each in its own process.
-		{"go-copy-chain", func(b *testing.B) (*net.TCPConn, error) { return plain(goChain(b, dst, true, "")) }},
+		{"go-copy-chain", false, func(b *testing.B) (*net.TCPConn, error) { return plain(goChain(b, dst, true, "")) }},
 		// The floor of a relay process on this machine: two forwarders that
 		// each wait in epoll_wait on one locked thread and read and write
 		// right there, as a C event loop does (and the gateway's poller
 		// thread). No framing, no multiplexing.
-		{"go-epoll-chain", func(b *testing.B) (*net.TCPConn, error) { return plain(goChain(b, dst, true, "epoll")) }},
+		{"go-epoll-chain", false, func(b *testing.B) (*net.TCPConn, error) { return plain(goChain(b, dst, true, "epoll")) }},
 		// The same two forwarders, and two that block in read(2), with
 		// sockets the Go runtime never sees (serveRaw): the floor of a relay
 		// process, Go or C, on this machine.
-		{"raw-epoll-chain", func(b *testing.B) (*net.TCPConn, error) { return plain(goChain(b, dst, true, "raw-epoll")) }},
-		{"raw-blocking-chain", func(b *testing.B) (*net.TCPConn, error) { return plain(goChain(b, dst, true, "raw-blocking")) }},
-		{"socat", func(b *testing.B) (*net.TCPConn, error) { return plain(socatChain(b, dst)) }},
+		{"raw-epoll-chain", false, func(b *testing.B) (*net.TCPConn, error) { return plain(goChain(b, dst, true, "raw-epoll")) }},
+		{"raw-blocking-chain", false, func(b *testing.B) (*net.TCPConn, error) { return plain(goChain(b, dst, true, "raw-blocking")) }},
+		{"socat", false, func(b *testing.B) (*net.TCPConn, error) { return plain(socatChain(b, dst)) }},
 		// No relay process at all: the kernel forwards (sockmap), the
 		// floor of any relay pair on this machine.
-		{"sockmap-chain", func(b *testing.B) (*net.TCPConn, error) {
+		{"sockmap-chain", false, func(b *testing.B) (*net.TCPConn, error) {
 			first, ready := sockmapChain(b, dst)
 			c, err := plain(first)
 			if err == nil {
@@ -407,7 +410,7 @@ func BenchmarkPingPong(b *testing.B) {
 			}
 			defer c.Close()
 			if os.Getenv("MPI5K_RAWCLIENT") != "" {
-				rawPingPong(b, c)
+				rawPingPong(b, c, !r.inproc && os.Getenv("MPI5K_ECHO") == "proc")
 				return
 			}
 			pingPong(b, c)
@@ -739,13 +742,16 @@ func forward(src, dst int, buf []byte) bool {
 // socket, as a C rank's (MPI5K_RAWCLIENT=1): Go's poller then adds no
 // wake-ups of its own to the client's side of every row.
 //
-// The calls are raw, as the raw forwarders' are: through syscall.Syscall
-// every blocking read entered a system call that sysmon, finding its P
-// held longer than 20 us, retook, which kept sysmon waking every 20 us
-// (4,900 wake-ups and 2,800 futex calls a second in this process, on the
-// 2 vCPUs every row's hops need), where a C rank costs nothing while it
-// waits. No collection may start meanwhile: it would wait for the read.
-func rawPingPong(b *testing.B, c *net.TCPConn) {
+// alone: nothing the round trip needs runs in this process, so the calls
+// can be raw, as the raw forwarders' are. Through syscall.Syscall every
+// blocking read entered a system call that sysmon, finding its P held
+// longer than 20 us, retook, which kept sysmon waking every 20 us (4,900
+// wake-ups and 2,800 futex calls a second in this process, on the 2 vCPUs
+// every row's hops need), where a C rank costs nothing while it waits. A
+// raw call cannot be stopped, so no collection may start meanwhile, and
+// with relays in this process any stop of the world (a collection, the
+// poller's GOMAXPROCS change) would wait for a read that waits for them.
+func rawPingPong(b *testing.B, c *net.TCPConn, alone bool) {
 	c.SetNoDelay(true)
 	rc, _ := c.SyscallConn()
 	fd := -1
@@ -757,8 +763,19 @@ func rawPingPong(b *testing.B, c *net.TCPConn) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	defer unix.Close(fd)
-	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	buf := make([]byte, 1)
+	if !alone {
+		roundTrips(b, func() {
+			if _, err := unix.Write(fd, buf); err != nil {
+				b.Fatal(err)
+			}
+			if n, err := unix.Read(fd, buf); n != 1 || err != nil {
+				b.Fatal(n, err)
+			}
+		})
+		return
+	}
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	roundTrips(b, func() {
 		if n := rawRW(unix.SYS_WRITE, fd, buf); n != 1 {
 			b.Fatal("write to the ping-pong socket failed")
