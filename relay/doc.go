@@ -221,17 +221,23 @@
 // message; bench/figures/pollthread, nineteenth session.
 //
 // Twenty-third session: the poller thread's registration is level-triggered
-// and stays while the thread keeps the socket (poller.go), so a message no
-// longer costs an epoll_ctl to re-arm: 4 per round trip to none, CPU per
-// round trip 86.4 to 81.9 us as configured. With halt polling, 10 runs
-// alternating with the one-shot build, p50 median 56.2 against 60.2 us
-// (lower in 7 of 10); as configured no difference the runs resolve.
-// bench/pingpong.sh 5, min / median, halt polling on: direct 13.0 / 13.0
-// us, pair 53.2 / 58.1 (+40.2 at the minimum), socat 58.4 / 63.4, two C
-// event loops 45.5 / 46.5 (+32.5), the kernel alone 54.0 / 61.8 (+41.0);
-// as configured, pair 98.8 / 101.6 and socat 97.7 / 100.7 over direct
-// 45.6 / 47.5. No chain of two relaying processes, however minimal, is
-// within +30 us of direct on this VM.
+// and stays while the thread keeps the socket, so a message no longer costs
+// an epoll_ctl to re-arm (4 per round trip to none); its periodic work runs
+// on a timerfd tick, so epoll_wait arms no timer per message (poller.go).
+// Halt polling on, alternating with the build before each: p50 median 56.2
+// against 60.2 us (10 runs), then 45.5 against 46.3 (6 runs; CPU per round
+// trip 48.7 against 51.4). The benchmark's raw client had itself kept
+// sysmon waking every 20 us (syscall.Syscall in a blocking read); with raw
+// calls every row gained (pair 46.2 against 57.0, socat 49.3 against 66.6).
+// bench/pingpong.sh 5 then, min / median, halt polling on: direct 13.9 /
+// 17.1 us, pair 45.5 / 60.5 (+31.6 at the minimum), socat 49.3 / 62.2, two
+// C event loops 43.2 / 43.7 (+29.3), the kernel alone 38.6 / 39.7; as
+// configured direct 50.9 / 53.7, pair 88.5 / 95.2, socat 96.2 / 100.4, C
+// event loops 85.0 / 102.9. Single runs swing by 10-20 % with the same
+// system calls (the vCPUs' speed), so the pair and socat trade places run
+// to run. The goal of +30 us sits at the floor of two minimal C relays on
+// this VM; the pair is about 2 us above it; bench/figures/pollthread,
+// twenty-third session.
 //
 // Before the poller thread (fourth session, same VM): pair as processes
 // 138.8 / 139.9 us, socat 111.6 / 115.4 us; with halt polling 70.4 / 71.7
