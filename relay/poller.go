@@ -137,8 +137,8 @@ func (p *poller) loop() {
 //
 // The timer is a timerfd in the epoll set rather than epoll_wait's
 // timeout: a timeout arms and cancels a kernel timer on every wait, that
-// is at every message, and costs about 1.5 us of CPU per round trip of
-// the pair (twenty-third session); the periodic timer is armed once.
+// is at every message; without it the pair's CPU per round trip fell from
+// 51.4 to 48.7 us (twenty-third session). The periodic timer is armed once.
 const schedEvery = 5 * time.Millisecond
 
 // sweepTicks is how many ticks apart (100 ms) the poller looks for sockets
@@ -238,7 +238,9 @@ func newWaiter(c any, step func() bool, quiet bool) *waiter {
 	w.cfn = func(fd uintptr) { w.cerr = rawEpollCtl(w.p.ep, w.cop, int(fd), &w.cev) }
 	w.rt.looked = !quiet // never look it up: leave the runtime as it is
 	p.mu.Lock()
-	p.next++
+	if p.next++; p.next == tickID { // wrapped: the timer's
+		p.next++
+	}
 	w.id = p.next
 	p.ws[w.id] = w
 	p.mu.Unlock()
