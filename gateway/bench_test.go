@@ -764,24 +764,24 @@ func rawPingPong(b *testing.B, c *net.TCPConn, alone bool) {
 	defer runtime.UnlockOSThread()
 	defer unix.Close(fd)
 	buf := make([]byte, 1)
-	if !alone {
-		roundTrips(b, func() {
-			if _, err := unix.Write(fd, buf); err != nil {
-				b.Fatal(err)
-			}
-			if n, err := unix.Read(fd, buf); n != 1 || err != nil {
-				b.Fatal(n, err)
-			}
-		})
-		return
+	if alone {
+		defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	}
-	defer debug.SetGCPercent(debug.SetGCPercent(-1))
-	roundTrips(b, func() {
-		if n := rawRW(unix.SYS_WRITE, fd, buf); n != 1 {
-			b.Fatal("write to the ping-pong socket failed")
+	// one reads or writes the byte (direct calls, so buf stays put).
+	one := func(nr uintptr) (uintptr, unix.Errno) {
+		if alone {
+			n, _, e := unix.RawSyscall(nr, uintptr(fd), uintptr(unsafe.Pointer(&buf[0])), 1)
+			return n, e
 		}
-		if n := rawRW(unix.SYS_READ, fd, buf); n != 1 {
-			b.Fatalf("read from the ping-pong socket returned %d", n)
+		n, _, e := unix.Syscall(nr, uintptr(fd), uintptr(unsafe.Pointer(&buf[0])), 1)
+		return n, e
+	}
+	roundTrips(b, func() {
+		if n, e := one(unix.SYS_WRITE); n != 1 {
+			b.Fatalf("write to the ping-pong socket: %v", e)
+		}
+		if n, e := one(unix.SYS_READ); n != 1 {
+			b.Fatalf("read from the ping-pong socket returned %d: %v", int(n), e)
 		}
 	})
 }
