@@ -159,7 +159,7 @@ func (p *poller) sweep() {
 		w.mu.Lock()
 		gone := w.armed && w.rc.Control(func(uintptr) {}) != nil
 		if gone {
-			w.armed = false
+			w.armed, w.added = false, false // left the epoll set with its file
 		}
 		w.mu.Unlock()
 		if gone {
@@ -276,15 +276,12 @@ func (w *waiter) wait() bool {
 		w.mu.Unlock()
 		return false
 	}
-	op := unix.EPOLL_CTL_MOD
-	if !w.added {
-		op = unix.EPOLL_CTL_ADD
-	}
 	// Quiet the runtime before arming, so bytes arriving right after do
 	// not wake it; loud again once the goroutine has the socket back.
+	// The socket is never in the epoll set here: handing it back removed it.
 	w.quietRuntime(true)
 	w.armed = true
-	if err := w.ctl(op); err != nil {
+	if err := w.ctl(unix.EPOLL_CTL_ADD); err != nil {
 		w.armed = false
 		w.mu.Unlock()
 		w.quietRuntime(false)
