@@ -558,7 +558,7 @@ func TestGatewayWAN(t *testing.T) {
 	bulkKept("first", gbulk)
 	// A full WAN queue raises every round's p99 (RTT + 7.7-14 ms); the
 	// noise of 2 shared cores raises one round's now and then (25.1 ms
-	// once in 7 runs, twenty-second session, while direct TCP's p99 over
+	// once in 7 runs on 2026-11-25, while direct TCP's p99 over
 	// the same controlled queue reached 24.4 ms). So a round over the
 	// bound gets one more, and the bounds below hold the better of two.
 	if p99 := time.Duration(loaded[1]) * time.Microsecond; !custom && p99 > rtt+5*time.Millisecond {
@@ -610,10 +610,10 @@ func TestGatewayWAN(t *testing.T) {
 	}
 	// Unpaced, queue control (on by default) keeps the bottleneck queue
 	// near 1 ms while the ping-pong's messages cross it: p99 RTT + 1.5-2.1
-	// ms in the runs relay/doc.go records, where the bulk link alone
+	// ms in the runs bench/figures/queuecontrol records, where the bulk link alone
 	// fills the 1-BDP queue (RTT + 7.7-14 ms; RTT + 7.8-8.1 ms when a
 	// change let a draining link's bytes in flight pass for a cap in
-	// force, fifteenth session, which the old bound of RTT + 8 ms let
+	// force, 2026-11-24, which the old bound of RTT + 8 ms let
 	// through in three of four runs). The bound leaves 2 shared cores their
 	// noise (idle, p99 once reached RTT + 3.6 ms).
 	if p99 := time.Duration(loaded[1]) * time.Microsecond; !custom && p99 > rtt+5*time.Millisecond {
@@ -762,7 +762,7 @@ func TestGatewayCompeting(t *testing.T) {
 	extra := strings.Fields(os.Getenv("MPI5K_GW_ARGS"))
 	// The bound is on the rounds together: one 8 s share swings by half
 	// either way with either setting (the --wan-queue 0 reference alone
-	// read 93 to 155 Mbit/s in one session), and the claim is about the
+	// read 93 to 155 Mbit/s in one sitting), and the claim is about the
 	// share a stream keeps, not any one transfer.
 	var sum1, sum0 float64
 	const rounds = 2

@@ -12,7 +12,7 @@ import (
 //
 // A BBR socket that has sent without pause for 10 s with no RTT sample at or
 // below its min_rtt enters PROBE_RTT on its next ACK: cwnd 4 for at least
-// 200 ms, about 2.5 % of a bulk link's rate (figure (b)). A bulk link that
+// 200 ms, about 2.5 % of a bulk link's rate (bench/figures/bulk). A bulk link that
 // keeps the bottleneck queue full never sees such a sample. BBR skips the
 // dip when the first ACK after the filter expires ends a restart from idle
 // (tcp_bbr.c, bbr_update_min_rtt: idle_restart): it restamps min_rtt from

@@ -406,7 +406,7 @@ const (
 // wake-up of several microseconds: on the small-message path it is
 // latency, and for a bulk stream on an idle link, one wake-up per chunk,
 // it cost the sending gateway 8-23 % of its forwarding rate per
-// CPU-second (medians of BenchmarkForward, relay/doc.go). Only stream
+// CPU-second (medians of BenchmarkForward, bench/figures/forwarding). Only stream
 // pumps write inline: the link reader must never block on a write, or two
 // gateways could deadlock each waiting for the other to read. The poller
 // thread reads links too, so it writes with sendTry, small frames only:

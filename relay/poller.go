@@ -133,12 +133,12 @@ func (p *poller) loop() {
 // the CPUs the ranks and the other gateway need; with the pass, no
 // signal and 290 wake-ups. A runtime.Gosched on a locked thread costs a
 // hand-off of the P to another thread and back, once per schedEvery.
-// Figures in bench/figures/pollthread (eighteenth session).
+// Figures in bench/figures/pollthread (2026-11-24, 022a6e7).
 //
 // The timer is a timerfd in the epoll set rather than epoll_wait's
 // timeout: a timeout arms and cancels a kernel timer on every wait, that
 // is at every message; without it the pair's CPU per round trip fell from
-// 51.4 to 48.7 us (twenty-third session). The periodic timer is armed once.
+// 51.4 to 48.7 us (bench/figures/pollthread, 2026-11-25). The periodic timer is armed once.
 const schedEvery = 5 * time.Millisecond
 
 // sweepTicks is how many ticks apart (100 ms) the poller looks for sockets

@@ -646,7 +646,7 @@ func TestTrunkQueueForeign(t *testing.T) {
 // can consume; its bytes in flight stay small. Judged on offered windows,
 // the cap never counted as held, was never lifted, and the busy link sat
 // at queueClampMin for the whole run (the lab's cg with --wan-conns 2
-// against a BBR flow, fifteenth session). The busy link must get nearly
+// against a BBR flow; bench/figures/quietlink). The busy link must get nearly
 // what it gets uncontrolled.
 func TestTrunkQueueForeignQuietLink(t *testing.T) {
 	run := func(c *trunkQueue) (busy float64) {

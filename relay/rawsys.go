@@ -18,7 +18,7 @@ import (
 // serves goroutines while it waits: made raw, it removed sysmon's
 // remaining wake-ups (2 kHz in the gateway pair's ping-pong) but, while
 // the poller thread sat idle, made a ping-pong through Go's poller in the
-// same process 2.4 times slower (93 -> 228 us, seventeenth session).
+// same process 2.4 times slower (93 -> 228 us; bench/figures/pollthread, 2026-11-24).
 
 func rawEpollCtl(ep, op, fd int, ev *unix.EpollEvent) error {
 	_, _, e := unix.RawSyscall6(unix.SYS_EPOLL_CTL, uintptr(ep), uintptr(op), uintptr(fd), uintptr(unsafe.Pointer(ev)), 0, 0)
