@@ -5,10 +5,11 @@
 // The C interception layer (intercept.c) handles every interposed call; the
 // Go side only decides and performs relayed connects, answers peer queries
 // and flushes traces. main is never run: a c-shared library has no main.
-
-// Go 1.26 keeps /sys/fs/cgroup cpu files open in every process to follow
-// CPU limit changes: inside a host program those are stray fds that shift
-// its fd numbers, and the shim needs no GOMAXPROCS tuning.
+//
+// The go:debug settings below stop Go 1.26 from keeping /sys/fs/cgroup
+// cpu files open in every process to follow CPU limit changes: inside a
+// host program those are stray fds that shift its fd numbers, and the shim
+// needs no GOMAXPROCS tuning.
 //
 //go:debug containermaxprocs=0
 //go:debug updatemaxprocs=0

@@ -506,13 +506,14 @@ func openTUN(name string) (int, error) {
 
 // raiseAutogroup gives the emulator daemon's autogroup nice -10. With
 // kernel.sched_autogroup_enabled (Debian's default) the scheduler first
-// shares a CPU between sessions, then between threads of one session by
-// nice: a nice -10 thread in a session of its own got no more than any
-// other session, and 4 busy-polling MPI ranks plus iperf3 (a session per
-// process) left the packet threads runnable but unscheduled for 1.5 s,
-// long enough for every TCP flow across the WAN to time out (TestBenchLab
-// with the gateways' PROBE_RTT guard on, about 1 run in 3). The daemon runs in a
-// session of its own (startEmulator), so this raises nothing else.
+// shares a CPU between autogroups (one per setsid), then between threads
+// of one autogroup by nice: a nice -10 thread in an autogroup of its own
+// got no more than any other autogroup, and 4 busy-polling MPI ranks plus
+// iperf3 (an autogroup per process) left the packet threads runnable but
+// unscheduled for 1.5 s, long enough for every TCP flow across the WAN to
+// time out (TestBenchLab with the gateways' PROBE_RTT guard on, about 1 run
+// in 3). The daemon runs under setsid (startEmulator), so its autogroup is
+// its own and this raises nothing else.
 func raiseAutogroup() {
 	err := os.WriteFile("/proc/self/autogroup", []byte("-10"), 0)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) { // no file: autogroup not built in

@@ -355,7 +355,7 @@ func addTBF(h *netlink.Handle, name string, rate uint64, mtu int) error {
 }
 
 // startEmulator launches the emulator daemon (bin/mpi5k lab _emu) detached
-// in its own session, and waits for its control socket.
+// under setsid, and waits for its control socket.
 func (l *Lab) startEmulator(ctx context.Context) error {
 	logf, err := os.OpenFile(filepath.Join(l.dir, "emu.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {

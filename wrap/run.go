@@ -303,15 +303,15 @@ func (g *gateway) start(dir string) error {
 	}
 	g.cmd = exec.Command(g.argv[0], g.argv[1:]...)
 	g.cmd.Stdout, g.cmd.Stderr = log, log
-	// Own session, as a daemon has: a Ctrl-C at the terminal reaches mpirun
+	// setsid, as a daemon does: a Ctrl-C at the terminal reaches mpirun
 	// while the gateways stay up until the summary is read and stop in
 	// order; and under autogroup scheduling (Linux's default) a gateway
 	// that shares cores with ranks weighs as a job of its own, not as one
-	// more thread of the MPI job's session beside its spinning ranks. (In
+	// more thread of the MPI job's autogroup beside its spinning ranks. (In
 	// the lab, whose hosts share the machine's cores, BT under competing
 	// traffic took 1.57x direct's time with the gateways in mpirun's
-	// session and 1.09x in their own.) The session is also the process
-	// group stop signals.
+	// autogroup and 1.09x in their own.) The new process group is also
+	// what stop signals.
 	g.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if g.stdin, err = g.cmd.StdinPipe(); err != nil {
 		log.Close()
@@ -329,7 +329,7 @@ func (g *gateway) start(dir string) error {
 
 // stop closes the gateway's stdin (the gateway runs with
 // --exit-on-stdin-eof, which survives ssh), then signals the launcher's
-// session (its process group), and kills it if it lingers.
+// process group, and kills it if it lingers.
 func (g *gateway) stop() {
 	if g.cmd == nil || g.cmd.Process == nil {
 		return

@@ -404,8 +404,8 @@ func TestRunGatewayNeverReady(t *testing.T) {
 	pidfile := filepath.Join(dir, "pids")
 	// The fake launcher stands for "ssh HOST mpi5k-gateway ...": it records
 	// its pid and sleeps like a gateway that never reaches its peer.
-	// The sixth field of /proc/PID/stat is the session id: every gateway
-	// must lead a session of its own (see gateway.start).
+	// The sixth field of /proc/PID/stat is the sid setsid gives: every
+	// gateway launcher must have its own (see gateway.start).
 	launcher := writeFile(t, dir, "fake-ssh", "#!/bin/sh\necho $$ $(cut -d' ' -f6 /proc/$$/stat) >> "+pidfile+"\nexec sleep 300\n")
 	c, _, _ := testConfig(t, "sh", "-hosts", "node-1.site1,node-1.site2", "-c", "exit 0")
 	c.Flavour = Hydra
@@ -435,7 +435,7 @@ func TestRunGatewayNeverReady(t *testing.T) {
 			t.Fatalf("pid file line %q: %v", l, err)
 		}
 		if sid != pid || sid == ours {
-			t.Errorf("gateway launcher %d runs in session %d (ours %d), want a session of its own", pid, sid, ours)
+			t.Errorf("gateway launcher %d has sid %d (ours %d), want its own (setsid)", pid, sid, ours)
 		}
 		if syscall.Kill(pid, 0) == nil {
 			t.Errorf("gateway launcher %d still running", pid)
