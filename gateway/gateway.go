@@ -4,6 +4,28 @@
 // WAN links (package relay) to every other site's gateway, and applies the
 // policy that makes it never an open relay. cmd/mpi5k-gateway is a thin main
 // around Gateway.
+//
+// Where each concern lives:
+//   - gateway.go: the LAN listener (OPEN, PEER_QUERY), the WAN mesh (the
+//     site with the lower id dials, and redials after a failure), the
+//     policy (WAN peers must be gateways of the site map, destinations must
+//     be in this site), express link renewal, readiness.
+//   - lan.go: the LAN transport interface.
+//   - sockopt.go: WAN and LAN socket tuning: congestion control (CUBIC on
+//     the express link, BBR on the bulk links), TCP_NOTSENT_LOWAT, pacing,
+//     the RTO floor and delayed-ACK ceiling (bench/figures/wantimers).
+//   - warm.go: tcp_slow_start_after_idle off in the gateway's namespace
+//     while it runs, so CUBIC links keep their window across pauses
+//     (bench/figures/warm).
+//   - prime.go: PAD filler on each new BBR link until BBR has measured the
+//     path (bench/figures/prime).
+//   - probertt.go: the PROBE_RTT guard, which holds a busy BBR bulk link
+//     across its min_rtt expiry instead of letting it dip (bench/figures/bulk).
+//   - tcpevents.go, metrics.go: TCP_INFO sampling of the WAN links and the
+//     /metrics and /ready endpoints.
+//
+// The multiplexing itself (streams, trunks, queue control, the poller
+// thread) is package relay.
 package gateway
 
 import (
