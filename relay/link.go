@@ -1242,3 +1242,32 @@ func (l *Link) flush(limit time.Duration) {
 	case <-l.done:
 	}
 }
+
+// Alive sends a PING and reports whether the peer sends anything on the
+// link within wait: false if the link ends or stays silent. The gateway
+// asks before it lets a new connection replace the link.
+func (l *Link) Alive(wait time.Duration) bool {
+	since := time.Now().UnixNano()
+	f := frame{h: header.Header{Type: header.TypePing, Length: 8}}
+	header.PutU32(f.ctl[:4], uint32(uint64(since)>>32))
+	header.PutU32(f.ctl[4:], uint32(since))
+	if !l.enqueue(f, nil) {
+		return false
+	}
+	end := time.NewTimer(wait)
+	defer end.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-l.done:
+			return false
+		case <-tick.C:
+			if l.lastRecv.Load() > since {
+				return true
+			}
+		case <-end.C:
+			return l.lastRecv.Load() > since
+		}
+	}
+}
