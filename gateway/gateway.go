@@ -120,8 +120,8 @@ type Config struct {
 	// mpi5k_refusals_total{reason}.
 	//
 	// MaxLANConns: LAN connections at once (streams out, PEER_QUERY,
-	// pending); default half the open-file limit (at least 64). Past it a
-	// new connection is reset at accept.
+	// pending); default half the open-file limit, at most 65536 (at
+	// least 64). Past it a new connection is reset at accept.
 	MaxLANConns int
 	// MaxPendingLAN: LAN connections that have not sent their first frame
 	// yet (default 1024, at most MaxLANConns); past it, reset at accept.
@@ -130,7 +130,7 @@ type Config struct {
 	// (default MaxLANConns/4); past it its OPEN is reset.
 	MaxSourceStreams int
 	// MaxPeerStreams: streams a peer site may have open into this site at
-	// once (default half the open-file limit shared by the peers, at least
+	// once (default MaxLANConns's default shared by the peers, at least
 	// 64); past it the OPEN is refused (code 10, limit).
 	MaxPeerStreams int
 	// MaxPendingWAN: WAN connections in their HELLO exchange (default 16,
@@ -395,7 +395,8 @@ func (g *Gateway) Run(ctx context.Context) error {
 	g.log.Info("gateway up", "id", g.site.ID, "lan", g.lanLn.Addr().String(), "wan", g.wanLn.Addr().String(),
 		"peers", len(g.peers), "wan_conns", g.cfg.WANConns, "express", !g.cfg.NoExpress, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
 		"wan_pace_bps", g.cfg.WANPace, "wan_queue", g.cfg.WANQueue.String(), "probe_rtt_guard", !g.cfg.NoProbeRTTGuard,
-		"express_cc", g.cfg.ExpressCC, "prime", !g.cfg.NoPrime, "keep_warm", keepWarmState)
+		"express_cc", g.cfg.ExpressCC, "prime", !g.cfg.NoPrime, "keep_warm", keepWarmState,
+		"max_lan_conns", g.cfg.MaxLANConns, "max_source_streams", g.cfg.MaxSourceStreams, "max_peer_streams", g.cfg.MaxPeerStreams)
 	g.wg.Add(3)
 	go g.serveLAN()
 	go g.serveWAN()

@@ -26,8 +26,11 @@ func (c *Config) fillLimits(npeers int) error {
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) == nil && rl.Cur < 1<<30 {
 		files = int(rl.Cur)
 	}
+	// Half the descriptors for each side, and at most 64 Ki: each stream
+	// also costs two goroutines and buffers.
+	budget := max(min(files/2, 1<<16), 64)
 	if c.MaxLANConns == 0 {
-		c.MaxLANConns = max(files/2, 64)
+		c.MaxLANConns = budget
 	}
 	if c.MaxPendingLAN == 0 {
 		c.MaxPendingLAN = min(1024, c.MaxLANConns)
@@ -36,7 +39,7 @@ func (c *Config) fillLimits(npeers int) error {
 		c.MaxSourceStreams = max(c.MaxLANConns/4, 16)
 	}
 	if c.MaxPeerStreams == 0 {
-		c.MaxPeerStreams = max(files/2/max(npeers, 1), 64)
+		c.MaxPeerStreams = max(budget/max(npeers, 1), 64)
 	}
 	if c.MaxPendingWAN == 0 {
 		links := c.WANConns + 1

@@ -145,3 +145,42 @@ func TestEarlyDataLimit(t *testing.T) {
 		t.Fatalf("%d early bytes counted after every stream ended", e)
 	}
 }
+
+// TestBeyondWindow: DATA past the window granted to the peer, before the
+// destination has even been connected, is a protocol violation that
+// fails the link (so early data per stream never exceeds Window).
+func TestBeyondWindow(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	evil, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer evil.Close()
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{PingInterval: time.Hour, Window: 64 << 10}
+	ph := header.Hello{SiteID: 9, LinkCount: 1, MaxPayload: header.MaxPayload, Window: 1 << 16, Name: "evil"}
+	// The stream is held, never connected: its DATA waits in the window.
+	l := NewLink(c, cfg, ph, false, HandlerFunc(func(s *Stream, o *header.Open) {}))
+	defer l.Close()
+	body, _ := header.AppendOpen(nil, &header.Open{Dst: netip.MustParseAddrPort("10.0.0.1:1"), Src: netip.MustParseAddrPort("10.0.0.2:2")})
+	in := header.AppendFrame(nil, header.TypeOpen, 1, body)
+	for range 5 { // 80 KiB into a 64 KiB window
+		in = header.AppendFrame(in, header.TypeData, 1, make([]byte, 16<<10))
+	}
+	go evil.Write(in)
+	select {
+	case <-l.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("link still up after DATA beyond the window")
+	}
+	if err := l.Err(); err == nil || !strings.Contains(err.Error(), "beyond its window") {
+		t.Fatalf("link error %v, want DATA beyond the window", err)
+	}
+}
