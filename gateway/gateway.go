@@ -814,7 +814,7 @@ func (g *Gateway) serveWAN() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			g.log.Warn("WAN accept", "err", err)
+			g.refusals.Log(g.log, slog.LevelWarn, "wan_accept", "WAN accept", "err", err) // EMFILE would repeat every 10 ms
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
@@ -970,7 +970,7 @@ func (g *Gateway) serveLAN() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			g.log.Warn("LAN accept", "err", err)
+			g.refusals.Log(g.log, slog.LevelWarn, "lan_accept", "LAN accept", "err", err) // EMFILE would repeat every 10 ms
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
