@@ -911,6 +911,11 @@ func (g *Gateway) linkInUse(p *peer, i int) error {
 	if old == nil {
 		return nil
 	}
+	select {
+	case <-old.Done():
+		return nil // failed: the peer reconnects
+	default:
+	}
 	if g.isExpress(i) && !g.cfg.NoRenew {
 		now := time.Now().UnixNano()
 		last := p.renewAccepted.Load()
