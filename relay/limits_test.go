@@ -14,21 +14,9 @@ import (
 // TestControlQueueLimit: a peer that floods PINGs and never reads makes
 // the link queue PONGs; past MaxControl the link fails instead of growing.
 func TestControlQueueLimit(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	evil, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	evil, c := tcpPair(t)
 	defer evil.Close()
-	evil.(*net.TCPConn).SetReadBuffer(4096) // fills at once: PONGs queue
-	c, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
+	evil.SetReadBuffer(4096) // fills at once: PONGs queue
 	var mu sync.Mutex
 	var reasons []string
 	cfg := Config{PingInterval: time.Hour, MaxControl: 1000,
@@ -150,20 +138,8 @@ func TestEarlyDataLimit(t *testing.T) {
 // destination has even been connected, is a protocol violation that
 // fails the link (so early data per stream never exceeds Window).
 func TestBeyondWindow(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	evil, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	evil, c := tcpPair(t)
 	defer evil.Close()
-	c, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg := Config{PingInterval: time.Hour, Window: 64 << 10}
 	ph := header.Hello{SiteID: 9, LinkCount: 1, MaxPayload: header.MaxPayload, Window: 1 << 16, Name: "evil"}
 	// The stream is held, never connected: its DATA waits in the window.
