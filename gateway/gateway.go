@@ -142,7 +142,7 @@ type Config struct {
 	// Window: a peer that sends more breaks the protocol and its link fails.
 	MaxEarly int64
 	// MaxControl: control frames (PONG, WINDOW, OPEN_REFUSED, ...) queued
-	// unsent on a WAN link (default 16384); past it the peer does not read
+	// unsent on a WAN link (default 65536, at most 11 MiB); past it the peer does not read
 	// what it asks for and the link fails.
 	MaxControl int
 }
@@ -164,14 +164,15 @@ type Gateway struct {
 	readyc  chan struct{}
 	priming int // links being primed (prime.go); readiness waits for them
 
-	records peerTable
-	m       *metrics
+	records  peerTable
+	m        *metrics
+	guard    probeGuard
+	draining atomic.Bool // SIGTERM: refuse new streams from peers
+
 	// Limits (Config.Max*): what is in use, and the refusal log.
 	lanConns, lanPending, wanPending atomic.Int64
 	sources                          sourceTable
 	refusals                         ratelog.Limiter
-	guard                            probeGuard
-	draining                         atomic.Bool // SIGTERM: refuse new streams from peers
 
 	ctx     context.Context
 	cancel  context.CancelFunc

@@ -100,8 +100,8 @@ func TestPingFlood(t *testing.T) {
 	grew := int64(peak) - int64(base)
 	t.Logf("%d PINGs sent in %v before the gateway closed the link; heap peak %+d KiB over the start",
 		sent, time.Since(start).Round(time.Millisecond), grew>>10)
-	// 16384 queued frames of about 100 bytes, twice over while the queue
-	// grows, plus what the flood's reads buffer: well under 64 MiB.
+	// 65536 queued frames of 88 bytes, up to twice over while the queue
+	// grows (11 MiB), plus the reader's buffers: well under 64 MiB.
 	if grew > 64<<20 {
 		t.Fatalf("heap grew by %d MiB under the flood", grew>>20)
 	}

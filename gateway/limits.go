@@ -49,7 +49,7 @@ func (c *Config) fillLimits(npeers int) error {
 		c.MaxEarly = 64 << 20
 	}
 	if c.MaxControl == 0 {
-		c.MaxControl = 16384
+		c.MaxControl = 1 << 16
 	}
 	return nil
 }

@@ -75,9 +75,12 @@ type Config struct {
 	// link may keep (0 = off).
 	QueueTarget time.Duration
 	// MaxControl is the most control frames (PONG, WINDOW, OPEN_REFUSED,
-	// ...) that may wait unsent on the link (default 16384, a few MiB). A
-	// peer that sends requests and does not read the replies would grow
-	// the queue without bound: past the limit the link fails.
+	// ...) that may wait unsent on the link (default 65536: 88 bytes
+	// each, at most 11 MiB while the queue grows). A peer that sends
+	// requests and does not read the replies would grow the queue without
+	// bound: past the limit the link fails. The default stays above the
+	// frames a burst of stream setups (OPEN, OPEN_OK, ...) queues while the
+	// WAN stalls for a few seconds, which the stream limits bound.
 	MaxControl int
 	// MaxEarly is the most DATA bytes a trunk buffers for streams whose
 	// destination is not connected yet (default 64 MiB). Each stream's
@@ -121,7 +124,7 @@ func (c *Config) fill() {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.MaxControl <= 0 {
-		c.MaxControl = 16384
+		c.MaxControl = 1 << 16
 	}
 	if c.MaxEarly <= 0 {
 		c.MaxEarly = 64 << 20
