@@ -47,6 +47,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/internal/ratelog"
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/sitemap"
 )
@@ -136,6 +137,38 @@ type Config struct {
 
 	Transport LANTransport // nil = kernel TCP with the LAN options
 	Logger    *slog.Logger
+
+	// Limits against hostile or broken peers and nodes (docs/limits.md):
+	// advanced settings, zero takes the default. Refusals are logged at
+	// most once per reason every 10 s and counted in
+	// mpi5k_refusals_total{reason}.
+	//
+	// MaxLANConns: LAN connections at once (streams out, PEER_QUERY,
+	// pending); default half the open-file limit, at most 65536 (at
+	// least 64). Past it a new connection is reset at accept.
+	MaxLANConns int
+	// MaxPendingLAN: LAN connections that have not sent their first frame
+	// yet (default 1024, at most MaxLANConns); past it, reset at accept.
+	MaxPendingLAN int
+	// MaxSourceStreams: streams one LAN host may have open at once
+	// (default MaxLANConns/4); past it its OPEN is reset.
+	MaxSourceStreams int
+	// MaxPeerStreams: streams a peer site may have open into this site at
+	// once (default MaxLANConns's default shared by the peers, at least
+	// 64); past it the OPEN is refused (code 10, limit).
+	MaxPeerStreams int
+	// MaxPendingWAN: WAN connections in their HELLO exchange (default 16,
+	// or twice the links of all peers if more); past it, reset at accept.
+	MaxPendingWAN int
+	// MaxEarly: DATA bytes per peer site buffered for streams whose
+	// destination is not connected yet (default 64 MiB); the stream that
+	// would pass it is reset (code 10). Each stream's own is bounded by
+	// Window: a peer that sends more breaks the protocol and its link fails.
+	MaxEarly int64
+	// MaxControl: control frames (PONG, WINDOW, OPEN_REFUSED, ...) queued
+	// unsent on a WAN link (default 65536, at most 11 MiB); past it the peer does not read
+	// what it asks for and the link fails.
+	MaxControl int
 }
 
 // Gateway is one site's gateway.
@@ -160,6 +193,11 @@ type Gateway struct {
 	guard    probeGuard
 	draining atomic.Bool // SIGTERM: refuse new streams from peers
 
+	// Limits (Config.Max*): what is in use, and the refusal log.
+	lanConns, lanPending, wanPending atomic.Int64
+	sources                          sourceTable
+	refusals                         ratelog.Limiter
+
 	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -177,6 +215,11 @@ type peer struct {
 	// express link; renewed counts renewals (both sides).
 	renew   chan struct{}
 	renewed atomic.Uint64
+	// streamsIn: streams the peer has open into this site (MaxPeerStreams).
+	streamsIn atomic.Int64
+	// renewAccepted: when the acceptor last let a new express link retire
+	// a working one (unix ns).
+	renewAccepted atomic.Int64
 	// primeMu: one link of the pair primes at a time, so each measures
 	// the path's rate rather than a share of it (prime.go).
 	primeMu sync.Mutex
@@ -298,12 +341,20 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.ExpressMax < 0 || cfg.ExpressMax > cfg.Chunk {
 		return nil, fmt.Errorf("gateway: --express-max %d out of range 0..chunk (%d)", cfg.ExpressMax, cfg.Chunk)
 	}
+	if err := cfg.fillLimits(len(cfg.Map.Sites()) - 1); err != nil {
+		return nil, err
+	}
 	g := &Gateway{cfg: cfg, site: site, log: cfg.Logger.With("site", site.Name),
 		peers: map[uint8]*peer{}, readyc: make(chan struct{}), stopped: make(chan struct{})}
 	g.guard.kick = make(chan struct{}, 1)
+	g.sources.m = map[netip.Addr]int{}
 	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, ExpressMax: cfg.ExpressMax,
 		PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log,
-		NoPoller: cfg.NoPollThread, RuntimeWakes: cfg.NoQuietRuntime, QueueTarget: cfg.WANQueue}
+		NoPoller: cfg.NoPollThread, RuntimeWakes: cfg.NoQuietRuntime, QueueTarget: cfg.WANQueue,
+		MaxControl: cfg.MaxControl, MaxEarly: cfg.MaxEarly,
+		Limited: func(reason, peer string, err error) {
+			g.refused(reason, "WAN peer hit a limit", "peer", peer, "err", err)
+		}}
 	g.lan = cfg.Transport
 	if g.lan == nil {
 		g.lan = &TCPTransport{Opts: cfg.LAN}
@@ -317,6 +368,7 @@ func New(cfg Config) (*Gateway, error) {
 		}
 	}
 	g.records.m = map[recordKey]record{}
+	g.records.locals = map[netip.AddrPort]int{}
 	g.m = newMetrics(g)
 	var err error
 	if g.lanLn, err = g.lan.Listen(site.LAN); err != nil {
@@ -368,7 +420,8 @@ func (g *Gateway) Run(ctx context.Context) error {
 	g.log.Info("gateway up", "id", g.site.ID, "lan", g.lanLn.Addr().String(), "wan", g.wanLn.Addr().String(),
 		"peers", len(g.peers), "wan_conns", g.cfg.WANConns, "express", !g.cfg.NoExpress, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
 		"wan_pace_bps", g.cfg.WANPace, "wan_queue", g.cfg.WANQueue.String(), "probe_rtt_guard", !g.cfg.NoProbeRTTGuard,
-		"express_cc", g.cfg.ExpressCC, "prime", !g.cfg.NoPrime, "keep_warm", keepWarmState)
+		"express_cc", g.cfg.ExpressCC, "prime", !g.cfg.NoPrime, "keep_warm", keepWarmState,
+		"max_lan_conns", g.cfg.MaxLANConns, "max_source_streams", g.cfg.MaxSourceStreams, "max_peer_streams", g.cfg.MaxPeerStreams)
 	g.wg.Add(3)
 	go g.serveLAN()
 	go g.serveWAN()
@@ -786,11 +839,23 @@ func (g *Gateway) serveWAN() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			g.log.Warn("WAN accept", "err", err)
+			g.refusals.Log(g.log, slog.LevelWarn, "wan_accept", "WAN accept", "err", err) // EMFILE would repeat every 10 ms
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		go g.acceptWAN(c)
+		if g.wanPending.Add(1) > int64(g.cfg.MaxPendingWAN) {
+			g.wanPending.Add(-1)
+			g.refused("wan_pending", "WAN connection refused: too many WAN connections in their HELLO exchange",
+				"remote", c.RemoteAddr().String(), "limit", g.cfg.MaxPendingWAN)
+			g.m.wanRefused.Inc()
+			c.SetLinger(0)
+			c.Close()
+			continue
+		}
+		go func() {
+			defer g.wanPending.Add(-1)
+			g.acceptWAN(c)
+		}()
 	}
 }
 
@@ -813,7 +878,7 @@ func (g *Gateway) acceptWAN(c *net.TCPConn) {
 		}
 	}
 	if len(cands) == 0 {
-		g.log.Warn("WAN connection refused: source is no peer gateway in the site map", "remote", remote.String())
+		g.refused("wan_source", "WAN connection refused: source is no peer gateway in the site map", "remote", remote.String())
 		g.m.wanRefused.Inc()
 		c.SetLinger(0)
 		c.Close()
@@ -838,8 +903,14 @@ func (g *Gateway) acceptWAN(c *net.TCPConn) {
 			err = g.checkHello(ph, p, int(ph.LinkIndex))
 		}
 	}
+	reason := "wan_hello"
+	if err == nil {
+		if err = g.linkInUse(p, int(ph.LinkIndex)); err != nil {
+			reason = "wan_link_in_use"
+		}
+	}
 	if err != nil {
-		g.log.Warn("WAN connection refused", "remote", remote.String(), "err", err)
+		g.refused(reason, "WAN connection refused", "remote", remote.String(), "err", err)
 		g.m.wanRefused.Inc()
 		c.SetLinger(0)
 		c.Close()
@@ -850,6 +921,45 @@ func (g *Gateway) acceptWAN(c *net.TCPConn) {
 	g.addLink(p, int(ph.LinkIndex), c, ph, since)
 	g.log.Info("WAN link up", "peer", p.site.Name, "link", ph.LinkIndex, "remote", remote.String())
 }
+
+// linkInUse refuses a new connection for p's link i while the link it
+// would replace still works: a forged or stray HELLO must not reset every
+// stream of a working link. The dialer reconnects only after its link
+// failed, and then the old link here is closed, or is found dead by a
+// PING that gets no answer within probeWait. An express link may be
+// renewed while it works (its streams survive the retirement), at most
+// once per half renewGap.
+func (g *Gateway) linkInUse(p *peer, i int) error {
+	g.peersMu.Lock()
+	old := p.links[i]
+	g.peersMu.Unlock()
+	if old == nil {
+		return nil
+	}
+	select {
+	case <-old.Done():
+		return nil // failed: the peer reconnects
+	default:
+	}
+	if g.isExpress(i) && !g.cfg.NoRenew {
+		now := time.Now().UnixNano()
+		last := p.renewAccepted.Load()
+		if now-last < int64(renewGap/2) || !p.renewAccepted.CompareAndSwap(last, now) {
+			return fmt.Errorf("express link %d was renewed %v ago: at most one renewal per %v", i,
+				time.Duration(now-last).Round(time.Millisecond), renewGap/2)
+		}
+		return nil
+	}
+	wait := max(probeWait, 4*time.Duration(old.Stats.RTT.Load()))
+	if old.Alive(min(wait, g.cfg.DeadAfter)) {
+		return fmt.Errorf("link %d to %s is up and answers: a new link replaces it only once it has failed", i, p.site.Name)
+	}
+	return nil
+}
+
+// probeWait is the least time a link that a new connection would replace
+// gets to answer a PING.
+const probeWait = 500 * time.Millisecond
 
 // pickLink returns the up bulk link to site with the fewest streams
 // homed on it, waiting up to OpenTimeout for one to come up. The express
@@ -890,25 +1000,66 @@ func (g *Gateway) serveLAN() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			g.log.Warn("LAN accept", "err", err)
+			g.refusals.Log(g.log, slog.LevelWarn, "lan_accept", "LAN accept", "err", err) // EMFILE would repeat every 10 ms
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		go g.handleLAN(c)
+		if g.lanConns.Add(1) > int64(g.cfg.MaxLANConns) {
+			g.lanConns.Add(-1)
+			g.refuseLAN(c, "lan_conns", "too many LAN connections", "limit", g.cfg.MaxLANConns)
+			continue
+		}
+		if g.lanPending.Add(1) > int64(g.cfg.MaxPendingLAN) {
+			g.lanPending.Add(-1)
+			g.lanConns.Add(-1)
+			g.refuseLAN(c, "lan_pending", "too many LAN connections waiting for their first frame", "limit", g.cfg.MaxPendingLAN)
+			continue
+		}
+		go func() {
+			defer g.lanConns.Add(-1)
+			g.handleLAN(c)
+		}()
 	}
 }
 
-func (g *Gateway) refuseLAN(c LANConn, reason string, args ...any) {
-	g.log.Warn("LAN connection refused: "+reason, append([]any{"remote", c.Remote().String()}, args...)...)
+// refused logs a refusal (at most one line per reason per interval) and
+// counts it in mpi5k_refusals_total.
+func (g *Gateway) refused(reason, msg string, args ...any) {
+	g.m.refusals.WithLabelValues(reason).Inc()
+	g.refusals.Log(g.log, slog.LevelWarn, reason, msg, args...)
+}
+
+// refuseLAN resets a LAN connection, refused for reason (a metric label;
+// msg says it to the operator).
+func (g *Gateway) refuseLAN(c LANConn, reason, msg string, args ...any) {
+	g.refused(reason, "LAN connection refused: "+msg, append([]any{"remote", c.Remote().String()}, args...)...)
 	g.m.lanRefused.Inc()
 	c.Abort()
 }
 
 // handleLAN reads the first frame of a node's connection: OPEN (then raw
-// bytes both ways) or PEER_QUERY (a control connection).
+// bytes both ways) or PEER_QUERY (a control connection). It returns when
+// the connection has ended: the connection counts in MaxLANConns until
+// then, and a stream in its source's MaxSourceStreams.
 func (g *Gateway) handleLAN(c LANConn) {
-	if s, ok := g.cfg.Map.Lookup(c.Remote().Addr()); !ok || s.ID != g.site.ID {
-		g.refuseLAN(c, "source is not a node of this site")
+	pending := true
+	unpend := func() {
+		if pending {
+			pending = false
+			g.lanPending.Add(-1)
+		}
+	}
+	defer unpend()
+	remote := c.Remote()
+	if s, ok := g.cfg.Map.Lookup(remote.Addr()); !ok || s.ID != g.site.ID {
+		g.refuseLAN(c, "lan_source", "source is not a node of this site")
+		return
+	}
+	if gs, ok := g.cfg.Map.GatewaySite(remote.Addr()); ok && (gs.ID != g.site.ID || g.records.isLocal(remote)) {
+		// A gateway never has a reason to open a stream: this is a
+		// connection the gateway dialed to a destination that led back
+		// here (a loop), or another site's gateway.
+		g.refuseLAN(c, "lan_from_gateway", "source is a gateway's own socket (a relay loop)", "gateway_site", gs.Name)
 		return
 	}
 	dl, _ := c.(interface{ SetReadDeadline(time.Time) error })
@@ -920,56 +1071,76 @@ func (g *Gateway) handleLAN(c LANConn) {
 	h, body, err := header.ReadOne(c, header.MaxPayload)
 	if err != nil {
 		// err says which: none (EOF, timeout), undecodable, or truncated.
-		g.refuseLAN(c, "no valid first frame", "err", err)
+		g.refuseLAN(c, "lan_first_frame", "no valid first frame", "err", err)
 		return
 	}
 	if dl != nil {
 		dl.SetReadDeadline(time.Time{})
 	}
+	unpend()
 	switch h.Type {
 	case header.TypeOpen:
-		g.openFromLAN(c, h, body)
+		if s := g.openFromLAN(c, h, body); s != nil {
+			<-s.Done()
+			g.sources.release(remote.Addr())
+		}
 	case header.TypePeerQuery:
 		g.serveQueries(c, h, body)
 	default:
-		g.refuseLAN(c, "first frame must be OPEN or PEER_QUERY", "type", h.Type.String())
+		g.refuseLAN(c, "lan_first_frame", "first frame must be OPEN or PEER_QUERY", "type", h.Type.String())
 	}
 }
 
-func (g *Gateway) openFromLAN(c LANConn, h header.Header, body []byte) {
+// openFromLAN opens the stream a node asks for, or refuses it (nil). The
+// caller releases the stream's place in its source's MaxSourceStreams
+// once it has ended.
+func (g *Gateway) openFromLAN(c LANConn, h header.Header, body []byte) *relay.Stream {
 	if h.Stream != 0 {
-		g.refuseLAN(c, "LAN OPEN must use stream 0", "stream", h.Stream)
-		return
+		g.refuseLAN(c, "lan_open", "LAN OPEN must use stream 0", "stream", h.Stream)
+		return nil
 	}
 	o, err := header.ParseOpen(body)
 	if err != nil {
-		g.refuseLAN(c, "bad OPEN", "err", err)
-		return
+		g.refuseLAN(c, "lan_open", "bad OPEN", "err", err)
+		return nil
 	}
 	o.Dst = unmapAP(o.Dst)
 	o.Src = unmapAP(o.Src)
-	if o.Src.Addr() != c.Remote().Addr() {
-		g.refuseLAN(c, "OPEN source differs from the connection's source", "src", o.Src.String())
-		return
+	// The whole endpoint, port too: the far side's PEER_QUERY answers
+	// with it, so a node must not name a port it does not own.
+	if o.Src != c.Remote() {
+		g.refuseLAN(c, "lan_open", "OPEN source differs from the connection's source", "src", o.Src.String())
+		return nil
 	}
 	dsite, ok := g.cfg.Map.Lookup(o.Dst.Addr())
 	if !ok || dsite.ID == g.site.ID {
-		g.refuseLAN(c, "destination is not in another site of the map", "dst", o.Dst.String())
-		return
+		g.refuseLAN(c, "lan_open", "destination is not in another site of the map", "dst", o.Dst.String())
+		return nil
+	}
+	if gs, ok := g.cfg.Map.GatewaySite(o.Dst.Addr()); ok {
+		g.refuseLAN(c, "dst_gateway", "destination is a gateway: gateways are never relayed to (a loop)", "dst", o.Dst.String(), "gateway_site", gs.Name)
+		return nil
+	}
+	if !g.sources.acquire(o.Src.Addr(), g.cfg.MaxSourceStreams) {
+		g.refuseLAN(c, "source_streams", "the source host has too many streams open", "limit", g.cfg.MaxSourceStreams)
+		return nil
 	}
 	p := g.peers[dsite.ID]
 	l := g.pickLink(p)
 	if l == nil {
-		g.refuseLAN(c, "no WAN link to the destination's site", "dst", o.Dst.String(), "peer", dsite.Name)
-		return
+		g.sources.release(o.Src.Addr())
+		g.refuseLAN(c, "no_link", "no WAN link to the destination's site", "dst", o.Dst.String(), "peer", dsite.Name)
+		return nil
 	}
 	s, err := l.Open(&o, c)
 	if err != nil {
-		g.refuseLAN(c, "open on WAN link failed", "err", err)
-		return
+		g.sources.release(o.Src.Addr())
+		g.refuseLAN(c, "no_link", "open on WAN link failed", "err", err)
+		return nil
 	}
 	g.m.streamsOpened.WithLabelValues(dsite.Name, "out").Inc()
 	g.log.Debug("stream open", "dir", "out", "peer", dsite.Name, "stream", s.ID(), "src", o.Src.String(), "dst", o.Dst.String())
+	return s
 }
 
 // openFromWAN handles a peer's OPEN: the destination must be a node of our
@@ -984,16 +1155,31 @@ func (g *Gateway) openFromWAN(s *relay.Stream, o *header.Open) {
 	}
 	o.Dst, o.Src = unmapAP(o.Dst), unmapAP(o.Src)
 	if d, ok := g.cfg.Map.Lookup(o.Dst.Addr()); !ok || d.ID != g.site.ID {
-		g.log.Warn("WAN OPEN refused: destination not in this site", "peer", psite.Name, "dst", o.Dst.String())
+		g.refused("wan_open_dst", "WAN OPEN refused: destination not in this site", "peer", psite.Name, "dst", o.Dst.String())
+		s.Refuse(header.CodePolicy)
+		return
+	}
+	if gs, ok := g.cfg.Map.GatewaySite(o.Dst.Addr()); ok {
+		g.refused("dst_gateway", "WAN OPEN refused: destination is a gateway: gateways are never relayed to (a loop)",
+			"peer", psite.Name, "dst", o.Dst.String(), "gateway_site", gs.Name)
 		s.Refuse(header.CodePolicy)
 		return
 	}
 	if src, ok := g.cfg.Map.Lookup(o.Src.Addr()); !ok || src.ID != peerID {
-		g.log.Warn("WAN OPEN refused: source not in the peer's site", "peer", psite.Name, "src", o.Src.String())
+		g.refused("wan_open_src", "WAN OPEN refused: source not in the peer's site", "peer", psite.Name, "src", o.Src.String())
 		s.Refuse(header.CodePolicy)
 		return
 	}
+	p := g.peers[peerID]
+	if p.streamsIn.Add(1) > int64(g.cfg.MaxPeerStreams) {
+		p.streamsIn.Add(-1)
+		g.refused("peer_streams", "WAN OPEN refused: the peer site has too many streams open into this site",
+			"peer", psite.Name, "limit", g.cfg.MaxPeerStreams)
+		s.Refuse(header.CodeLimit)
+		return
+	}
 	go func() {
+		defer p.streamsIn.Add(-1)
 		ctx, cancel := context.WithTimeout(g.ctx, g.cfg.DialTimeout)
 		defer cancel()
 		var key recordKey
@@ -1006,7 +1192,7 @@ func (g *Gateway) openFromWAN(s *relay.Stream, o *header.Open) {
 				g.records.del(key)
 			}
 			code := dialCode(err)
-			g.log.Info("destination connect failed", "dst", o.Dst.String(), "code", code.String(), "err", err)
+			g.refusals.Log(g.log, slog.LevelInfo, "dst_connect", "destination connect failed", "dst", o.Dst.String(), "code", code.String(), "err", err)
 			s.Refuse(code)
 			return
 		}
@@ -1045,12 +1231,12 @@ func (g *Gateway) serveQueries(c LANConn, h header.Header, body []byte) {
 	out := make([]byte, 0, header.Size+32)
 	for {
 		if h.Type != header.TypePeerQuery {
-			g.refuseLAN(c, "control connection carries only PEER_QUERY", "type", h.Type.String())
+			g.refuseLAN(c, "lan_query", "control connection carries only PEER_QUERY", "type", h.Type.String())
 			return
 		}
 		q, err := header.ParsePeerQuery(body)
 		if err != nil {
-			g.refuseLAN(c, "bad PEER_QUERY", "err", err)
+			g.refuseLAN(c, "lan_query", "bad PEER_QUERY", "err", err)
 			return
 		}
 		rec, found := g.records.get(recordKey{unmapAP(q.Seen), unmapAP(q.Local)})
@@ -1064,7 +1250,7 @@ func (g *Gateway) serveQueries(c LANConn, h header.Header, body []byte) {
 		h, body, err = r.ReadFrame(buf[:])
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
-				g.refuseLAN(c, "control connection", "err", err)
+				g.refuseLAN(c, "lan_query", "control connection", "err", err)
 			}
 			return
 		}
@@ -1081,19 +1267,61 @@ type record struct {
 }
 
 type peerTable struct {
-	mu sync.Mutex
-	m  map[recordKey]record
+	mu     sync.Mutex
+	m      map[recordKey]record
+	locals map[netip.AddrPort]int // the local ends of m's keys
 }
 
 func (t *peerTable) put(k recordKey, r record) {
 	t.mu.Lock()
+	if _, dup := t.m[k]; !dup {
+		t.locals[k.local]++
+	}
 	t.m[k] = r
 	t.mu.Unlock()
 }
 
 func (t *peerTable) del(k recordKey) {
 	t.mu.Lock()
-	delete(t.m, k)
+	if _, ok := t.m[k]; ok {
+		delete(t.m, k)
+		if t.locals[k.local]--; t.locals[k.local] <= 0 {
+			delete(t.locals, k.local)
+		}
+	}
+	t.mu.Unlock()
+}
+
+// isLocal reports whether ap is the local end of a connection the
+// gateway dialed to a destination.
+func (t *peerTable) isLocal(ap netip.AddrPort) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.locals[ap] > 0
+}
+
+// sourceTable counts the open streams of each LAN source host
+// (MaxSourceStreams).
+type sourceTable struct {
+	mu sync.Mutex
+	m  map[netip.Addr]int
+}
+
+func (t *sourceTable) acquire(a netip.Addr, max int) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m[a] >= max {
+		return false
+	}
+	t.m[a]++
+	return true
+}
+
+func (t *sourceTable) release(a netip.Addr) {
+	t.mu.Lock()
+	if t.m[a]--; t.m[a] <= 0 {
+		delete(t.m, a)
+	}
 	t.mu.Unlock()
 }
 

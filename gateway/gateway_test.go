@@ -812,6 +812,9 @@ func TestConfigErrors(t *testing.T) {
 	if _, err := New(Config{Map: testMap(t), Site: "a", Chunk: 2 << 20}); err == nil {
 		t.Error("chunk above 1 MiB accepted")
 	}
+	if _, err := New(Config{Map: testMap(t), Site: "a", MaxPeerStreams: -1}); err == nil || !strings.Contains(err.Error(), "MaxPeerStreams") {
+		t.Errorf("negative limit: %v", err)
+	}
 }
 
 // TestWANTimers: --wan-rto-min and --wan-delack-max reach the WAN sockets

@@ -53,7 +53,12 @@ type tcpLANConn struct {
 func (c *tcpLANConn) Local() netip.AddrPort  { return c.local }
 func (c *tcpLANConn) Remote() netip.AddrPort { return c.remote }
 
+// wrapTCP sets SO_LINGER 0 on c until a graceful Close: if the gateway
+// dies (SIGKILL, OOM), the kernel closes its sockets with RST, so an
+// application whose stream was cut sees ECONNRESET, not an end of file
+// that makes a truncated stream look complete.
 func wrapTCP(c *net.TCPConn) *tcpLANConn {
+	c.SetLinger(0)
 	return &tcpLANConn{TCPConn: relay.WrapTCP(c),
 		local:  unmapAP(c.LocalAddr().(*net.TCPAddr).AddrPort()),
 		remote: unmapAP(c.RemoteAddr().(*net.TCPAddr).AddrPort())}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/tcpinfo"
@@ -24,6 +25,7 @@ type metrics struct {
 	wanDialFailures prometheus.Counter
 	streamsOpened   *prometheus.CounterVec
 	peerQueries     *prometheus.CounterVec
+	refusals        *prometheus.CounterVec
 
 	bytes, pad, frames, writes, stalls, streams, up, rtt *prometheus.Desc
 	polled, partial, inline                              *prometheus.Desc
@@ -33,6 +35,7 @@ type metrics struct {
 	ev                                        wanEvents
 	samples, rtxFast, rtxRTO, rtos, idleRst   *prometheus.Desc
 	renewals                                  *prometheus.Desc
+	peerStreams, early                        *prometheus.Desc
 	probeRTTs, probeRTTTime, bbrBW, bbrMinRTT *prometheus.Desc
 	// The PROBE_RTT guard (probertt.go).
 	holds, skips, held *prometheus.Desc
@@ -50,8 +53,21 @@ func newMetrics(g *Gateway) *metrics {
 		Help: "Streams opened, by peer site and direction (out: from our LAN)."}, []string{"peer", "dir"})
 	m.peerQueries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mpi5k_peer_queries_total",
 		Help: "PEER_QUERY answers, by whether the connection was found."}, []string{"found"})
+	m.refusals = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mpi5k_refusals_total",
+		Help: "Connections, streams and links refused or failed by policy, protocol or a limit (docs/limits.md), by reason."}, []string{"reason"})
+	inUse := func(name, help string, v *atomic.Int64) prometheus.GaugeFunc {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
+	}
+	m.reg.MustRegister(m.refusals,
+		inUse("mpi5k_lan_connections", "LAN connections open (limit: MaxLANConns).", &g.lanConns),
+		inUse("mpi5k_lan_pending_connections", "LAN connections waiting for their first frame (limit: MaxPendingLAN).", &g.lanPending),
+		inUse("mpi5k_wan_pending_connections", "WAN connections in their HELLO exchange (limit: MaxPendingWAN).", &g.wanPending))
 	m.renewals = prometheus.NewDesc("mpi5k_wan_express_renewals_total",
 		"Times the site pair's express link was replaced by a fresh connection because losses had cut its congestion window below one message.",
+		[]string{"peer"}, prometheus.Labels{"site": g.site.Name})
+	m.peerStreams = prometheus.NewDesc("mpi5k_peer_streams_in", "Streams the peer site has open into this site (limit: MaxPeerStreams).",
+		[]string{"peer"}, prometheus.Labels{"site": g.site.Name})
+	m.early = prometheus.NewDesc("mpi5k_early_bytes", "DATA bytes from the peer site buffered for streams whose destination is not connected yet (limit: MaxEarly).",
 		[]string{"peer"}, prometheus.Labels{"site": g.site.Name})
 	lbl := []string{"peer", "link"}
 	d := func(name, help string, extra ...string) *prometheus.Desc {
@@ -99,7 +115,7 @@ func newMetrics(g *Gateway) *metrics {
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.bytes, m.pad, m.frames, m.polled, m.partial, m.inline, m.writes, m.stalls, m.streams, m.up, m.rtt,
 		m.clamp, m.peerClamp, m.queue, m.lifts,
-		m.cwnd, m.ssthresh, m.srtt, m.retrans, m.lost, m.notsent, m.samples, m.rtxFast, m.rtxRTO, m.rtos, m.idleRst, m.renewals,
+		m.cwnd, m.ssthresh, m.srtt, m.retrans, m.lost, m.notsent, m.samples, m.rtxFast, m.rtxRTO, m.rtos, m.idleRst, m.renewals, m.peerStreams, m.early,
 		m.probeRTTs, m.probeRTTTime, m.bbrBW, m.bbrMinRTT, m.holds, m.skips, m.held} {
 		ch <- d
 	}
@@ -118,6 +134,8 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		if !m.g.cfg.NoExpress {
 			renewed = append(renewed, prometheus.MustNewConstMetric(m.renewals, prometheus.CounterValue, float64(p.renewed.Load()), p.site.Name))
 		}
+		renewed = append(renewed, prometheus.MustNewConstMetric(m.peerStreams, prometheus.GaugeValue, float64(p.streamsIn.Load()), p.site.Name),
+			prometheus.MustNewConstMetric(m.early, prometheus.GaugeValue, float64(p.trunk.EarlyBytes()), p.site.Name))
 		for i, l := range p.links {
 			rows = append(rows, row{p.site.Name, strconv.Itoa(i), l})
 		}

@@ -189,6 +189,7 @@ const (
 	CodeLinkLost    Code = 7
 	CodeProtocol    Code = 8
 	CodeAppReset    Code = 9
+	CodeLimit       Code = 10 // a gateway limit (docs/limits.md)
 )
 
 var codeNames = [...]string{
@@ -196,10 +197,11 @@ var codeNames = [...]string{
 	CodePolicy: "not permitted by policy", CodeUnknownDest: "unknown destination",
 	CodeShutdown: "gateway shutting down", CodeLinkLost: "link lost",
 	CodeProtocol: "protocol error", CodeAppReset: "reset by the application",
+	CodeLimit: "gateway limit reached",
 }
 
 func (c Code) String() string {
-	if c >= 1 && c <= CodeAppReset {
+	if c >= 1 && c <= CodeLimit {
 		return codeNames[c]
 	}
 	return fmt.Sprintf("code %d", uint32(c))

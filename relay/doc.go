@@ -61,6 +61,11 @@
 //     beyond the granted window, OPEN id of the wrong parity) or a peer
 //     silent for DeadAfter closes the link with SO_LINGER 0; every stream is
 //     then reset toward its application (code 7), on both sites.
+//   - Limits: a peer that leaves more than Config.MaxControl control frames
+//     unread (it floods PINGs or OPENs and does not read the answers) fails
+//     its link; DATA for streams not yet connected to their destination
+//     shares Config.MaxEarly per trunk, and the stream that would pass it is
+//     reset (code 10). Both are counters kept where frames are queued.
 //
 // # Copy path
 //

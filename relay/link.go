@@ -74,6 +74,24 @@ type Config struct {
 	// peer applies CLAMP frames: the WAN bottleneck queue a saturating
 	// link may keep (0 = off).
 	QueueTarget time.Duration
+	// MaxControl is the most control frames (PONG, WINDOW, OPEN_REFUSED,
+	// ...) that may wait unsent on the link (default 65536: 88 bytes
+	// each, at most 11 MiB while the queue grows). A peer that sends
+	// requests and does not read the replies would grow the queue without
+	// bound: past the limit the link fails. The default stays above the
+	// frames a burst of stream setups (OPEN, OPEN_OK, ...) queues while the
+	// WAN stalls for a few seconds, which the stream limits bound.
+	MaxControl int
+	// MaxEarly is the most DATA bytes a trunk buffers for streams whose
+	// destination is not connected yet (default 64 MiB). Each stream's
+	// window bounds its own; past the trunk's limit the stream whose DATA
+	// overflows it is reset (code 10, limit).
+	MaxEarly int64
+	// Limited, if set, is told of every limit a peer hits (reason
+	// "control_queue" or "early_data"), so the gateway can count and log
+	// it; else the link logs a warning. It may run on the poller thread:
+	// it must not block.
+	Limited func(reason string, peer string, err error)
 }
 
 func (c *Config) fill() {
@@ -105,6 +123,21 @@ func (c *Config) fill() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.MaxControl <= 0 {
+		c.MaxControl = 1 << 16
+	}
+	if c.MaxEarly <= 0 {
+		c.MaxEarly = 64 << 20
+	}
+}
+
+// limited reports a limit the peer hit.
+func (l *Link) limited(reason string, err error) {
+	if l.cfg.Limited != nil {
+		l.cfg.Limited(reason, l.peer.Name, err)
+		return
+	}
+	l.log.Warn("WAN peer hit a limit", "peer", l.peer.Name, "reason", reason, "err", err)
 }
 
 // Hello returns the HELLO a side with this configuration sends.
@@ -262,6 +295,8 @@ type Link struct {
 
 	mu        sync.Mutex // queues and closing
 	urgent    []frame
+	ctlQueued int  // control frames in urgent (MaxControl)
+	overflow  bool // ctlQueued passed MaxControl: the link is failing
 	bulk      []frame
 	ui, bi    int
 	writing   bool
@@ -452,6 +487,9 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 				l.mu.Lock()
 				l.writing = false
 				if !l.closed {
+					if !f.isData() {
+						l.ctlQueued++
+					}
 					l.urgent = slices.Insert(l.urgent, l.ui, f)
 					l.mu.Unlock()
 					kick(l.wake)
@@ -499,6 +537,12 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 		}
 		l.bulk = append(l.bulk, f)
 	} else {
+		if !f.isData() {
+			if l.ctlQueued >= l.cfg.MaxControl {
+				return l.overflowed()
+			}
+			l.ctlQueued++
+		}
 		l.urgent = append(l.urgent, f)
 	}
 	idle := !l.writing
@@ -507,6 +551,25 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 		kick(l.wake)
 	}
 	return true
+}
+
+// overflowed drops a control frame that would pass MaxControl and fails
+// the link, once. Called with l.mu held; returns with it released. The
+// frame is not queued, so send reports false.
+func (l *Link) overflowed() bool {
+	first := !l.overflow
+	l.overflow = true
+	n := l.ctlQueued
+	l.mu.Unlock()
+	if first {
+		err := fmt.Errorf("relay: peer %s (%v) leaves %d control frames unread (limit %d): it sends requests (PING, OPEN, DATA) faster than it reads the replies",
+			l.peer.Name, l.conn.RemoteAddr(), n, l.cfg.MaxControl)
+		go func() { // never fail on the poller thread
+			l.limited("control_queue", err)
+			l.fail(err)
+		}()
+	}
+	return false
 }
 
 func (f *frame) payload() []byte {
@@ -569,6 +632,9 @@ func (l *Link) Pad(n int) (int, error) {
 // most one chunk in user space.
 func (l *Link) take(batch []frame) []frame {
 	for l.ui < len(l.urgent) && len(batch) < l.cfg.MaxBatch {
+		if !l.urgent[l.ui].isData() {
+			l.ctlQueued--
+		}
 		batch = append(batch, l.urgent[l.ui])
 		l.urgent[l.ui] = frame{}
 		l.ui++
@@ -956,7 +1022,12 @@ func (l *Link) recvData(r *header.Reader, h header.Header) error {
 		return err
 	}
 	l.Stats.BytesRecv.Add(uint64(n))
-	if err := s.pushAt(off, at, p); err != nil {
+	if err := s.pushAt(off, at, p); err == errEarly {
+		s.Reset(header.CodeLimit)
+		l.limited("early_data", fmt.Errorf("relay: peer %s: stream %d reset: its DATA would pass the %d bytes buffered for streams whose destination is not connected yet",
+			l.peer.Name, h.Stream, l.cfg.MaxEarly))
+		return nil
+	} else if err != nil {
 		return fmt.Errorf("relay: protocol error from %v: stream %d: %w", l.conn.RemoteAddr(), h.Stream, err)
 	}
 	return nil
@@ -1093,7 +1164,7 @@ func (l *Link) fail(err error) {
 				f.s.returnToken()
 			}
 		}
-		l.urgent, l.bulk, l.ui, l.bi = nil, nil, 0, 0
+		l.urgent, l.bulk, l.ui, l.bi, l.ctlQueued = nil, nil, 0, 0, 0
 		l.mu.Unlock()
 		close(l.done)
 		l.w.cancel() // before the socket closes: its number may be reused
@@ -1172,5 +1243,34 @@ func (l *Link) flush(limit time.Duration) {
 	case <-d:
 	case <-time.After(limit):
 	case <-l.done:
+	}
+}
+
+// Alive sends a PING and reports whether the peer sends anything on the
+// link within wait: false if the link ends or stays silent. The gateway
+// asks before it lets a new connection replace the link.
+func (l *Link) Alive(wait time.Duration) bool {
+	since := time.Now().UnixNano()
+	f := frame{h: header.Header{Type: header.TypePing, Length: 8}}
+	header.PutU32(f.ctl[:4], uint32(uint64(since)>>32))
+	header.PutU32(f.ctl[4:], uint32(since))
+	if !l.enqueue(f, nil) {
+		return false
+	}
+	end := time.NewTimer(wait)
+	defer end.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-l.done:
+			return false
+		case <-tick.C:
+			if l.lastRecv.Load() > since {
+				return true
+			}
+		case <-end.C:
+			return l.lastRecv.Load() > since
+		}
 	}
 }

@@ -433,19 +433,8 @@ func TestHostilePeer(t *testing.T) {
 func hostile(t testing.TB, in []byte, trunk bool) {
 	c1, c2 := net.Pipe()
 	hostileOn(t, c1, c2, in, trunk)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c3, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c4, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c3, c4 := tcpPair(t)
+	defer c3.Close()
 	hostileOn(t, c4, c3, in, trunk)
 }
 

@@ -36,7 +36,9 @@ func sizeName(n int) string {
 	return map[int]string{64 << 10: "64KiB", 128 << 10: "128KiB"}[n]
 }
 
-func tcpPair(b *testing.B) (*net.TCPConn, *net.TCPConn) {
+// tcpPair returns the dialing and the accepted end of a loopback TCP
+// connection.
+func tcpPair(b testing.TB) (*net.TCPConn, *net.TCPConn) {
 	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		b.Fatal(err)

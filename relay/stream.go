@@ -60,6 +60,7 @@ type Stream struct {
 	tw         TryWriter // conn's non-blocking write, if it has one
 	delivering bool      // someone (pumpIn or the link reader) is writing to conn
 	owed       int64     // credit written to conn but not yet returned
+	early      int64     // received bytes counted in the trunk's early (before attach)
 	sentFin    bool
 	recvDone   bool
 	ended      bool
@@ -155,7 +156,10 @@ func (s *Stream) end(code header.Code) bool {
 	w := s.w
 	q := s.recvq
 	s.recvq = nil
+	early := s.early
+	s.early = 0
 	s.mu.Unlock()
+	s.l.t.early.Add(-early)
 	close(s.done)
 	w.cancel() // before the socket closes: its number may be reused
 	if conn != nil {
@@ -205,7 +209,10 @@ func (s *Stream) attach(conn Conn) {
 	if !s.l.cfg.NoPoller {
 		s.w = newWaiter(conn, s.outStep, !s.l.cfg.RuntimeWakes)
 	}
+	early := s.early // from now on the stream's window bounds them
+	s.early = 0
 	s.mu.Unlock()
+	s.l.t.early.Add(-early)
 	go s.pumpOut(conn)
 	go s.pumpIn(conn)
 }
@@ -235,6 +242,10 @@ func (s *Stream) reserve(n int) bool {
 	return true
 }
 
+// errEarly: DATA for a stream not yet connected to its destination would
+// pass the trunk's MaxEarly.
+var errEarly = errors.New("relay: early data limit")
+
 // pushAt takes a received payload at stream offset off (plain DATA, at
 // false: the next offset in order). Payloads ahead of their turn wait in
 // s.ahead; the window bounds them, as it bounds the receive queue. An offset
@@ -245,6 +256,17 @@ func (s *Stream) pushAt(off uint32, at bool, p *[]byte) error {
 		s.mu.Unlock()
 		putBuf(p)
 		return nil
+	}
+	if s.conn == nil {
+		// No destination yet: the bytes wait, and all such bytes of the
+		// trunk share MaxEarly.
+		k := int64(len(*p))
+		if !s.l.t.takeEarly(k, s.l.cfg.MaxEarly) {
+			s.mu.Unlock()
+			putBuf(p)
+			return errEarly
+		}
+		s.early += k
 	}
 	if !at {
 		off = s.recvNext

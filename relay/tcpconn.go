@@ -42,6 +42,16 @@ func (c TCPConn) Abort() error {
 	return c.TCPConn.Close()
 }
 
+// Close ends the connection gracefully: it clears an SO_LINGER 0 that was
+// set so that a gateway that dies mid-stream resets the connection (the
+// kernel closes a dead process's sockets, and sends RST only with linger
+// 0); a stream that really ended closes with FIN and unsent bytes still go
+// out.
+func (c TCPConn) Close() error {
+	c.SetLinger(-1)
+	return c.TCPConn.Close()
+}
+
 // WriteBuffers writes b with one writev where the kernel allows.
 func (c TCPConn) WriteBuffers(b *net.Buffers) (int64, error) { return b.WriteTo(c.TCPConn) }
 

@@ -3,6 +3,7 @@ package relay
 import (
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mpi5k/mpi5k/header"
@@ -30,7 +31,23 @@ type Trunk struct {
 	rr      int     // rotates the first candidate of the least-loaded choice
 	queueOn bool    // controlQueue runs
 	onRenew func()  // the dialer's: renew the express link
+	// early is the DATA bytes buffered for streams not yet connected to
+	// their destination (Config.MaxEarly).
+	early atomic.Int64
 }
+
+// takeEarly counts n more early bytes unless that passes max.
+func (t *Trunk) takeEarly(n, max int64) bool {
+	if t.early.Add(n) > max {
+		t.early.Add(-n)
+		return false
+	}
+	return true
+}
+
+// EarlyBytes is the DATA buffered for streams whose destination is not
+// connected yet.
+func (t *Trunk) EarlyBytes() int64 { return t.early.Load() }
 
 // OnRenew sets what the dialing side does when the express link should be
 // renewed (the peer asked with RENEW, or it retired a link we still use):

@@ -1,0 +1,55 @@
+package gateway
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// fillLimits sets the defaults of the limits (Config.Max*; docs/limits.md)
+// for a gateway with npeers peer sites. The defaults follow the open-file
+// limit: each LAN connection and each stream into this site holds one
+// descriptor, and a gateway that runs out of them fails every accept and
+// connect, the well-behaved ones too.
+func (c *Config) fillLimits(npeers int) error {
+	for _, v := range []struct {
+		name string
+		n    int64
+	}{{"MaxLANConns", int64(c.MaxLANConns)}, {"MaxPendingLAN", int64(c.MaxPendingLAN)}, {"MaxSourceStreams", int64(c.MaxSourceStreams)},
+		{"MaxPeerStreams", int64(c.MaxPeerStreams)}, {"MaxPendingWAN", int64(c.MaxPendingWAN)}, {"MaxEarly", c.MaxEarly}, {"MaxControl", int64(c.MaxControl)}} {
+		if v.n < 0 {
+			return fmt.Errorf("gateway: limit %s is %d: it must be positive (0 takes the default, docs/limits.md)", v.name, v.n)
+		}
+	}
+	files := 1 << 16 // if the limit cannot be read
+	var rl unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) == nil && rl.Cur < 1<<30 {
+		files = int(rl.Cur)
+	}
+	// Half the descriptors for each side, and at most 64 Ki: each stream
+	// also costs two goroutines and buffers.
+	budget := max(min(files/2, 1<<16), 64)
+	if c.MaxLANConns == 0 {
+		c.MaxLANConns = budget
+	}
+	if c.MaxPendingLAN == 0 {
+		c.MaxPendingLAN = min(1024, c.MaxLANConns)
+	}
+	if c.MaxSourceStreams == 0 {
+		c.MaxSourceStreams = max(c.MaxLANConns/4, 16)
+	}
+	if c.MaxPeerStreams == 0 {
+		c.MaxPeerStreams = max(budget/max(npeers, 1), 64)
+	}
+	if c.MaxPendingWAN == 0 {
+		links := c.WANConns + 1
+		c.MaxPendingWAN = max(16, 2*links*npeers)
+	}
+	if c.MaxEarly == 0 {
+		c.MaxEarly = 64 << 20
+	}
+	if c.MaxControl == 0 {
+		c.MaxControl = 1 << 16
+	}
+	return nil
+}
