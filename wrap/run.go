@@ -38,6 +38,10 @@ type Config struct {
 	Stdout, Stderr                io.Writer
 	Getenv                        func(string) string
 	Resolve                       Resolver
+
+	// Outage is how long a gateway may be unreachable or without a WAN
+	// link during the job before the wrapper ends it (0: GatewayOutage).
+	Outage time.Duration
 }
 
 func (c *Config) defaults() {
@@ -64,6 +68,9 @@ func (c *Config) defaults() {
 	}
 	if c.ReadyTimeout == 0 {
 		c.ReadyTimeout = 30 * time.Second
+	}
+	if c.Outage == 0 {
+		c.Outage = GatewayOutage
 	}
 }
 
@@ -121,7 +128,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 			fmt.Fprintln(c.Stdout, shellJoin(c.Argv))
 			return 0, nil
 		}
-		return runMPI(ctx, c, c.Argv)
+		return runMPI(ctx, c, c.Argv, nil)
 	}
 	for _, name := range []string{c.Launcher[0], c.Argv[0]} {
 		if _, err := lookPath(name); err != nil && !c.DryRun {
@@ -210,7 +217,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		var wg sync.WaitGroup
 		for _, g := range gws {
 			wg.Add(1)
-			go func() { defer wg.Done(); g.stop() }()
+			go func() { defer wg.Done(); g.stop(c.Stderr) }()
 		}
 		wg.Wait()
 	}()
@@ -222,7 +229,9 @@ func Run(ctx context.Context, c Config) (int, error) {
 	if err := waitReady(ctx, gws, c.ReadyTimeout); err != nil {
 		return 1, err
 	}
-	code, err := runMPI(ctx, c, mpiArgv)
+	wctx, unwatch := context.WithCancel(ctx)
+	code, err := runMPI(ctx, c, mpiArgv, watch(wctx, gws, c.Outage))
+	unwatch()
 	if s := summary(gws); s != "" {
 		fmt.Fprint(c.Stderr, s)
 	}
@@ -260,6 +269,8 @@ func mapHosts(p *Plan) []string {
 // distribute copies the map to every host, in parallel, through the
 // launcher (the wrapper cannot assume a file system shared across sites).
 func (c *Config) distribute(ctx context.Context, p *Plan, mapPath, text string) error {
+	ctx, cancel := context.WithTimeout(ctx, launchTimeout)
+	defer cancel()
 	hosts := mapHosts(p)
 	errs := make([]error, len(hosts))
 	var wg sync.WaitGroup
@@ -270,6 +281,7 @@ func (c *Config) distribute(ctx context.Context, p *Plan, mapPath, text string) 
 			argv := c.copyCommand(h, mapPath)
 			cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 			cmd.Stdin = strings.NewReader(text)
+			cmd.WaitDelay = pipeDelay
 			if out, err := cmd.CombinedOutput(); err != nil {
 				errs[i] = fmt.Errorf("copying the site map to %s: %v: %s", h, err, bytes.TrimSpace(out))
 			}
