@@ -89,6 +89,29 @@ func startWrapped(t *testing.T, l *testbed.Lab, m chaosMPI, bin, dir, tag, secs 
 	return w
 }
 
+// chaosPerMPI runs f for each MPI flavour on one lab (2 sites, 1 node each,
+// rtt, 100 Mbit/s), with the chaos job built for it and a directory.
+func chaosPerMPI(t *testing.T, rtt time.Duration, f func(t *testing.T, l *testbed.Lab, m chaosMPI, bin, dir string)) {
+	labRequireRoot(t)
+	l := labUp(t, testbed.Config{Nodes: 1, RTT: rtt, WANRate: 100e6})
+	for _, m := range chaosMPIs {
+		t.Run(m.name, func(t *testing.T) {
+			f(t, l, m, buildMPI(t, m.mpicc, "chaos_mpi"), t.TempDir())
+		})
+	}
+}
+
+// startRunning is startWrapped that waits until the job's ranks exchange
+// messages.
+func startRunning(t *testing.T, l *testbed.Lab, m chaosMPI, bin, dir, tag, secs string) *wrappedJob {
+	t.Helper()
+	w := startWrapped(t, l, m, bin, dir, tag, secs)
+	if !w.waitFor("chaos_mpi running", 60*time.Second) {
+		t.Fatalf("job did not start:\n%s", w.out.String())
+	}
+	return w
+}
+
 // waitFor waits up to d for the job's output to contain s.
 func (w *wrappedJob) waitFor(s string, d time.Duration) bool {
 	deadline := time.Now().Add(d)
@@ -163,46 +186,37 @@ func gatewayPid(t *testing.T, work, site string) int {
 // and its log; nothing of the job is left running; and a new job runs
 // and verifies on the same lab afterwards.
 func TestChaosGatewayKilled(t *testing.T) {
-	labRequireRoot(t)
-	l := labUp(t, testbed.Config{Nodes: 1, RTT: 10 * time.Millisecond, WANRate: 100e6})
-	for _, m := range chaosMPIs {
-		t.Run(m.name, func(t *testing.T) {
-			dir := t.TempDir()
-			bin := buildMPI(t, m.mpicc, "chaos_mpi")
-			w := startWrapped(t, l, m, bin, dir, "killed", "120")
-			if !w.waitFor("chaos_mpi running", 60*time.Second) {
-				t.Fatalf("job did not start:\n%s", w.out.String())
+	chaosPerMPI(t, 10*time.Millisecond, func(t *testing.T, l *testbed.Lab, m chaosMPI, bin, dir string) {
+		w := startRunning(t, l, m, bin, dir, "killed", "120")
+		time.Sleep(time.Second)
+		pid := gatewayPid(t, w.work, "site2")
+		killed := time.Now()
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if !w.waitExit(10 * time.Second) {
+			t.Errorf("mpi5k run still runs 10s after the gateway of site2 was killed:\n%s", w.out.String())
+			w.cmd.Process.Signal(syscall.SIGINT)
+			w.waitExit(30 * time.Second)
+		}
+		out := w.out.String()
+		t.Logf("ended %v after the kill, exit status %d:\n%s", w.end.Sub(killed).Round(time.Millisecond), w.cmd.ProcessState.ExitCode(), out)
+		if code := w.cmd.ProcessState.ExitCode(); code != wrap.ExitGatewayFailed {
+			t.Errorf("exit status %d, want %d", code, wrap.ExitGatewayFailed)
+		}
+		for _, want := range []string{"mpi5k run: site site2: the gateway on gw.site2 exited during the job", "Last lines of its log:", "msg=\"WAN link"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("output lacks %q", want)
 			}
-			time.Sleep(time.Second)
-			pid := gatewayPid(t, w.work, "site2")
-			killed := time.Now()
-			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			if !w.waitExit(10 * time.Second) {
-				t.Errorf("mpi5k run still runs 10s after the gateway of site2 was killed:\n%s", w.out.String())
-				w.cmd.Process.Signal(syscall.SIGINT)
-				w.waitExit(30 * time.Second)
-			}
-			out := w.out.String()
-			t.Logf("ended %v after the kill, exit status %d:\n%s", w.end.Sub(killed).Round(time.Millisecond), w.cmd.ProcessState.ExitCode(), out)
-			if code := w.cmd.ProcessState.ExitCode(); code != wrap.ExitGatewayFailed {
-				t.Errorf("exit status %d, want %d", code, wrap.ExitGatewayFailed)
-			}
-			for _, want := range []string{"mpi5k run: site site2: the gateway on gw.site2 exited during the job", "Last lines of its log:", "msg=\"WAN link"} {
-				if !strings.Contains(out, want) {
-					t.Errorf("output lacks %q", want)
-				}
-			}
-			waitGone(t, w.work+"/sites.conf", 5*time.Second)
-			waitGone(t, bin, 5*time.Second)
-			waitGone(t, w.hf, 5*time.Second)
+		}
+		waitGone(t, w.work+"/sites.conf", 5*time.Second)
+		waitGone(t, bin, 5*time.Second)
+		waitGone(t, w.hf, 5*time.Second)
 
-			again := startWrapped(t, l, m, bin, dir, "again", "1")
-			again.finish(t, m, 60*time.Second)
-			waitGone(t, again.work+"/sites.conf", 5*time.Second)
-		})
-	}
+		again := startWrapped(t, l, m, bin, dir, "again", "1")
+		again.finish(t, m, 60*time.Second)
+		waitGone(t, again.work+"/sites.conf", 5*time.Second)
+	})
 }
 
 // TestChaosGatewayRestart: a gateway run on its own (not by mpi5k run)
@@ -305,29 +319,20 @@ func blackhole(t *testing.T, l *testbed.Lab) (restore func()) {
 // is ridden out: the WAN links are declared dead only after 10 s of
 // silence, TCP retransmits, and the job completes and verifies.
 func TestChaosWANBlackhole(t *testing.T) {
-	labRequireRoot(t)
-	l := labUp(t, testbed.Config{Nodes: 1, RTT: 10 * time.Millisecond, WANRate: 100e6})
-	for _, m := range chaosMPIs {
-		t.Run(m.name, func(t *testing.T) {
-			dir := t.TempDir()
-			bin := buildMPI(t, m.mpicc, "chaos_mpi")
-			w := startWrapped(t, l, m, bin, dir, "blackhole", "12")
-			if !w.waitFor("chaos_mpi running", 60*time.Second) {
-				t.Fatalf("job did not start:\n%s", w.out.String())
-			}
-			time.Sleep(2 * time.Second)
-			restore := blackhole(t, l)
-			time.Sleep(5 * time.Second)
-			restore()
-			w.finish(t, m, 60*time.Second)
-			out := w.out.String()
-			t.Logf("%s", out)
-			if strings.Contains(out, "WAN link lost") {
-				t.Errorf("a WAN link was lost during the 5 s blackhole")
-			}
-			waitGone(t, w.work+"/sites.conf", 5*time.Second)
-		})
-	}
+	chaosPerMPI(t, 10*time.Millisecond, func(t *testing.T, l *testbed.Lab, m chaosMPI, bin, dir string) {
+		w := startRunning(t, l, m, bin, dir, "blackhole", "12")
+		time.Sleep(2 * time.Second)
+		restore := blackhole(t, l)
+		time.Sleep(5 * time.Second)
+		restore()
+		w.finish(t, m, 60*time.Second)
+		out := w.out.String()
+		t.Logf("%s", out)
+		if strings.Contains(out, "WAN link lost") {
+			t.Errorf("a WAN link was lost during the 5 s blackhole")
+		}
+		waitGone(t, w.work+"/sites.conf", 5*time.Second)
+	})
 }
 
 // TestChaosRepeat: a tiny job through mpi5k run, 20 times per MPI flavour:
@@ -337,74 +342,68 @@ func TestChaosWANBlackhole(t *testing.T) {
 // (finalize hang, openucx/ucx#8738) is interrupted instead, and the
 // wrapper must then return within 5 s of the interrupt.
 func TestChaosRepeat(t *testing.T) {
-	labRequireRoot(t)
-	l := labUp(t, testbed.Config{Nodes: 1, RTT: 5 * time.Millisecond, WANRate: 100e6})
 	const runs = 20
 	const bound = 5 * time.Second
-	for _, m := range chaosMPIs {
-		t.Run(m.name, func(t *testing.T) {
-			dir := t.TempDir()
-			bin := buildMPI(t, m.mpicc, "chaos_mpi")
-			var worst time.Duration
-			hangs := 0
-			for i := 0; i < runs; i++ {
-				w := startWrapped(t, l, m, bin, dir, fmt.Sprintf("run%d", i), "0")
-				// The launcher's end, seen in /proc: its command line names
-				// this run's host file (the wrapper's does too).
-				running := func() bool {
-					for _, p := range processesWith(w.hf) {
-						if _, cl, _ := strings.Cut(p, ": "); strings.HasPrefix(cl, m.launcher+" ") {
-							return true
-						}
-					}
-					return false
-				}
-				var end, okAt time.Time
-				seen, hung := false, false
-				deadline := time.Now().Add(90 * time.Second)
-				for end.IsZero() {
-					r := running()
-					seen = seen || r
-					if okAt.IsZero() && strings.Contains(w.out.String(), "chaos_mpi ok") {
-						okAt = time.Now()
-					}
-					switch {
-					case seen && !r:
-						end = time.Now()
-					case m.finalizeMayHang && !okAt.IsZero() && time.Since(okAt) > 30*time.Second:
-						hung = true
-						w.cmd.Process.Signal(syscall.SIGINT)
-						end = time.Now()
-					case time.Now().After(deadline):
-						t.Fatalf("run %d: not done after 90s:\n%s", i, w.out.String())
-					}
-					if !end.IsZero() {
-						break
-					}
-					select {
-					case <-w.exited:
-						end = w.end // the launcher ended between two looks
-					case <-time.After(20 * time.Millisecond):
+	chaosPerMPI(t, 5*time.Millisecond, func(t *testing.T, l *testbed.Lab, m chaosMPI, bin, dir string) {
+		var worst time.Duration
+		hangs := 0
+		for i := 0; i < runs; i++ {
+			w := startWrapped(t, l, m, bin, dir, fmt.Sprintf("run%d", i), "0")
+			// The launcher's end, seen in /proc: its command line names
+			// this run's host file (the wrapper's does too).
+			running := func() bool {
+				for _, p := range processesWith(w.hf) {
+					if _, cl, _ := strings.Cut(p, ": "); strings.HasPrefix(cl, m.launcher+" ") {
+						return true
 					}
 				}
-				if !w.waitExit(bound) {
-					t.Errorf("run %d: mpi5k run still runs %v after %s ended (hang after the job: %v):\n%s", i, bound, m.launcher, hung, w.out.String())
-					w.cmd.Process.Kill()
-					w.waitExit(30 * time.Second)
-					continue
+				return false
+			}
+			var end, okAt time.Time
+			seen, hung := false, false
+			deadline := time.Now().Add(90 * time.Second)
+			for end.IsZero() {
+				r := running()
+				seen = seen || r
+				if okAt.IsZero() && strings.Contains(w.out.String(), "chaos_mpi ok") {
+					okAt = time.Now()
 				}
-				took := w.end.Sub(end)
-				worst = max(worst, took)
-				if hung {
-					hangs++
-					t.Logf("run %d: MPI_Finalize hang after a verified job; interrupted, mpi5k run returned %v later", i, took.Round(time.Millisecond))
-					continue
+				switch {
+				case seen && !r:
+					end = time.Now()
+				case m.finalizeMayHang && !okAt.IsZero() && time.Since(okAt) > 30*time.Second:
+					hung = true
+					w.cmd.Process.Signal(syscall.SIGINT)
+					end = time.Now()
+				case time.Now().After(deadline):
+					t.Fatalf("run %d: not done after 90s:\n%s", i, w.out.String())
 				}
-				if code := w.cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(w.out.String(), "chaos_mpi ok") {
-					t.Errorf("run %d: exit status %d:\n%s", i, code, w.out.String())
+				if !end.IsZero() {
+					break
+				}
+				select {
+				case <-w.exited:
+					end = w.end // the launcher ended between two looks
+				case <-time.After(20 * time.Millisecond):
 				}
 			}
-			t.Logf("%d runs (%d finalize hangs interrupted): mpi5k run returned at most %v after the launcher's end", runs, hangs, worst.Round(time.Millisecond))
-		})
-	}
+			if !w.waitExit(bound) {
+				t.Errorf("run %d: mpi5k run still runs %v after %s ended (hang after the job: %v):\n%s", i, bound, m.launcher, hung, w.out.String())
+				w.cmd.Process.Kill()
+				w.waitExit(30 * time.Second)
+				continue
+			}
+			took := w.end.Sub(end)
+			worst = max(worst, took)
+			if hung {
+				hangs++
+				t.Logf("run %d: MPI_Finalize hang after a verified job; interrupted, mpi5k run returned %v later", i, took.Round(time.Millisecond))
+				continue
+			}
+			if code := w.cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(w.out.String(), "chaos_mpi ok") {
+				t.Errorf("run %d: exit status %d:\n%s", i, code, w.out.String())
+			}
+		}
+		t.Logf("%d runs (%d finalize hangs interrupted): mpi5k run returned at most %v after the launcher's end", runs, hangs, worst.Round(time.Millisecond))
+	})
 }

@@ -1,9 +1,7 @@
 package shimtest
 
 import (
-	"bytes"
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -40,19 +38,9 @@ func TestLivenessConnect(t *testing.T) {
 func TestLivenessAccept(t *testing.T) {
 	l := newLab(t)
 	port := freePort(t, "127.0.2.1")
-	srv := exec.Command(progPath, "liveness-accept", "127.0.2.1", fmt.Sprint(port))
-	srv.Env = l.env("b")
-	var sout, serr bytes.Buffer
-	srv.Stdout, srv.Stderr = &sout, &serr
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Process.Kill() })
-	waitListening(t, &sout)
+	sout, wait := startServer(t, l, "liveness-accept", "127.0.2.1", fmt.Sprint(port))
 	run(t, l.env("a"), 20*time.Second, "liveness", srcA, "127.0.2.1", fmt.Sprint(port))
-	if err := srv.Wait(); err != nil {
-		t.Fatalf("server: %v\n%s\n%s", err, sout.String(), serr.String())
-	}
+	wait()
 	if !strings.Contains(sout.String(), "accept "+wantLiveness) {
 		t.Errorf("accepted socket: %q, want %q", strings.TrimSpace(sout.String()), wantLiveness)
 	}
