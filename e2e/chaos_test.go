@@ -338,12 +338,14 @@ func TestChaosWANBlackhole(t *testing.T) {
 // TestChaosRepeat: a tiny job through mpi5k run, 20 times per MPI flavour:
 // each time the wrapper returns within 5 s of the launcher's exit (the
 // gateways stopped and summarised): it never hangs after a job that
-// succeeded. A verified MPICH job whose launcher does not exit within 30 s
-// (finalize hang, openucx/ucx#8738) is interrupted instead, and the
-// wrapper must then return within 5 s of the interrupt.
+// succeeded. A verified MPICH job whose launcher has not exited 5 s later
+// (finalize hang, openucx/ucx#8738: 15 of 20 runs on the lab; a tiny job
+// that does not hang finalizes in well under a second) is interrupted
+// instead, and the wrapper must then return within 5 s of the interrupt.
 func TestChaosRepeat(t *testing.T) {
 	const runs = 20
 	const bound = 5 * time.Second
+	const hangGrace = 5 * time.Second
 	chaosPerMPI(t, 5*time.Millisecond, func(t *testing.T, l *testbed.Lab, m chaosMPI, bin, dir string) {
 		var worst time.Duration
 		hangs := 0
@@ -371,7 +373,7 @@ func TestChaosRepeat(t *testing.T) {
 				switch {
 				case seen && !r:
 					end = time.Now()
-				case m.finalizeMayHang && !okAt.IsZero() && time.Since(okAt) > 30*time.Second:
+				case m.finalizeMayHang && !okAt.IsZero() && time.Since(okAt) > hangGrace:
 					hung = true
 					w.cmd.Process.Signal(syscall.SIGINT)
 					end = time.Now()
