@@ -283,14 +283,20 @@ func shimWANBytes(s testbed.Stats, dir [2]string, gw map[string]bool) (viaGW, di
 
 func shimBuildMPI(t *testing.T, mpicc string) string {
 	t.Helper()
+	return buildMPI(t, mpicc, "shim_mpi")
+}
+
+// buildMPI compiles testdata/NAME.c with mpicc into the test's directory.
+func buildMPI(t *testing.T, mpicc, name string) string {
+	t.Helper()
 	if _, err := exec.LookPath(mpicc); err != nil {
 		t.Fatalf("%s not installed: %v", mpicc, err)
 	}
-	src, err := filepath.Abs("testdata/shim_mpi.c")
+	src, err := filepath.Abs("testdata/" + name + ".c")
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(t.TempDir(), "shim_mpi")
+	out := filepath.Join(t.TempDir(), name)
 	if b, err := exec.Command(mpicc, "-O2", "-o", out, src).CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v\n%s", mpicc, err, b)
 	}

@@ -515,10 +515,17 @@ func (g *Gateway) setLink(p *peer, i int, l *relay.Link, priming bool) {
 	}
 	l.OnClose(func(err error) {
 		g.peersMu.Lock()
-		if p.links[i] == l {
+		lost := p.links[i] == l
+		if lost {
 			p.links[i] = nil
 		}
 		g.peersMu.Unlock()
+		if lost && !g.draining.Load() {
+			// WAN links do not resume streams yet: each one through this
+			// link is reset (code 7), and its rank sees its connection fail.
+			g.log.Warn("WAN link lost: streams through it were reset; MPI jobs using them fail",
+				"peer", p.site.Name, "link", i, "err", err)
+		}
 	})
 }
 
@@ -701,7 +708,7 @@ func (g *Gateway) dialLoop(p *peer, i int) {
 				if g.draining.Load() {
 					return
 				}
-				log.Warn("WAN link lost; reconnecting", "err", l.Err())
+				log.Info("reconnecting the lost WAN link", "err", l.Err())
 				l = nil
 			case <-later:
 				later = nil

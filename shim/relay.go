@@ -52,6 +52,7 @@ func relayConnect(fd int, dst netip.AddrPort) int {
 		}
 	}
 	if err == nil {
+		watchGateway(fd)
 		logf(levelDebug, "fd %d: %s (site %s) via gateway %s", fd, dst, s.Name, gw)
 		if nonblocking(fd) {
 			return resRelayedNB
@@ -245,6 +246,7 @@ func peerQuery(fd int, seen netip.AddrPort) (netip.AddrPort, uint8, bool) {
 	if !ok {
 		return netip.AddrPort{}, 0, false
 	}
+	watchGateway(fd) // accepted from a gateway: a relayed connection too
 	sa, err := unix.Getsockname(fd)
 	if err != nil {
 		return netip.AddrPort{}, 0, false
@@ -383,5 +385,47 @@ func (pc *peerClient) query(q *header.PeerQuery, timeout time.Duration) (header.
 			return fail(err)
 		}
 		return r, nil
+	}
+}
+
+// Liveness of a rank's connection to its gateway. A gateway process that
+// dies resets its connections at once; a gateway host that dies, or a LAN
+// that drops, would leave a rank blocked in read() forever, or retrying
+// writes for the kernel's ~15 minutes. The kernel therefore probes an idle
+// connection after keepIdle and every keepIntvl, and gives up on one
+// whose probes or data stay unacknowledged for userTimeout: ETIMEDOUT
+// about 10 s after the gateway host went silent, the bound the gateways
+// use for their WAN links (DeadAfter) and `mpi5k run` for a gateway
+// outage. A live gateway host's kernel acknowledges probes and data
+// however busy its process is, and a zero window that the gateway keeps
+// acknowledging does not count, so a slow job is never cut.
+const (
+	keepIdle    = 5 // s
+	keepIntvl   = 1 // s
+	keepCnt     = 5
+	userTimeout = 10 * time.Second
+)
+
+// watchGateway turns on keepalive and TCP_USER_TIMEOUT on fd, a rank's
+// connection to or from a gateway, unless the application chose its own
+// (it set SO_KEEPALIVE or a user timeout before connecting).
+func watchGateway(fd int) {
+	if on, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE); err != nil || on != 0 {
+		return
+	}
+	if ut, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT); err != nil || ut != 0 {
+		return
+	}
+	for _, o := range []struct{ level, opt, v int }{
+		{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, keepIdle},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, keepIntvl},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, keepCnt},
+		{unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(userTimeout / time.Millisecond)},
+		{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
+	} {
+		if err := unix.SetsockoptInt(fd, o.level, o.opt, o.v); err != nil {
+			logf(levelWarn, "fd %d: liveness option %d/%d of the gateway connection not set: %v", fd, o.level, o.opt, err)
+			return
+		}
 	}
 }

@@ -37,8 +37,7 @@ type pairStats struct {
 }
 
 func scrape(addr string) (map[string]*dto.MetricFamily, error) {
-	client := &http.Client{Timeout: 2 * time.Second}
-	resp, err := client.Get("http://" + addr + "/metrics")
+	resp, err := httpClient(2 * time.Second).Get("http://" + addr + "/metrics")
 	if err != nil {
 		return nil, err
 	}

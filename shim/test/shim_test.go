@@ -210,7 +210,16 @@ func TestAcceptTruePeer(t *testing.T) {
 // listens, and returns a function that waits for it to finish.
 func startServe(t *testing.T, l *lab, port, n int) (wait func()) {
 	t.Helper()
-	srv := exec.Command(progPath, "serve", "127.0.2.1", fmt.Sprint(port), fmt.Sprint(n), "127.0.1.")
+	_, wait = startServer(t, l, "serve", "127.0.2.1", fmt.Sprint(port), fmt.Sprint(n), "127.0.1.")
+	return wait
+}
+
+// startServer starts the test program with args at site b, waits until it
+// listens, and returns its stdout and a function that waits for it to
+// finish.
+func startServer(t *testing.T, l *lab, args ...string) (stdout *bytes.Buffer, wait func()) {
+	t.Helper()
+	srv := exec.Command(progPath, args...)
 	srv.Env = l.env("b")
 	var sout, serr bytes.Buffer
 	srv.Stdout, srv.Stderr = &sout, &serr
@@ -219,7 +228,7 @@ func startServe(t *testing.T, l *lab, port, n int) (wait func()) {
 	}
 	t.Cleanup(func() { srv.Process.Kill() })
 	waitListening(t, &sout)
-	return func() {
+	return &sout, func() {
 		t.Helper()
 		if err := srv.Wait(); err != nil {
 			t.Fatalf("server: %v\n%s\n%s", err, sout.String(), serr.String())

@@ -670,6 +670,52 @@ static int mode_bench_connect(int n) {
 	return 0;
 }
 
+// ---- liveness options of relayed connections ----
+
+static void print_liveness(int fd, const char *side) {
+	int ka = -1, idle = -1, intvl = -1, cnt = -1, ut = -1;
+	socklen_t l = sizeof(int);
+	getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &ka, &l);
+	getsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, &l);
+	getsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, &l);
+	getsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, &l);
+	getsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, &l);
+	printf("%s keepalive=%d idle=%d intvl=%d cnt=%d user_timeout=%d\n", side, ka, idle, intvl, cnt, ut);
+}
+
+// mode_liveness connects (setting its own keepalive first when own) and
+// prints the connected socket's liveness options.
+static int mode_liveness(int own) {
+	int fd = socket(family_of(g_dst), SOCK_STREAM, 0);
+	struct sockaddr_storage sa;
+	socklen_t sl = mkaddr(&sa, g_src, 0);
+	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sl) != 0) FAIL("bind");
+	if (own) {
+		int one = 1, idle = 77;
+		setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+		setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+	}
+	sl = mkaddr(&sa, g_dst, g_port);
+	if (connect(fd, (struct sockaddr *)&sa, sl) != 0) FAIL("connect");
+	print_liveness(fd, "connect");
+	return close(fd);
+}
+
+// mode_liveness_accept accepts one connection on ip:port and prints its
+// liveness options.
+static int mode_liveness_accept(const char *ip, int port) {
+	int ls = socket(family_of(ip), SOCK_STREAM, 0);
+	struct sockaddr_storage sa;
+	socklen_t sl = mkaddr(&sa, ip, port);
+	if (bind(ls, (struct sockaddr *)&sa, sl) || listen(ls, 4)) FAIL("listen %s:%d", ip, port);
+	printf("listening\n");
+	fflush(stdout);
+	int fd = accept(ls, NULL, NULL);
+	if (fd < 0) FAIL("accept");
+	print_liveness(fd, "accept");
+	return close(fd);
+}
+
 int main(int argc, char **argv) {
 	signal(SIGPIPE, SIG_IGN);
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -701,6 +747,10 @@ int main(int argc, char **argv) {
 		ARGS(3);
 		return mode_bench_traced(atol(argv[2]));
 	}
+	if (!strcmp(m, "liveness-accept")) {
+		ARGS(4);
+		return mode_liveness_accept(argv[2], atoi(argv[3])) ? 1 : 0;
+	}
 	if (!strcmp(m, "serve")) {
 		ARGS(6);
 		g_prefix = argv[5];
@@ -722,6 +772,7 @@ int main(int argc, char **argv) {
 	g_port = atoi(argv[k + 2]);
 	k += 3;
 	if (!strcmp(m, "conn")) return one_conn(0) ? 1 : 0;
+	if (!strcmp(m, "liveness")) return mode_liveness(argc > 5 && !strcmp(argv[5], "own")) ? 1 : 0;
 	if (!strcmp(m, "conn6")) return conn6() ? 1 : 0;
 	if (!strcmp(m, "refused")) return mode_refused() ? 1 : 0;
 	if (!strcmp(m, "fdlist")) { // after a connection and a while: open fds below 900
