@@ -128,10 +128,11 @@ func childGateway(spec string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	cfg := Config{Map: m, Site: f[1], ReadyFile: f[2],
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
-	cfg.NoPollThread = os.Getenv("MPI5K_GW_NOPOLL") != ""
-	cfg.NoQuietRuntime = os.Getenv("MPI5K_GW_RTWAKES") != ""
+	cfg := testConfig(m, f[1])
+	cfg.ReadyFile = f[2]
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cfg.PollThread = os.Getenv("MPI5K_GW_NOPOLL") == ""
+	cfg.QuietRuntime = os.Getenv("MPI5K_GW_RTWAKES") == ""
 	if v := os.Getenv("MPI5K_GW_CHUNK"); v != "" {
 		cfg.Chunk, _ = units.Size(v)
 	}
@@ -373,7 +374,7 @@ func BenchmarkPingPong(b *testing.B) {
 		// Without the poller thread the whole round trip runs on this
 		// process's threads without sleeping: the gateways' own cost.
 		{"gateway-inproc-go-poller", true, func(b *testing.B) (*net.TCPConn, error) {
-			_, a, _ := startPair(b, func(c *Config) { c.NoPollThread = true })
+			_, a, _ := startPair(b, func(c *Config) { c.PollThread = false })
 			return gw(a.LANAddr())
 		}},
 		// Floor of a Go relay: two plain read/write forwarders (a goroutine
