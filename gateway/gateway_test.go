@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -25,6 +26,7 @@ import (
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/sitemap"
 	"github.com/mpi5k/mpi5k/tcpinfo"
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 )
 
@@ -67,16 +69,21 @@ type testGW struct {
 	done chan struct{}
 }
 
-// testConfig is DefaultConfig without what reaches beyond the test
-// process or waits on real WAN timings: keep-warm (a host-wide sysctl),
-// queue control and the WAN timer floors, which these loopback tests have
-// always run without.
-func testConfig(m *sitemap.Map, site string) Config {
-	cfg := DefaultConfig()
+// testFlags turn off what reaches beyond the test process or waits on
+// real WAN timings: keep-warm (a host-wide sysctl), queue control and the
+// WAN timer floors, which these loopback tests have always run without.
+var testFlags = []string{"--wan-keep-warm=false", "--wan-queue=0", "--wan-rto-min=0", "--wan-delack-max=0"}
+
+// testConfig is the Config of the tests' gateways: testFlags, then flags.
+func testConfig(m *sitemap.Map, site string, flags ...string) (Config, error) {
+	fs := pflag.NewFlagSet("test gateway", pflag.ContinueOnError)
+	f := NewFlags(fs, false)
+	if err := fs.Parse(append(slices.Clone(testFlags), flags...)); err != nil {
+		return Config{}, err
+	}
+	cfg, err := f.Config()
 	cfg.Map, cfg.Site = m, site
-	cfg.KeepWarm, cfg.WANQueue = false, 0
-	cfg.WAN.RTOMin, cfg.WAN.DelackMax = 0, 0
-	return cfg
+	return cfg, err
 }
 
 func startGW(t testing.TB, m *sitemap.Map, site string, tweak func(*Config)) *testGW {
@@ -89,7 +96,10 @@ func startGW(t testing.TB, m *sitemap.Map, site string, tweak func(*Config)) *te
 	// frame: these tests run clients, servers and both gateways in one
 	// process, where 2000 busy goroutines (more so under -race) can keep a
 	// gateway goroutine off the CPU for seconds.
-	cfg := testConfig(m, site)
+	cfg, err := testConfig(m, site)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg.Chunk, cfg.Window = 64<<10, 256<<10
 	cfg.DrainTimeout, cfg.PingInterval, cfg.FirstFrame = time.Second, 5*time.Second, time.Minute
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
