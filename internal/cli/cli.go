@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 
 	"github.com/spf13/pflag"
 )
@@ -68,17 +67,6 @@ func ExitStatusHelp(launcher bool) string {
 		s += ";\n  otherwise the MPI launcher's own status (128+N if a signal N ended it)"
 	}
 	return s + "\n"
-}
-
-// Indent prefixes every non-empty line of s with two spaces.
-func Indent(s string) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	for i, l := range lines {
-		if l != "" {
-			lines[i] = "  " + l
-		}
-	}
-	return strings.Join(lines, "\n") + "\n"
 }
 
 const advancedKey = "mpi5k-advanced"
