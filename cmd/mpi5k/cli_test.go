@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -126,34 +129,37 @@ func TestCommandLines(t *testing.T) {
 		{[]string{"mpi5k", "lab", "hosts", "--help"}, 0, nil, "--gateways"},
 	} {
 		name := strings.Join(tc.args, " ")
-		var stdout, stderr bytes.Buffer
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		cmd := exec.CommandContext(ctx, filepath.Join(bin, tc.args[0]), tc.args[1:]...)
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		cmd.Env = append(os.Environ(), "HOME="+dir)
-		err := cmd.Run()
-		cancel()
-		status := 0
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			status = ee.ExitCode()
-		} else if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		if status != tc.status {
-			t.Errorf("%s: exit status %d, want %d\nstdout: %s\nstderr: %s", name, status, tc.status, stdout.String(), stderr.String())
-		}
-		for _, w := range tc.stderr {
-			if !strings.Contains(stderr.String(), w) {
-				t.Errorf("%s: stderr lacks %q:\n%s", name, w, stderr.String())
+		name = strings.ReplaceAll(name, dir+"/", "")
+		t.Run(name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			cmd := exec.CommandContext(ctx, filepath.Join(bin, tc.args[0]), tc.args[1:]...)
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			cmd.Env = append(os.Environ(), "HOME="+dir)
+			err := cmd.Run()
+			cancel()
+			status := 0
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				status = ee.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
 			}
-		}
-		if tc.stdout != "" && !strings.Contains(stdout.String(), tc.stdout) {
-			t.Errorf("%s: stdout lacks %q:\n%s", name, tc.stdout, stdout.String())
-		}
-		if tc.status == 0 && tc.stdout != "" && stderr.Len() > 0 {
-			t.Errorf("%s: stderr not empty: %s", name, stderr.String())
-		}
+			if status != tc.status {
+				t.Errorf("%s: exit status %d, want %d\nstdout: %s\nstderr: %s", name, status, tc.status, stdout.String(), stderr.String())
+			}
+			for _, w := range tc.stderr {
+				if !strings.Contains(stderr.String(), w) {
+					t.Errorf("%s: stderr lacks %q:\n%s", name, w, stderr.String())
+				}
+			}
+			if tc.stdout != "" && !strings.Contains(stdout.String(), tc.stdout) {
+				t.Errorf("%s: stdout lacks %q:\n%s", name, tc.stdout, stdout.String())
+			}
+			if tc.status == 0 && tc.stdout != "" && stderr.Len() > 0 {
+				t.Errorf("%s: stderr not empty: %s", name, stderr.String())
+			}
+		})
 	}
 
 	// A dry run asks no DNS (.invalid names never resolve) and leaves
@@ -181,5 +187,51 @@ func TestCommandLines(t *testing.T) {
 		if ents, _ := os.ReadDir(d); len(ents) > 0 {
 			t.Errorf("the dry runs left %s/%s behind", d, ents[0].Name())
 		}
+	}
+}
+
+// A user other than root may set only the congestion controls of
+// net.ipv4.tcp_allowed_congestion_control: the gateway refuses the others
+// at once, naming the sysctl and the fix.
+func TestGatewayCCNotAllowed(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run the gateway as another user")
+	}
+	read := func(name string) []string {
+		b, err := os.ReadFile("/proc/sys/net/ipv4/" + name)
+		if err != nil {
+			t.Skip(err)
+		}
+		return strings.Fields(string(b))
+	}
+	allowed := read("tcp_allowed_congestion_control")
+	var cc string
+	for _, a := range read("tcp_available_congestion_control") {
+		if !slices.Contains(allowed, a) {
+			cc = a
+		}
+	}
+	if cc == "" {
+		t.Skip("every available congestion control is allowed here")
+	}
+	bin := buildBinaries(t)
+	for _, d := range []string{bin, filepath.Dir(bin)} { // t.TempDir's are 0700
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var stderr bytes.Buffer
+	cmd := exec.Command(filepath.Join(bin, "mpi5k-gateway"), "--map", "/nonexistent", "--site", "a", "--wan-cc", cc)
+	cmd.Stderr = &stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Fatalf("as nobody, --wan-cc %s: %v, want exit status 2\n%s", cc, err, stderr.String())
+	}
+	want := fmt.Sprintf(`invalid argument %q for "--wan-cc" flag: congestion control %q is not allowed for non-root users: net.ipv4.tcp_allowed_congestion_control is %q; add it as root`,
+		cc, cc, strings.Join(allowed, " "))
+	if !strings.Contains(stderr.String(), want) {
+		t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
 	}
 }
