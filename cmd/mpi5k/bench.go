@@ -50,11 +50,11 @@ func runBench(args []string) int {
 		gwModes    = fs.StringArray("gw-mode", nil, "extra gateway mode NAME='FLAGS of mpi5k run', e.g. k4='--wan-conns 4' or paced='--wan-pace 190mbit --wan-cc cubic' (repeatable)")
 		reps       = fs.Int("reps", 2, "repetitions of every cell (modes interleaved A B A B); 2 keep the defaults within ~16 min on a 2-core lab")
 		cross      = fs.String("cross", "both", "competing WAN traffic: none, with, or both")
-		crossFlows = fs.Int("cross-flows", 1, "competing iperf3 flows per direction")
+		crossFlows = new(int)
 		scale      = fs.Float64("scale", 1, "workload --scale (iteration counts)")
-		ranks      = fs.Int("ranks", 0, "ranks for the pattern workloads (default: every node of the lab)")
+		ranks      = new(int)
 		compute    = fs.String("compute", "clock", "compute gaps: clock (spin on the clock: exact gaps whatever else loads the cores), yield (same, yielding the core to gateways and emulator) or work (calibrated arithmetic, rate pinned after the first run)")
-		timeout    = fs.Duration("timeout", 3*time.Minute, "limit per run")
+		timeout    = new(time.Duration)
 		out        = fs.String("out", "", "result directory (default bench/npb/results/<time>)")
 		binDir     = fs.String("bin", bindir, "directory holding bench/<flavour>/mpi5k-workload")
 		npbDir     = fs.String("npb-dir", "", "also run the real NPB MPI binaries in DIR (bt.A.x, is.W.4, ...); alone unless --workloads is given")
@@ -63,11 +63,18 @@ func runBench(args []string) int {
 		demo       = fs.Bool("demo", false, "bring up a lab (2 sites x 2 nodes, RTT 20 ms, 200 Mbit/s, Reno hosts), run a short comparison, tear it down")
 	)
 	fs.Var(cli.IntRange{P: wanConns, Min: 0, Max: 63, What: "bulk WAN connections"}, "wan-conns", "WAN connections per site pair in the gateway modes (0: the gateways' default)")
+	*crossFlows, *timeout = 1, 3*time.Minute
+	fs.Var(cli.IntRange{P: crossFlows, Min: 1, Max: 64, What: "flows"}, "cross-flows", "competing iperf3 flows per direction")
+	fs.Var(cli.IntRange{P: ranks, Min: 0, Max: 1 << 16, What: "ranks"}, "ranks", "ranks for the pattern workloads (0: every node of the lab)")
+	fs.Var(cli.Duration{P: timeout}, "timeout", "limit per run")
 	if code, done := cmd.Parse(fs, args); done {
 		return code
 	}
 	if fs.NArg() > 0 {
 		return cmd.Usagef("unexpected argument %q", fs.Arg(0))
+	}
+	if *timeout == 0 {
+		return cmd.Usagef("--timeout 0: want a limit per run, e.g. 3m")
 	}
 	fail := func(code int, format string, a ...any) int {
 		if code == cli.ExitUsage {

@@ -126,6 +126,9 @@ func TestCommandLines(t *testing.T) {
 		{[]string{"mpi5k", "sitemap", "--help"}, 0, nil, "usage: mpi5k sitemap check"},
 		{[]string{"mpi5k", "lab", "up", "--frobnicate"}, 2, []string{"mpi5k lab up: unknown flag: --frobnicate", hint}, ""},
 		{[]string{"mpi5k", "lab", "up", "--nodes", "0"}, 2, []string{"--nodes: need at least 1, got 0", hint}, ""},
+		{[]string{"mpi5k", "lab", "up", "--mtu", "10"}, 2, []string{"--mtu: 10 out of range 576..9000", hint}, ""},
+		{[]string{"mpi5k", "bench", "--cross-flows", "-2"}, 2, []string{`invalid argument "-2" for "--cross-flows" flag: flows -2 out of range 1..64`, hint}, ""},
+		{[]string{"mpi5k", "bench", "--timeout", "-1s"}, 2, []string{`invalid argument "-1s" for "--timeout" flag: negative duration`, hint}, ""},
 		{[]string{"mpi5k", "lab", "hosts", "--help"}, 0, nil, "--gateways"},
 	} {
 		name := strings.Join(tc.args, " ")

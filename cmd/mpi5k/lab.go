@@ -199,6 +199,11 @@ func labUp(args []string) error {
 		if c.Queue, err = testbed.ParseQueue(*queue, c.WANRate, c.RTT, c.MTU); err != nil {
 			return c, err
 		}
+		// The rest of the checks, before anything is built; Normalize
+		// names the field as the flag is named.
+		if err := c.Normalize(); err != nil {
+			return c, fmt.Errorf("--%w", err)
+		}
 		return c, nil
 	}()
 	if err != nil {

@@ -118,7 +118,7 @@ func (v Duration) Set(s string) error {
 		return fmt.Errorf("bad duration %q (want e.g. 500us, 10ms, 2s; 0 for off)", s)
 	}
 	if d < 0 {
-		return fmt.Errorf("negative duration %q (0 turns it off)", s)
+		return fmt.Errorf("negative duration %q", s)
 	}
 	*v.P = d
 	return nil
