@@ -223,7 +223,7 @@ func TestWrapBadInput(t *testing.T) {
 		{"gateway never ready", []string{"--gateway-bin", never, "--ready-timeout", "3s"}, good, "gateways not ready after 3s: site site1"},
 		{"missing gateway binary", []string{"--gateway-bin", filepath.Join(dir, "nope")}, good, "nope: no such file"},
 		{"missing mpirun", nil, good, "mpirun.nosuch: not found"},
-		{"bad wan-cc", []string{"--wan-cc", "nosuchcc"}, good, "exited before it was ready"},
+		{"bad wan-cc", []string{"--wan-cc", "nosuchcc"}, good, `invalid argument "nosuchcc" for "--wan-cc" flag`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

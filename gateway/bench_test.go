@@ -24,7 +24,6 @@ import (
 
 	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/sitemap"
-	"github.com/mpi5k/mpi5k/units"
 
 	"golang.org/x/sys/unix"
 )
@@ -128,20 +127,18 @@ func childGateway(spec string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	cfg := Config{Map: m, Site: f[1], ReadyFile: f[2],
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
-	cfg.NoPollThread = os.Getenv("MPI5K_GW_NOPOLL") != ""
-	cfg.NoQuietRuntime = os.Getenv("MPI5K_GW_RTWAKES") != ""
-	if v := os.Getenv("MPI5K_GW_CHUNK"); v != "" {
-		cfg.Chunk, _ = units.Size(v)
+	// The gateway's flags follow "--" on the command line (startChildren).
+	var flags []string
+	if i := slices.Index(os.Args, "--"); i >= 0 {
+		flags = os.Args[i+1:]
 	}
-	if v := os.Getenv("MPI5K_GW_WINDOW"); v != "" {
-		w, _ := units.Size(v)
-		cfg.Window = uint32(w)
+	cfg, err := testConfig(m, f[1], flags...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
 	}
-	if v := os.Getenv("MPI5K_GW_LOWAT"); v != "" {
-		cfg.WAN.NotSentLowat, _ = units.Size(v)
-	}
+	cfg.ReadyFile = f[2]
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	g, err := New(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -158,10 +155,11 @@ type childPair struct {
 	a, b *exec.Cmd
 }
 
-func startChildren(b testing.TB, env ...string) *childPair {
-	if v := os.Getenv("MPI5K_GW_ENV"); v != "" {
-		env = append(env, strings.Fields(v)...)
-	}
+// startChildren starts gateways a and b, each in a process of its own,
+// with mpi5k-gateway flags: those given, then $MPI5K_GW_FLAGS (e.g.
+// MPI5K_GW_FLAGS=--poll-thread=false for every benchmark).
+func startChildren(b testing.TB, flags ...string) *childPair {
+	flags = append(flags, strings.Fields(os.Getenv("MPI5K_GW_FLAGS"))...)
 	b.Helper()
 	dir := b.TempDir()
 	m := testMap(b)
@@ -171,8 +169,8 @@ func startChildren(b testing.TB, env ...string) *childPair {
 	f.Close()
 	cp := &childPair{m: m}
 	for _, site := range []string{"a", "b"} {
-		c := exec.Command(os.Args[0], "-test.run=^$")
-		c.Env = append(append(os.Environ(), "MPI5K_GW_CHILD="+mp+","+site+","+filepath.Join(dir, site+".ready")), env...)
+		c := exec.Command(os.Args[0], append([]string{"-test.run=^$", "--"}, flags...)...)
+		c.Env = append(os.Environ(), "MPI5K_GW_CHILD="+mp+","+site+","+filepath.Join(dir, site+".ready"))
 		c.Stderr = os.Stderr
 		c.SysProcAttr = diesWithParent
 		if err := c.Start(); err != nil {
@@ -359,11 +357,11 @@ func BenchmarkPingPong(b *testing.B) {
 		// The same pair with Go's runtime woken by every arriving byte as
 		// well (--quiet-runtime=false).
 		{"gateway-runtime-wakes", false, func(b *testing.B) (*net.TCPConn, error) {
-			return gw(startChildren(b, "MPI5K_GW_RTWAKES=1").lan("a"))
+			return gw(startChildren(b, "--quiet-runtime=false").lan("a"))
 		}},
 		// The same pair waiting in Go's network poller (--poll-thread=false).
 		{"gateway-go-poller", false, func(b *testing.B) (*net.TCPConn, error) {
-			return gw(startChildren(b, "MPI5K_GW_NOPOLL=1").lan("a"))
+			return gw(startChildren(b, "--poll-thread=false").lan("a"))
 		}},
 		// Both gateways in this process (one poller thread for both).
 		{"gateway-inproc", true, func(b *testing.B) (*net.TCPConn, error) {
@@ -373,7 +371,7 @@ func BenchmarkPingPong(b *testing.B) {
 		// Without the poller thread the whole round trip runs on this
 		// process's threads without sleeping: the gateways' own cost.
 		{"gateway-inproc-go-poller", true, func(b *testing.B) (*net.TCPConn, error) {
-			_, a, _ := startPair(b, func(c *Config) { c.NoPollThread = true })
+			_, a, _ := startPair(b, func(c *Config) { c.PollThread = false })
 			return gw(a.LANAddr())
 		}},
 		// Floor of a Go relay: two plain read/write forwarders (a goroutine
@@ -423,7 +421,7 @@ func BenchmarkPingPong(b *testing.B) {
 func BenchmarkForward(b *testing.B) {
 	for _, chunk := range []string{"64KiB", "128KiB", "256KiB"} {
 		b.Run("chunk="+chunk, func(b *testing.B) {
-			cp := startChildren(b, "MPI5K_GW_CHUNK="+chunk)
+			cp := startChildren(b, "--chunk="+chunk)
 			done := make(chan int64, 1)
 			dst := testnet.Serve(b, nodeB, func(c *net.TCPConn) { n, _ := io.Copy(io.Discard, c); done <- n })
 			c, err := lanOpen(cp.lan("a"), nodeA, dst)

@@ -50,9 +50,13 @@ import (
 	"github.com/mpi5k/mpi5k/internal/ratelog"
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/sitemap"
+	"github.com/mpi5k/mpi5k/units"
 )
 
-// Config configures a gateway. Zero fields take defaults.
+// Config configures a gateway. Start from DefaultConfig, which holds what
+// the measurements settled (the mpi5k-gateway defaults); zero numeric
+// fields take the defaults New documents, zero booleans turn the feature
+// off.
 type Config struct {
 	Map  *sitemap.Map
 	Site string // this gateway's site
@@ -63,12 +67,11 @@ type Config struct {
 	Chunk    int    // DATA chunk (default 128 KiB)
 	Window   uint32 // per-stream receive window (default 4 MiB)
 	WANConns int    // parallel bulk links per site pair (default 1); large writes are striped over them
-	// NoExpress drops the express link: by default every site pair has one
-	// more WAN connection that carries only messages (bursts of up to
-	// ExpressMax bytes), so a small message never waits behind bulk bytes
-	// queued in a bulk link's socket, where TCP_NOTSENT_LOWAT plus a chunk
-	// of bulk bytes cost it 5-14 ms at 200 Mbit/s (bench/figures/queuecontrol).
-	NoExpress bool
+	// Express gives every site pair one more WAN connection that carries
+	// only messages (bursts of up to ExpressMax bytes), so a small message
+	// never waits behind bulk bytes queued in a bulk link's socket (see
+	// package relay, figure (d)).
+	Express bool
 	// ExpressCC is the congestion control of the express link ("" = CUBIC
 	// when --wan-cc is set, else the WAN sockets' CC).
 	ExpressCC string
@@ -84,46 +87,42 @@ type Config struct {
 	// a WAN the site pair has to itself: against competing flows a capped
 	// link only loses its share.
 	WANPace uint64
-	// WANQueue turns on queue control on the bulk links (0 = off; the
-	// mpi5k-gateway command defaults to 1 ms): a link that saturates the
-	// WAN keeps about this much queue at the bottleneck, by capping the
-	// peer's receive window at the measured rate x (min RTT + WANQueue),
-	// and lifts the cap while another flow keeps the queue full (see
-	// package relay, queue control).
+	// WANQueue turns on queue control on the bulk links (0 = off;
+	// DefaultConfig: 1 ms): a link that saturates the WAN keeps about this
+	// much queue at the bottleneck, by capping the peer's receive window at
+	// the measured rate x (min RTT + WANQueue), and lifts the cap while
+	// another flow keeps the queue full (see package relay, queue control).
 	WANQueue time.Duration
-	// NoRenew keeps each express link for its whole life. By default a
-	// gateway replaces an express link whose congestion window losses have
+	// Renew replaces an express link whose congestion window losses have
 	// cut below one message (ExpressMax) with a fresh connection: the link
 	// carries app-limited messages, which never regrow a window that loss
-	// recovery has cut (see package relay, renewal).
-	NoRenew bool
-	// NoProbeRTTGuard lets busy BBR bulk links dip into PROBE_RTT (cwnd 4
-	// for 200 ms every 10 s of bulk). By default the PROBE_RTT guard (see
-	// probertt.go) idles such a link across its min_rtt filter's expiry,
-	// which BBR then takes as a restart from idle instead.
-	NoProbeRTTGuard bool
-	// NoPrime leaves a new BBR WAN link to learn the path from what it
-	// carries. By default the gateway fills it with PAD frames until BBR
-	// leaves STARTUP, since BBR paces app-limited messages at the rate of
-	// earlier ones and grows a low estimate by only 25 % per eight round
-	// trips (see prime.go). CUBIC and Reno links are never primed.
-	NoPrime bool
+	// recovery has cut (see package relay, renewal). Both gateways of a
+	// pair must agree.
+	Renew bool
+	// ProbeRTTGuard idles a busy BBR bulk link across its min_rtt filter's
+	// expiry (probertt.go), which BBR then takes as a restart from idle
+	// instead of a dip into PROBE_RTT (cwnd 4 for 200 ms every 10 s of
+	// bulk).
+	ProbeRTTGuard bool
+	// Prime fills a new BBR WAN link with PAD frames until BBR leaves
+	// STARTUP, since BBR paces app-limited messages at the rate of earlier
+	// ones and grows a low estimate by only 25 % per eight round trips (see
+	// prime.go). CUBIC and Reno links are never primed.
+	Prime bool
 	// KeepWarm turns off net.ipv4.tcp_slow_start_after_idle in the
-	// gateway's network namespace while it runs (the mpi5k-gateway command
-	// defaults to on) if any WAN socket runs a CC other than BBR: without it
-	// a CUBIC express link restarts from 10 segments after every pause
-	// longer than its RTO (see warm.go). If the sysctl cannot be written the
-	// gateway warns and runs anyway.
+	// gateway's network namespace while it runs if any WAN socket runs a CC
+	// other than BBR: without it a CUBIC express link restarts from 10
+	// segments after every pause longer than its RTO (see warm.go). If the
+	// sysctl cannot be written the gateway warns and runs anyway.
 	KeepWarm bool
-	// NoPollThread waits for idle sockets in Go's network poller instead of
-	// the relay's poller thread, which forwards small messages with one
-	// thread wake-up per gateway instead of two or three of Go's
-	// (bench/figures/pollthread).
-	NoPollThread bool
-	// NoQuietRuntime leaves Go's runtime watching the input of sockets the
-	// poller thread owns (package relay, rtquiet.go): each arriving byte
-	// then wakes a runtime thread too.
-	NoQuietRuntime bool
+	// PollThread waits for idle sockets on the relay's poller thread,
+	// which forwards small messages with one thread wake-up per gateway
+	// (see package relay, figure (a)); off, Go's network poller waits.
+	PollThread bool
+	// QuietRuntime takes the input of sockets the poller thread owns out
+	// of Go's runtime epoll registration (package relay, rtquiet.go), so an
+	// arriving message wakes one thread, not two.
+	QuietRuntime bool
 
 	ReadyFile   string // written once every WAN link is up and primed (prime.go)
 	MetricsAddr string // HTTP listener for /metrics and /ready ("" = none)
@@ -225,6 +224,60 @@ type peer struct {
 	primeMu sync.Mutex
 }
 
+// DefaultConfig is the configuration the measurements settled on (package
+// relay's figures, bench/figures): the defaults of mpi5k-gateway and of
+// `mpi5k run`'s gateways. Map, Site and Logger are the caller's.
+func DefaultConfig() Config {
+	return Config{
+		WAN:   SockOpts{NotSentLowat: 128 << 10, RTOMin: 10 * time.Millisecond, DelackMax: 5 * time.Millisecond},
+		Chunk: 128 << 10, Window: 4 << 20, WANConns: 1,
+		Express: true, Renew: true, ProbeRTTGuard: true, Prime: true, KeepWarm: true,
+		PollThread: true, QuietRuntime: true, WANQueue: time.Millisecond,
+	}
+}
+
+// Validate reports the first setting out of range, named by its
+// mpi5k-gateway flag. Zero numbers are valid: New gives them defaults. It
+// reads nothing from the kernel, so `mpi5k run` checks the remote
+// gateways' settings with it before it starts any.
+func (c *Config) Validate() error {
+	if c.Chunk < 0 || c.Chunk > header.MaxPayload {
+		return fmt.Errorf("--chunk %s out of range 1..%s", units.FormatSize(c.Chunk), units.FormatSize(header.MaxPayload))
+	}
+	if c.WANConns < 0 || c.WANConns > maxWANConns {
+		return fmt.Errorf("--wan-conns %d out of range 1..%d", c.WANConns, maxWANConns)
+	}
+	if c.WANQueue < 0 {
+		return fmt.Errorf("--wan-queue %v is negative (0 turns queue control off)", c.WANQueue)
+	}
+	if conns := uint64(max(c.WANConns, 1)); c.WANPace > 0 && c.WANPace < 8000*conns {
+		return fmt.Errorf("--wan-pace %d bit/s is below 8 kbit/s per WAN connection (%d connections)", c.WANPace, conns)
+	}
+	for _, t := range []struct {
+		flag string
+		d    time.Duration
+	}{{"--wan-rto-min", c.WAN.RTOMin}, {"--wan-delack-max", c.WAN.DelackMax}} {
+		if t.d < 0 || t.d > maxTCPTimer {
+			return fmt.Errorf("%s %v out of range 0..%v (0 keeps the kernel's 200ms)", t.flag, t.d, maxTCPTimer)
+		}
+	}
+	chunk := c.Chunk
+	if chunk == 0 {
+		chunk = 128 << 10
+	}
+	if c.ExpressMax < 0 || c.ExpressMax > chunk {
+		return fmt.Errorf("--express-max %s out of range 0..%s (the chunk, --chunk)", units.FormatSize(c.ExpressMax), units.FormatSize(chunk))
+	}
+	return nil
+}
+
+const (
+	maxWANConns = 63 // bulk links per site pair (the limit New has always applied)
+	// maxTCPTimer is the largest TCP_RTO_MIN_US and TCP_DELACK_MAX_US the
+	// kernel takes (its own 200 ms defaults).
+	maxTCPTimer = 200 * time.Millisecond
+)
+
 // New validates cfg and opens the LAN and WAN listeners (so a test can
 // read the bound addresses before Run).
 func New(cfg Config) (*Gateway, error) {
@@ -238,11 +291,11 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
 	if cfg.Chunk == 0 {
 		cfg.Chunk = 128 << 10
-	}
-	if cfg.Chunk < 1 || cfg.Chunk > header.MaxPayload {
-		return nil, fmt.Errorf("gateway: chunk %d out of range 1..%d", cfg.Chunk, header.MaxPayload)
 	}
 	if cfg.Window == 0 {
 		// One stream must be able to fill the WAN: 4 MiB covers 1 Gbit/s at
@@ -253,23 +306,11 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.WANConns == 0 {
 		cfg.WANConns = 1
 	}
-	if cfg.WANConns < 1 || cfg.WANConns > 63 {
-		return nil, fmt.Errorf("gateway: --wan-conns %d out of range 1..63", cfg.WANConns)
-	}
-	if cfg.WANQueue < 0 {
-		return nil, fmt.Errorf("gateway: --wan-queue %v is negative (0 turns queue control off)", cfg.WANQueue)
-	}
 	if cfg.WANPace > 0 {
-		if cfg.WANPace < 8000*uint64(cfg.WANConns) {
-			return nil, fmt.Errorf("gateway: --wan-pace %d bit/s is below 8 kbit/s per WAN connection", cfg.WANPace)
-		}
 		cfg.WAN.MaxPacingRate = cfg.WANPace / 8 / uint64(cfg.WANConns)
 	}
 	if cfg.WAN.NotSentLowat == 0 {
 		cfg.WAN.NotSentLowat = 128 << 10
-	}
-	if cfg.WAN.RTOMin < 0 || cfg.WAN.DelackMax < 0 {
-		return nil, fmt.Errorf("gateway: --wan-rto-min %v / --wan-delack-max %v: negative (0 keeps the kernel's)", cfg.WAN.RTOMin, cfg.WAN.DelackMax)
 	}
 	if err := cfg.WAN.checkTimers(); errors.Is(err, unix.ENOPROTOOPT) {
 		cfg.Logger.Warn("this kernel has no TCP_RTO_MIN_US / TCP_DELACK_MAX_US: WAN sockets keep the 200 ms RTO floor",
@@ -338,9 +379,6 @@ func New(cfg Config) (*Gateway, error) {
 		// a latency-bound message of up to 64 KiB is one small burst.
 		cfg.ExpressMax = min(68<<10, cfg.Chunk)
 	}
-	if cfg.ExpressMax < 0 || cfg.ExpressMax > cfg.Chunk {
-		return nil, fmt.Errorf("gateway: --express-max %d out of range 0..chunk (%d)", cfg.ExpressMax, cfg.Chunk)
-	}
 	if err := cfg.fillLimits(len(cfg.Map.Sites()) - 1); err != nil {
 		return nil, err
 	}
@@ -350,7 +388,7 @@ func New(cfg Config) (*Gateway, error) {
 	g.sources.m = map[netip.Addr]int{}
 	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, ExpressMax: cfg.ExpressMax,
 		PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log,
-		NoPoller: cfg.NoPollThread, RuntimeWakes: cfg.NoQuietRuntime, QueueTarget: cfg.WANQueue,
+		NoPoller: !cfg.PollThread, RuntimeWakes: !cfg.QuietRuntime, QueueTarget: cfg.WANQueue,
 		MaxControl: cfg.MaxControl, MaxEarly: cfg.MaxEarly,
 		Limited: func(reason, peer string, err error) {
 			g.refused(reason, "WAN peer hit a limit", "peer", peer, "err", err)
@@ -418,15 +456,15 @@ func (g *Gateway) Run(ctx context.Context) error {
 		}
 	}
 	g.log.Info("gateway up", "id", g.site.ID, "lan", g.lanLn.Addr().String(), "wan", g.wanLn.Addr().String(),
-		"peers", len(g.peers), "wan_conns", g.cfg.WANConns, "express", !g.cfg.NoExpress, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
-		"wan_pace_bps", g.cfg.WANPace, "wan_queue", g.cfg.WANQueue.String(), "probe_rtt_guard", !g.cfg.NoProbeRTTGuard,
-		"express_cc", g.cfg.ExpressCC, "prime", !g.cfg.NoPrime, "keep_warm", keepWarmState,
+		"peers", len(g.peers), "wan_conns", g.cfg.WANConns, "express", g.cfg.Express, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
+		"wan_pace_bps", g.cfg.WANPace, "wan_queue", g.cfg.WANQueue.String(), "probe_rtt_guard", g.cfg.ProbeRTTGuard,
+		"express_cc", g.cfg.ExpressCC, "prime", g.cfg.Prime, "keep_warm", keepWarmState,
 		"max_lan_conns", g.cfg.MaxLANConns, "max_source_streams", g.cfg.MaxSourceStreams, "max_peer_streams", g.cfg.MaxPeerStreams)
 	g.wg.Add(3)
 	go g.serveLAN()
 	go g.serveWAN()
 	go g.sampleWAN()
-	if !g.cfg.NoProbeRTTGuard {
+	if g.cfg.ProbeRTTGuard {
 		g.wg.Add(1)
 		go g.guardProbeRTT()
 	}
@@ -571,20 +609,20 @@ func (g *Gateway) allUpLocked() bool {
 
 // numLinks is the links per site pair: the bulk ones and the express one.
 func (g *Gateway) numLinks() int {
-	if g.cfg.NoExpress {
+	if !g.cfg.Express {
 		return g.cfg.WANConns
 	}
 	return g.cfg.WANConns + 1
 }
 
 // isExpress tells whether link index i is the express link.
-func (g *Gateway) isExpress(i int) bool { return !g.cfg.NoExpress && i == g.cfg.WANConns }
+func (g *Gateway) isExpress(i int) bool { return g.cfg.Express && i == g.cfg.WANConns }
 
 func (g *Gateway) features() uint8 {
 	f := header.FeatureTrunk | header.FeatureClamp | header.FeaturePad
-	if !g.cfg.NoExpress {
+	if g.cfg.Express {
 		f |= header.FeatureExpress
-		if !g.cfg.NoRenew {
+		if g.cfg.Renew {
 			f |= header.FeatureRenew
 		}
 	}
@@ -630,11 +668,11 @@ func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello, since
 		g.log.Warn("WAN link: socket options not set", "peer", p.site.Name, "link", i, "express", x, "err", err)
 	}
 	l := p.trunk.Add(c, g.rcfg, ph, i, x)
-	if !x && !g.cfg.NoProbeRTTGuard {
+	if !x && g.cfg.ProbeRTTGuard {
 		g.guard.begin(l, since) // before setLink publishes l to the guard
 	}
-	g.setLink(p, i, l, !g.cfg.NoPrime)
-	if !g.cfg.NoPrime {
+	g.setLink(p, i, l, g.cfg.Prime)
+	if g.cfg.Prime {
 		go g.primeLink(p, i, x, l)
 	}
 	return l
@@ -772,7 +810,7 @@ const renewGap = time.Second
 // asks it to with RENEW. Called every wanSampleEvery, right after the
 // sampler has read every link's TCP_INFO, whose samples it uses.
 func (g *Gateway) checkExpress() {
-	if g.cfg.NoExpress || g.cfg.NoRenew {
+	if !g.cfg.Express || !g.cfg.Renew {
 		return
 	}
 	g.peersMu.Lock()
@@ -948,7 +986,7 @@ func (g *Gateway) linkInUse(p *peer, i int) error {
 		return nil // failed: the peer reconnects
 	default:
 	}
-	if g.isExpress(i) && !g.cfg.NoRenew {
+	if g.isExpress(i) && g.cfg.Renew {
 		now := time.Now().UnixNano()
 		last := p.renewAccepted.Load()
 		if now-last < int64(renewGap/2) || !p.renewAccepted.CompareAndSwap(last, now) {

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -25,6 +26,7 @@ import (
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/sitemap"
 	"github.com/mpi5k/mpi5k/tcpinfo"
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 )
 
@@ -67,6 +69,23 @@ type testGW struct {
 	done chan struct{}
 }
 
+// testFlags turn off what reaches beyond the test process or waits on
+// real WAN timings: keep-warm (a host-wide sysctl), queue control and the
+// WAN timer floors, which these loopback tests have always run without.
+var testFlags = []string{"--wan-keep-warm=false", "--wan-queue=0", "--wan-rto-min=0", "--wan-delack-max=0"}
+
+// testConfig is the Config of the tests' gateways: testFlags, then flags.
+func testConfig(m *sitemap.Map, site string, flags ...string) (Config, error) {
+	fs := pflag.NewFlagSet("test gateway", pflag.ContinueOnError)
+	f := NewFlags(fs, false)
+	if err := fs.Parse(append(slices.Clone(testFlags), flags...)); err != nil {
+		return Config{}, err
+	}
+	cfg, err := f.Config()
+	cfg.Map, cfg.Site = m, site
+	return cfg, err
+}
+
 func startGW(t testing.TB, m *sitemap.Map, site string, tweak func(*Config)) *testGW {
 	t.Helper()
 	lvl := slog.LevelWarn
@@ -77,9 +96,13 @@ func startGW(t testing.TB, m *sitemap.Map, site string, tweak func(*Config)) *te
 	// frame: these tests run clients, servers and both gateways in one
 	// process, where 2000 busy goroutines (more so under -race) can keep a
 	// gateway goroutine off the CPU for seconds.
-	cfg := Config{Map: m, Site: site, Chunk: 64 << 10, Window: 256 << 10,
-		DrainTimeout: time.Second, PingInterval: 5 * time.Second, FirstFrame: time.Minute,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))}
+	cfg, err := testConfig(m, site)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Chunk, cfg.Window = 64<<10, 256<<10
+	cfg.DrainTimeout, cfg.PingInterval, cfg.FirstFrame = time.Second, 5*time.Second, time.Minute
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	if tweak != nil {
 		tweak(&cfg)
 	}
@@ -639,7 +662,7 @@ func TestExpressCC(t *testing.T) {
 func TestTrunkMismatch(t *testing.T) {
 	m := testMap(t)
 	a := startGW(t, m, "a", nil)
-	b := startGW(t, m, "b", func(c *Config) { c.NoExpress = true })
+	b := startGW(t, m, "b", func(c *Config) { c.Express = false })
 	select {
 	case <-a.Ready():
 		t.Fatal("a came up with a peer that has no express link")
@@ -701,7 +724,7 @@ func TestWANPace(t *testing.T) {
 // cap (a few segments, here) holds, the stream crawls at a window per
 // delayed ACK, so writes get a deadline and the loop keeps to its own.
 func TestQueueControl(t *testing.T) {
-	_, a, b := startPair(t, func(c *Config) { c.WANQueue = time.Microsecond; c.NoExpress = true; c.WANPace = 400e6 })
+	_, a, b := startPair(t, func(c *Config) { c.WANQueue = time.Microsecond; c.Express = false; c.WANPace = 400e6 })
 	dst := testnet.Serve(t, nodeB, func(c *net.TCPConn) { io.Copy(io.Discard, c) })
 	c, err := lanOpen(a.LANAddr(), nodeA, dst)
 	if err != nil {
@@ -853,7 +876,7 @@ func TestWANTimers(t *testing.T) {
 	for _, c := range []struct {
 		rto, delack time.Duration
 		want        string
-	}{{-time.Millisecond, 0, "negative"}, {time.Millisecond, 0, "at most 200 ms"}, {0, time.Second, "--wan-delack-max 1s"}} {
+	}{{-time.Millisecond, 0, "--wan-rto-min -1ms out of range 0..200ms"}, {time.Millisecond, 0, "at most 200 ms"}, {0, time.Second, "--wan-delack-max 1s"}} {
 		_, err := New(Config{Map: m, Site: "a", WAN: SockOpts{RTOMin: c.rto, DelackMax: c.delack}})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("rto-min %v delack-max %v: error %v, want one with %q", c.rto, c.delack, err, c.want)
@@ -996,7 +1019,7 @@ func TestPrime(t *testing.T) {
 		{"off", "bbr", true, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, a, b := startPair(t, func(c *Config) { c.WAN.CC, c.ExpressCC, c.NoPrime = "bbr", tc.express, tc.off })
+			_, a, b := startPair(t, func(c *Config) { c.WAN.CC, c.ExpressCC, c.Prime = "bbr", tc.express, !tc.off })
 			for _, g := range []*testGW{a, b} {
 				g.peersMu.Lock()
 				priming := g.priming

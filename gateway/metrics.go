@@ -131,7 +131,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	var renewed []prometheus.Metric
 	m.g.peersMu.Lock()
 	for _, p := range m.g.peers {
-		if !m.g.cfg.NoExpress {
+		if m.g.cfg.Express {
 			renewed = append(renewed, prometheus.MustNewConstMetric(m.renewals, prometheus.CounterValue, float64(p.renewed.Load()), p.site.Name))
 		}
 		renewed = append(renewed, prometheus.MustNewConstMetric(m.peerStreams, prometheus.GaugeValue, float64(p.streamsIn.Load()), p.site.Name),

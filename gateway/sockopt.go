@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -142,23 +143,50 @@ func (o SockOpts) applyConn(c *net.TCPConn) error {
 	return o.control(nil)("tcp", "", rc)
 }
 
-// CheckCC reports an error naming the available algorithms if cc is not
-// one the kernel offers.
+// CheckCC reports whether this process may set cc on its sockets: root
+// may set any congestion control the kernel has loaded
+// (net.ipv4.tcp_available_congestion_control), other users only those in
+// net.ipv4.tcp_allowed_congestion_control. The error names the lists and
+// the fix.
 func CheckCC(cc string) error {
 	if cc == "" {
 		return nil
 	}
-	avail := availableCC()
-	for _, a := range strings.Fields(avail) {
-		if a == cc {
-			return nil
-		}
+	avail := ccSysctl("tcp_available_congestion_control")
+	if !slices.Contains(strings.Fields(avail), cc) {
+		return fmt.Errorf("congestion control %q is not available: this kernel offers %s (net.ipv4.tcp_available_congestion_control); "+
+			"pick one of those, or load its module as root (modprobe tcp_%s)", cc, avail, cc)
 	}
-	return fmt.Errorf("congestion control %q not available (kernel offers: %s)", cc, avail)
+	if os.Geteuid() == 0 {
+		return nil
+	}
+	allowed := ccSysctl("tcp_allowed_congestion_control")
+	if !slices.Contains(strings.Fields(allowed), cc) {
+		return fmt.Errorf("congestion control %q is not allowed for non-root users: net.ipv4.tcp_allowed_congestion_control is %q; "+
+			"add it as root (sysctl -w net.ipv4.tcp_allowed_congestion_control=\"%s %s\"), run the gateway as root, or pick one of %s",
+			cc, allowed, allowed, cc, allowed)
+	}
+	return nil
 }
 
-func availableCC() string {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_available_congestion_control")
+// linuxCCs are the congestion controls Linux ships as modules.
+var linuxCCs = []string{"bbr", "bic", "cdg", "cubic", "dctcp", "highspeed", "htcp", "hybla", "illinois",
+	"lp", "nv", "reno", "scalable", "vegas", "veno", "westwood", "yeah"}
+
+// CheckCCName is the check of a congestion control a remote gateway will
+// set (`mpi5k run`): the kernel there decides, so this one only refuses a
+// name neither Linux ships nor this kernel offers.
+func CheckCCName(cc string) error {
+	if cc == "" || slices.Contains(linuxCCs, cc) || slices.Contains(strings.Fields(availableCC()), cc) {
+		return nil
+	}
+	return fmt.Errorf("no congestion control is called %q (Linux has %s)", cc, strings.Join(linuxCCs, ", "))
+}
+
+func availableCC() string { return ccSysctl("tcp_available_congestion_control") }
+
+func ccSysctl(name string) string {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/" + name)
 	if err != nil {
 		return "unknown"
 	}

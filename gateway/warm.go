@@ -41,7 +41,7 @@ func (c *Config) restartsAfterIdle() bool {
 	if x == "" {
 		x = c.WAN.CC // wanCreate
 	}
-	return c.WAN.CC != "bbr" || (!c.NoExpress && x != "bbr")
+	return c.WAN.CC != "bbr" || (c.Express && x != "bbr")
 }
 
 // slowStartAfterIdle is a variable so tests can point it at a file.

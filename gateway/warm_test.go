@@ -112,7 +112,7 @@ func TestRestartsAfterIdle(t *testing.T) {
 		{"cubic", "bbr", false, true},
 		{"", "", false, true}, // the system's default may be CUBIC
 	} {
-		cfg := Config{WAN: SockOpts{CC: c.wan}, ExpressCC: c.express, NoExpress: c.noExpress}
+		cfg := Config{WAN: SockOpts{CC: c.wan}, ExpressCC: c.express, Express: !c.noExpress}
 		if got := cfg.restartsAfterIdle(); got != c.want {
 			t.Errorf("--wan-cc %q --wan-express-cc %q no express %v: restarts after idle %v, want %v", c.wan, c.express, c.noExpress, got, c.want)
 		}

@@ -69,3 +69,17 @@ func Size(s string) (int, error) {
 	}
 	return int(n) * mult, nil
 }
+
+// FormatSize writes n as Size reads it, in the largest binary unit that
+// divides it: 131072 is "128KiB", 1000 stays "1000".
+func FormatSize(n int) string {
+	for _, u := range []struct {
+		suf string
+		m   int
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n != 0 && n%u.m == 0 {
+			return fmt.Sprintf("%d%s", n/u.m, u.suf)
+		}
+	}
+	return strconv.Itoa(n)
+}

@@ -31,3 +31,15 @@ func TestSize(t *testing.T) {
 		}
 	}
 }
+
+func TestFormatSize(t *testing.T) {
+	for n, want := range map[int]string{0: "0", 1000: "1000", 128 << 10: "128KiB", 4 << 20: "4MiB", 1 << 30: "1GiB", 68 << 10: "68KiB", 1536: "1536"} {
+		got := FormatSize(n)
+		if got != want {
+			t.Errorf("FormatSize(%d) = %q, want %q", n, got, want)
+		}
+		if back, err := Size(got); err != nil || back != n {
+			t.Errorf("Size(FormatSize(%d)) = %d, %v", n, back, err)
+		}
+	}
+}

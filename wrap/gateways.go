@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -55,7 +54,7 @@ func httpClient(timeout time.Duration) *http.Client {
 type gateway struct {
 	site    *Site
 	argv    []string
-	metrics netip.AddrPort
+	metrics string // host:port of /ready and /metrics
 	cmd     *exec.Cmd
 	stdin   io.WriteCloser
 	logPath string
@@ -144,7 +143,7 @@ func (g *gateway) logTail() string {
 
 // probe asks the gateway's /ready once: nil when every WAN link is up.
 func (g *gateway) probe(ctx context.Context, client *http.Client) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+g.metrics.String()+"/ready", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+g.metrics+"/ready", nil)
 	if err != nil {
 		return err
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -108,6 +107,11 @@ func Run(ctx context.Context, c Config) (int, error) {
 		hosts = bh
 	}
 	po := PlanOptions{Gateways: c.Gateways, Dedicated: c.Dedicated, Resolve: c.Resolve, EnvGateways: map[string]string{}}
+	if c.DryRun && po.Resolve == nil {
+		// A dry run shows what would run without asking DNS: host names
+		// stand for their addresses.
+		po.Resolve, po.Unresolved = LiteralResolver, true
+	}
 	if g := c.Getenv("MPI5K_GATEWAYS"); g != "" {
 		if err := ParseGateways(po.EnvGateways, g); err != nil {
 			return 2, fmt.Errorf("$MPI5K_GATEWAYS: %v", err)
@@ -148,19 +152,33 @@ func Run(ctx context.Context, c Config) (int, error) {
 		}
 		c.WorkDir = filepath.Join(home, ".mpi5k", fmt.Sprintf("run-%d-%d", os.Getpid(), time.Now().Unix()))
 	}
-	if err := os.MkdirAll(c.WorkDir, 0o755); err != nil {
-		return 1, err
-	}
-	if !c.Keep && !c.DryRun {
-		defer os.RemoveAll(c.WorkDir)
+	// Files go to the workdir, a dry run's to a directory removed at
+	// return: it leaves nothing behind.
+	fileDir := c.WorkDir
+	if c.DryRun {
+		if fileDir, err = os.MkdirTemp("", "mpi5k-dry-run-"); err != nil {
+			return 1, err
+		}
+		defer os.RemoveAll(fileDir)
+	} else {
+		if err := os.MkdirAll(c.WorkDir, 0o755); err != nil {
+			return 1, err
+		}
+		if !c.Keep {
+			defer os.RemoveAll(c.WorkDir)
+		}
 	}
 	mapPath := filepath.Join(c.WorkDir, "sites.conf")
 	mapText := plan.MapText(c.LANPort, c.WANPort)
-	if _, err := sitemap.Parse(strings.NewReader(mapText), mapPath); err != nil {
-		return 1, fmt.Errorf("the site map built from the host list is invalid: %v", err)
+	if !plan.Unresolved() {
+		if _, err := sitemap.Parse(strings.NewReader(mapText), "the site map built from the host list"); err != nil {
+			return 1, fmt.Errorf("%v (hosts from %s)", err, hostOrigin(src, c.SitesFile))
+		}
 	}
-	if err := os.WriteFile(mapPath, []byte(mapText), 0o644); err != nil {
-		return 1, err
+	if !c.DryRun {
+		if err := os.WriteFile(mapPath, []byte(mapText), 0o644); err != nil {
+			return 1, err
+		}
 	}
 
 	argv := c.Argv
@@ -169,7 +187,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		for _, s := range plan.Sites {
 			drop[s.Gateway.Name] = true
 		}
-		if argv, err = WithoutHosts(f, argv, hosts, src, drop, c.WorkDir); err != nil {
+		if argv, err = WithoutHosts(f, argv, hosts, src, drop, fileDir); err != nil {
 			return 2, err
 		}
 	}
@@ -188,12 +206,18 @@ func Run(ctx context.Context, c Config) (int, error) {
 	}
 	gws := make([]*gateway, len(plan.Sites))
 	for i, s := range plan.Sites {
-		gws[i] = &gateway{site: s, argv: c.gatewayCommand(s, mapPath),
-			metrics: netip.AddrPortFrom(s.Gateway.Addrs[0], uint16(c.MetricsPort))}
+		gws[i] = &gateway{site: s, argv: c.gatewayCommand(s, mapPath), metrics: s.Gateway.hostPort(c.MetricsPort)}
 	}
 
 	if c.DryRun {
-		fmt.Fprintf(c.Stdout, "# flavour: %s\n# site map %s:\n%s", f, mapPath, mapText)
+		fmt.Fprintf(c.Stdout, "# flavour: %s\n", f)
+		if plan.Unresolved() {
+			fmt.Fprintf(c.Stdout, "# a dry run resolves no host names: each name stands for its address\n")
+		}
+		fmt.Fprintf(c.Stdout, "# site map %s:\n%s", mapPath, mapText)
+		if err := printFiles(c.Stdout, fileDir, c.WorkDir); err != nil {
+			return 1, err
+		}
 		if !c.SharedFS {
 			fmt.Fprintf(c.Stdout, "# copy the map to every host:\n")
 			for _, h := range mapHosts(plan) {
@@ -204,7 +228,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		for _, g := range gws {
 			fmt.Fprintln(c.Stdout, shellJoin(g.argv))
 		}
-		fmt.Fprintf(c.Stdout, "# mpirun:\n%s\n", shellJoin(mpiArgv))
+		fmt.Fprintf(c.Stdout, "# mpirun:\n%s\n", strings.ReplaceAll(shellJoin(mpiArgv), fileDir, c.WorkDir))
 		return 0, nil
 	}
 
@@ -241,7 +265,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 func (c *Config) gatewayCommand(s *Site, mapPath string) []string {
 	argv := append([]string(nil), c.Launcher...)
 	argv = append(argv, s.Gateway.Name, c.GatewayBin, "--map", mapPath, "--site", s.Name,
-		"--metrics", netip.AddrPortFrom(s.Gateway.Addrs[0], uint16(c.MetricsPort)).String(),
+		"--metrics", s.Gateway.hostPort(c.MetricsPort),
 		"--exit-on-stdin-eof")
 	return append(argv, c.GatewayArgs...)
 }
@@ -289,6 +313,42 @@ func (c *Config) distribute(ctx context.Context, p *Plan, mapPath, text string) 
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// printFiles prints the files a dry run wrote into dir (rank hostfiles of
+// --dedicated-gateways) under the names they would have in workdir.
+func printFiles(w io.Writer, dir, workdir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "# %s:\n%s", filepath.Join(workdir, e.Name()), b)
+	}
+	return nil
+}
+
+// hostOrigin names where the job's hosts came from, for messages.
+func hostOrigin(src []HostSource, sitesFile string) string {
+	var names []string
+	for _, s := range src {
+		if s.File != "" {
+			names = append(names, s.Option+" "+s.File)
+		} else {
+			names = append(names, s.Option)
+		}
+	}
+	if len(names) == 0 {
+		names = append(names, "the batch system's host list")
+	}
+	if sitesFile != "" {
+		names = append(names, "--sites "+sitesFile)
+	}
+	return strings.Join(names, ", ")
 }
 
 func shellJoin(argv []string) string {

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/mpi5k/mpi5k/sitemap"
@@ -30,6 +31,7 @@ func ReadSiteRules(path string) ([]SiteRule, error) {
 	}
 	defer f.Close()
 	var rules []SiteRule
+	seen := map[string]string{} // host or CIDR -> where it was first given
 	sc := bufio.NewScanner(f)
 	for line := 1; sc.Scan(); line++ {
 		text, _, _ := strings.Cut(sc.Text(), "#")
@@ -56,6 +58,14 @@ func ReadSiteRules(path string) ([]SiteRule, error) {
 			}
 			r.Host = fields[0]
 		}
+		key := r.Host
+		if key == "" {
+			key = r.Prefix.String()
+		}
+		if first, dup := seen[key]; dup {
+			return nil, fmt.Errorf("%s: %s is given twice (first at %s): give each host or range one line, with its one site", where, fields[0], first)
+		}
+		seen[key] = where
 		rules = append(rules, r)
 	}
 	if err := sc.Err(); err != nil {
@@ -86,12 +96,33 @@ func DefaultResolver(ctx context.Context, host string) ([]netip.Addr, error) {
 	return addrs, nil
 }
 
-// SiteHost is a host with its site and addresses.
+// LiteralResolver resolves addresses written as such and leaves names
+// without address: a dry run asks no DNS (PlanOptions.Unresolved).
+func LiteralResolver(_ context.Context, host string) ([]netip.Addr, error) {
+	if a, err := netip.ParseAddr(host); err == nil {
+		return []netip.Addr{a.Unmap()}, nil
+	}
+	return nil, nil
+}
+
+// SiteHost is a host with its site and addresses (none when a dry run
+// left its name unresolved).
 type SiteHost struct {
 	Host
 	Site  string
 	Addrs []netip.Addr
 }
+
+// addr is the host's first address, or its name when unresolved.
+func (h SiteHost) addr() string {
+	if len(h.Addrs) == 0 {
+		return h.Name
+	}
+	return h.Addrs[0].String()
+}
+
+// hostPort is addr with a port.
+func (h SiteHost) hostPort(port int) string { return net.JoinHostPort(h.addr(), strconv.Itoa(port)) }
 
 // Site is one site of the job.
 type Site struct {
@@ -113,6 +144,9 @@ type PlanOptions struct {
 	EnvGateways map[string]string // from $MPI5K_GATEWAYS: sites the job does not use are ignored
 	Dedicated   bool              // gateways run no ranks
 	Resolve     Resolver
+	// Unresolved accepts hosts Resolve finds no address for (a dry run
+	// with LiteralResolver); only --sites rules by name can place them.
+	Unresolved bool
 }
 
 // MakePlan assigns every host to a site and picks each site's gateway.
@@ -127,7 +161,7 @@ func MakePlan(ctx context.Context, hosts []Host, o PlanOptions) (*Plan, error) {
 		if err != nil {
 			return SiteHost{}, fmt.Errorf("cannot resolve host %s: %v", h.Name, err)
 		}
-		if len(addrs) == 0 {
+		if len(addrs) == 0 && !o.Unresolved {
 			return SiteHost{}, fmt.Errorf("cannot resolve host %s: no address", h.Name)
 		}
 		return SiteHost{Host: h, Addrs: addrs}, nil
@@ -221,7 +255,23 @@ func siteOf(h SiteHost, rules []SiteRule) (string, error) {
 			}
 		}
 	}
+	if len(h.Addrs) == 0 {
+		return "", fmt.Errorf("host %s is in no site of the --sites file by name, and a dry run resolves no names to match its address ranges: name the host in the file to see its plan", h.Name)
+	}
 	return "", fmt.Errorf("host %s (%s) is in no site of the --sites file", h.Name, h.Addrs[0])
+}
+
+// Unresolved reports whether some host has no address (a dry run): the
+// map then shows names in place of addresses.
+func (p *Plan) Unresolved() bool {
+	for _, s := range p.Sites {
+		for _, h := range append([]SiteHost{s.Gateway}, s.Hosts...) {
+			if len(h.Addrs) == 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // MapText renders the plan as a site map (docs/sitemap-format.md). Each
@@ -231,9 +281,7 @@ func (p *Plan) MapText(lanPort, wanPort int) string {
 	var b strings.Builder
 	b.WriteString("# mpi5k site map written by mpi5k run\n")
 	for _, s := range p.Sites {
-		gw := s.Gateway.Addrs[0]
-		fmt.Fprintf(&b, "site %s id=%d lan=%s wan=%s\n", s.Name, s.ID,
-			netip.AddrPortFrom(gw, uint16(lanPort)), netip.AddrPortFrom(gw, uint16(wanPort)))
+		fmt.Fprintf(&b, "site %s id=%d lan=%s wan=%s\n", s.Name, s.ID, s.Gateway.hostPort(lanPort), s.Gateway.hostPort(wanPort))
 		seen := map[string]bool{}
 		hosts := append([]SiteHost{s.Gateway}, s.Hosts...)
 		for _, h := range hosts {
@@ -244,6 +292,9 @@ func (p *Plan) MapText(lanPort, wanPort int) string {
 			addrs := make([]string, len(h.Addrs))
 			for i, a := range h.Addrs {
 				addrs[i] = a.String()
+			}
+			if len(addrs) == 0 {
+				addrs = []string{h.Name}
 			}
 			fmt.Fprintf(&b, "host %s %s %s\n", s.Name, h.Name, strings.Join(addrs, " "))
 		}

@@ -94,7 +94,7 @@ func summary(gws []*gateway) string {
 	var b strings.Builder
 	var lines []string
 	for _, g := range gws {
-		fams, err := scrape(g.metrics.String())
+		fams, err := scrape(g.metrics)
 		if err != nil {
 			lines = append(lines, fmt.Sprintf("  %s: no metrics (%v)", g.site.Name, err))
 			continue

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"net/netip"
 	"strings"
 	"testing"
 )
@@ -31,8 +30,8 @@ mpi5k_wan_bbr_probe_rtt_skips_total{link="0",peer="b",site="a"} 4
 `
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, text) }))
 	defer srv.Close()
-	up := netip.MustParseAddrPort(strings.TrimPrefix(srv.URL, "http://"))
-	dead := netip.MustParseAddrPort("127.0.0.1:1")
+	up := strings.TrimPrefix(srv.URL, "http://")
+	dead := "127.0.0.1:1"
 	out := summary([]*gateway{{site: &Site{Name: "a"}, metrics: up}, {site: &Site{Name: "z"}, metrics: dead}})
 	for _, want := range []string{
 		"  a -> b: 4.0 MiB sent, 1.0 KiB received, 7 streams opened, 6 WAN retransmits (0 in RTO recovery), 0 RTOs, 0 idle restarts, 1 BBR PROBE_RTT dips (4 skipped)\n",

@@ -260,14 +260,56 @@ func TestMakePlan(t *testing.T) {
 		}
 	}
 	for text, want := range map[string]string{
-		"a b c\n":       "sites:1: want",
-		"10.0.0.1/33 x": "bad CIDR",
-		"bad$ x":        "invalid host name",
-		"# nothing\n":   "no rules",
+		"a b c\n":                      "sites:1: want",
+		"10.0.0.1/33 x":                "bad CIDR",
+		"bad$ x":                       "invalid host name",
+		"# nothing\n":                  "no rules",
+		"gw x\n# again\ngw y\n":        "sites:3: gw is given twice (first at " + dir + "/sites:1)",
+		"10.0.0.0/8 x\n10.1.2.3/8 y\n": "sites:2: 10.1.2.3/8 is given twice (first at " + dir + "/sites:1)",
+		"10.0.0.1 x\n10.0.0.1/32 x\n":  "sites:2: 10.0.0.1/32 is given twice",
 	} {
 		if _, err := ReadSiteRules(writeFile(t, dir, "sites", text)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("rules %q: %v, want %q", text, err, want)
 		}
+	}
+}
+
+// A site map the plan cannot make is reported against the user's input
+// (the host list and --sites), not the workdir's file.
+func TestRunMapErrorNamesInput(t *testing.T) {
+	c, _, _ := testConfig(t, "mpirun.openmpi", "-H", "node-1.site1,node-1.site2", "./a")
+	c.Resolve = fakeResolver(map[string]string{"node-1.site1": "127.0.1.11", "node-1.site2": "127.0.1.11"})
+	c.Getenv = func(string) string { return "" }
+	code, err := Run(context.Background(), c)
+	if code != 1 || err == nil || !strings.HasPrefix(err.Error(), "the site map built from the host list:") ||
+		!strings.Contains(err.Error(), "overlaps host node-1.site1") || !strings.HasSuffix(err.Error(), "(hosts from -H)") ||
+		strings.Contains(err.Error(), c.WorkDir) {
+		t.Errorf("status %d, %v", code, err)
+	}
+}
+
+// A dry run asks no resolver for names and writes nothing.
+func TestRunDryRunUnresolved(t *testing.T) {
+	c, out, _ := testConfig(t, "mpirun.openmpi", "-H", "node-1.site1,node-2.site1,node-1.site2,10.9.0.1", "./a")
+	c.Resolve, c.DryRun, c.Dedicated = nil, true, true
+	c.Getenv = func(string) string { return "" }
+	c.SitesFile = writeFile(t, t.TempDir(), "sites", "10.9.0.0/16 site2\nnode-1.site1 site1\nnode-2.site1 site1\nnode-1.site2 site2\n")
+	code, err := Run(context.Background(), c)
+	if code != 0 || err != nil {
+		t.Fatal(code, err)
+	}
+	for _, want := range []string{
+		"# a dry run resolves no host names",
+		"site site1 id=1 lan=node-2.site1:5000 wan=node-2.site1:5001\nhost site1 node-2.site1 node-2.site1\nhost site1 node-1.site1 node-1.site1\n",
+		"site site2 id=2 lan=10.9.0.1:5000 wan=10.9.0.1:5001\n",
+		" -H node-1.site1,node-1.site2 ",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("dry run output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if _, err := os.Stat(c.WorkDir); err == nil {
+		t.Errorf("dry run created %s", c.WorkDir)
 	}
 }
 

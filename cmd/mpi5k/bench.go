@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/mpi5k/mpi5k/bench/npb"
+	"github.com/mpi5k/mpi5k/internal/cli"
 	"github.com/mpi5k/mpi5k/testbed"
 )
 
@@ -30,11 +31,10 @@ func runBench(args []string) int {
 		return runTCPPing(args[1:])
 	}
 	fs := pflag.NewFlagSet("mpi5k bench", pflag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: mpi5k bench [flags]       (needs a lab: mpi5k lab up)\n"+
-			"       mpi5k bench --redraw DIR/results.json\n\n")
-		fs.PrintDefaults()
-	}
+	cmd := cli.Command{Name: "mpi5k bench", Stdout: os.Stdout, Stderr: os.Stderr, Help: func(w io.Writer) {
+		fmt.Fprintf(w, "usage: mpi5k bench [flags]       (needs a lab: mpi5k lab up)\n"+
+			"       mpi5k bench --redraw DIR/results.json\n\nflags:\n%s%s", fs.FlagUsages(), cli.ExitStatusHelp(false))
+	}}
 	self, _ := os.Executable()
 	bindir := filepath.Dir(self)
 	var (
@@ -46,15 +46,15 @@ func runBench(args []string) int {
 		relay      = fs.Bool("relay", false, "add the ping-pong baseline through a plain socat relay chain on the gateway hosts (raw TCP)")
 		lanCC      = fs.String("lan-cc", "", "congestion control of the gateways' LAN sockets in mode gateways")
 		wanCC      = fs.String("wan-cc", "", "congestion control of the gateways' WAN sockets in mode gateways")
-		wanConns   = fs.Int("wan-conns", 0, "WAN connections per site pair in the gateway modes")
+		wanConns   = new(int)
 		gwModes    = fs.StringArray("gw-mode", nil, "extra gateway mode NAME='FLAGS of mpi5k run', e.g. k4='--wan-conns 4' or paced='--wan-pace 190mbit --wan-cc cubic' (repeatable)")
 		reps       = fs.Int("reps", 2, "repetitions of every cell (modes interleaved A B A B); 2 keep the defaults within ~16 min on a 2-core lab")
 		cross      = fs.String("cross", "both", "competing WAN traffic: none, with, or both")
-		crossFlows = fs.Int("cross-flows", 1, "competing iperf3 flows per direction")
+		crossFlows = new(int)
 		scale      = fs.Float64("scale", 1, "workload --scale (iteration counts)")
-		ranks      = fs.Int("ranks", 0, "ranks for the pattern workloads (default: every node of the lab)")
+		ranks      = new(int)
 		compute    = fs.String("compute", "clock", "compute gaps: clock (spin on the clock: exact gaps whatever else loads the cores), yield (same, yielding the core to gateways and emulator) or work (calibrated arithmetic, rate pinned after the first run)")
-		timeout    = fs.Duration("timeout", 3*time.Minute, "limit per run")
+		timeout    = new(time.Duration)
 		out        = fs.String("out", "", "result directory (default bench/npb/results/<time>)")
 		binDir     = fs.String("bin", bindir, "directory holding bench/<flavour>/mpi5k-workload")
 		npbDir     = fs.String("npb-dir", "", "also run the real NPB MPI binaries in DIR (bt.A.x, is.W.4, ...); alone unless --workloads is given")
@@ -62,19 +62,25 @@ func runBench(args []string) int {
 		dryRun     = fs.Bool("dry-run", false, "print the plan and the command lines, run nothing")
 		demo       = fs.Bool("demo", false, "bring up a lab (2 sites x 2 nodes, RTT 20 ms, 200 Mbit/s, Reno hosts), run a short comparison, tear it down")
 	)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return 0
-		}
-		return 2
+	fs.Var(cli.IntRange{P: wanConns, Min: 0, Max: 63, What: "bulk WAN connections"}, "wan-conns", "WAN connections per site pair in the gateway modes (0: the gateways' default)")
+	*crossFlows, *timeout = 1, 3*time.Minute
+	fs.Var(cli.IntRange{P: crossFlows, Min: 1, Max: 64, What: "flows"}, "cross-flows", "competing iperf3 flows per direction")
+	fs.Var(cli.IntRange{P: ranks, Min: 0, Max: 1 << 16, What: "ranks"}, "ranks", "ranks for the pattern workloads (0: every node of the lab)")
+	fs.Var(cli.Duration{P: timeout}, "timeout", "limit per run")
+	if code, done := cmd.Parse(fs, args); done {
+		return code
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "mpi5k bench: unexpected argument %q\n", fs.Arg(0))
-		return 2
+		return cmd.Usagef("unexpected argument %q", fs.Arg(0))
+	}
+	if *timeout == 0 {
+		return cmd.Usagef("--timeout 0: want a limit per run, e.g. 3m")
 	}
 	fail := func(code int, format string, a ...any) int {
-		fmt.Fprintf(os.Stderr, "mpi5k bench: "+format+"\n", a...)
-		return code
+		if code == cli.ExitUsage {
+			return cmd.Usagef(format, a...)
+		}
+		return cmd.Failf(format, a...)
 	}
 	if *redraw != "" {
 		rep, err := npb.ReadReport(*redraw)

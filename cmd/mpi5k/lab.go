@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/mpi5k/mpi5k/internal/cli"
 	"github.com/mpi5k/mpi5k/testbed"
 	"github.com/spf13/pflag"
 )
@@ -34,12 +36,13 @@ Every subcommand takes --name L (default mpi5k).
 `
 
 func runLab(args []string) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, labUsage)
-		if len(args) == 0 {
-			return 2
-		}
-		return 0
+		return cli.ExitUsage
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(os.Stdout, labUsage)
+		return cli.ExitOK
 	}
 	sub, rest := args[0], args[1:]
 	var err error
@@ -74,17 +77,45 @@ func runLab(args []string) int {
 		}
 		err = testbed.EnterSSH(name, rest)
 	default:
-		fmt.Fprintf(os.Stderr, "mpi5k lab: unknown subcommand %q\n\n%s", sub, labUsage)
-		return 2
+		fmt.Fprintf(os.Stderr, "mpi5k lab: unknown subcommand %q\nRun 'mpi5k lab --help' for usage.\n", sub)
+		return cli.ExitUsage
 	}
+	cmd := cli.Command{Name: "mpi5k lab " + sub, Stdout: os.Stdout, Stderr: os.Stderr}
+	var help labHelp
+	var usage labUsageError
+	switch {
+	case errors.As(err, &help):
+		fmt.Fprintf(os.Stdout, "%s\nflags of mpi5k lab %s:\n%s%s", labUsage, sub, help.flags, cli.ExitStatusHelp(false))
+		return cli.ExitOK
+	case errors.As(err, &usage):
+		return cmd.Usagef("%v", usage.error)
+	case err != nil:
+		return cmd.Failf("%v", err)
+	}
+	return cli.ExitOK
+}
+
+// labHelp is --help given to a lab subcommand: its flags' usage.
+type labHelp struct{ flags string }
+
+func (labHelp) Error() string { return "help requested" }
+
+// labUsageError is a wrong lab command line (exit status 2).
+type labUsageError struct{ error }
+
+// parseLab parses a lab subcommand's flags, telling --help and command-line
+// mistakes apart from the subcommand's own failures.
+func parseLab(fs *pflag.FlagSet, args []string) error {
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err := fs.Parse(args)
 	if errors.Is(err, pflag.ErrHelp) {
-		return 0
+		return labHelp{fs.FlagUsages()}
 	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "mpi5k lab %s: %v\n", sub, err)
-		return 1
+		return labUsageError{err}
 	}
-	return 0
+	return nil
 }
 
 func labFlags(sub string) (*pflag.FlagSet, *string) {
@@ -96,7 +127,7 @@ func labFlags(sub string) (*pflag.FlagSet, *string) {
 func labInternal(args []string, fn func(string, []string) error) error {
 	fs, name := labFlags("internal")
 	fs.SetInterspersed(false)
-	if err := fs.Parse(args); err != nil {
+	if err := parseLab(fs, args); err != nil {
 		return err
 	}
 	return fn(*name, fs.Args())
@@ -104,11 +135,11 @@ func labInternal(args []string, fn func(string, []string) error) error {
 
 // parseNoArgs parses a subcommand's flags; none takes positional arguments.
 func parseNoArgs(fs *pflag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
+	if err := parseLab(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return labUsageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
 	return nil
 }
@@ -137,34 +168,46 @@ func labUp(args []string) error {
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
-	c := testbed.Config{Name: *name, Nodes: *nodes, RTT: *rtt, Jitter: *jitter, MTU: *mtu, GatewayNICs: *gwNICs, HostCC: *hostCC}
-	var err error
-	if c.Sites, err = testbed.ParseSites(*sites); err != nil {
-		return err
-	}
-	if *nodes < 1 {
-		return fmt.Errorf("--nodes: need at least 1, got %d", *nodes)
-	}
-	if *rtt < 0 {
-		return fmt.Errorf("--rtt: negative %v", *rtt)
-	}
-	if *jitter < 0 {
-		return fmt.Errorf("--jitter: negative %v", *jitter)
-	}
-	if *gwNICs != 1 && *gwNICs != 2 {
-		return fmt.Errorf("--gateway-nics: must be 1 or 2, got %d", *gwNICs)
-	}
-	if c.WANRate, err = testbed.ParseRate("wan-rate", *wanRate); err != nil {
-		return err
-	}
-	if c.LANRate, err = testbed.ParseRate("lan-rate", *lanRate); err != nil {
-		return err
-	}
-	if c.Loss, err = testbed.ParseLoss(*loss); err != nil {
-		return err
-	}
-	if c.Queue, err = testbed.ParseQueue(*queue, c.WANRate, c.RTT, c.MTU); err != nil {
-		return err
+	// Every mistake in these flags is a usage error.
+	c, err := func() (testbed.Config, error) {
+		c := testbed.Config{Name: *name, Nodes: *nodes, RTT: *rtt, Jitter: *jitter, MTU: *mtu, GatewayNICs: *gwNICs, HostCC: *hostCC}
+		var err error
+		if c.Sites, err = testbed.ParseSites(*sites); err != nil {
+			return c, err
+		}
+		if *nodes < 1 {
+			return c, fmt.Errorf("--nodes: need at least 1, got %d", *nodes)
+		}
+		if *rtt < 0 {
+			return c, fmt.Errorf("--rtt: negative %v", *rtt)
+		}
+		if *jitter < 0 {
+			return c, fmt.Errorf("--jitter: negative %v", *jitter)
+		}
+		if *gwNICs != 1 && *gwNICs != 2 {
+			return c, fmt.Errorf("--gateway-nics: must be 1 or 2, got %d", *gwNICs)
+		}
+		if c.WANRate, err = testbed.ParseRate("wan-rate", *wanRate); err != nil {
+			return c, err
+		}
+		if c.LANRate, err = testbed.ParseRate("lan-rate", *lanRate); err != nil {
+			return c, err
+		}
+		if c.Loss, err = testbed.ParseLoss(*loss); err != nil {
+			return c, err
+		}
+		if c.Queue, err = testbed.ParseQueue(*queue, c.WANRate, c.RTT, c.MTU); err != nil {
+			return c, err
+		}
+		// The rest of the checks, before anything is built; Normalize
+		// names the field as the flag is named.
+		if err := c.Normalize(); err != nil {
+			return c, fmt.Errorf("--%w", err)
+		}
+		return c, nil
+	}()
+	if err != nil {
+		return labUsageError{err}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -198,7 +241,7 @@ func labDown(args []string) error {
 func labExec(args []string) error {
 	fs, name := labFlags("exec")
 	fs.SetInterspersed(false)
-	if err := fs.Parse(args); err != nil {
+	if err := parseLab(fs, args); err != nil {
 		return err
 	}
 	a := fs.Args()
@@ -206,7 +249,7 @@ func labExec(args []string) error {
 		a = append(a[:1:1], a[2:]...)
 	}
 	if len(a) < 2 {
-		return errors.New("usage: mpi5k lab exec HOST -- CMD ARGS...")
+		return labUsageError{errors.New("want HOST -- CMD ARGS...")}
 	}
 	l, err := testbed.Open(*name)
 	if err != nil {
@@ -254,7 +297,7 @@ func labCross(args []string) error {
 		return err
 	}
 	if *from == "" || *to == "" {
-		return errors.New("--from and --to are required (or --stop)")
+		return labUsageError{errors.New("--from and --to are required (or --stop)")}
 	}
 	if err := l.Cross(*from, *to, *flows, *dur); err != nil {
 		return err

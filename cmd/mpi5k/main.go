@@ -7,8 +7,12 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"sort"
+	"strings"
+
+	"github.com/mpi5k/mpi5k/internal/cli"
 )
 
 type command struct {
@@ -25,34 +29,41 @@ func register(name, summary string, run func(args []string) int) {
 	commands[name] = command{summary, run}
 }
 
-func usage() {
-	fmt.Fprintf(os.Stderr, "usage: mpi5k <command> [arguments]\n\nmpi5k runs MPI jobs across sites through per-site gateways.\n\ncommands:\n")
+func usage(w io.Writer) {
+	fmt.Fprintf(w, "usage: mpi5k <command> [arguments]\n       mpi5k --version\n\nmpi5k runs MPI jobs across sites through per-site gateways.\n\ncommands:\n")
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(os.Stderr, "  %-10s %s\n", n, commands[n].summary)
+		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintf(os.Stderr, "\nRun 'mpi5k <command> --help' for a command's flags.\n")
+	fmt.Fprintf(w, "\nRun 'mpi5k <command> --help' for a command's flags; docs/cli.md lists them all.\n%s", cli.ExitStatusHelp(true))
 }
 
-func main() {
-	if len(os.Args) < 2 {
-		usage()
-		os.Exit(2)
+func main() { os.Exit(mpi5k(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func mpi5k(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return cli.ExitUsage
 	}
-	switch os.Args[1] {
+	switch args[0] {
 	case "-h", "--help", "help":
-		usage()
-		return
+		usage(stdout)
+		return cli.ExitOK
+	case "--version", "-V":
+		args[0] = "version"
 	}
-	c, ok := commands[os.Args[1]]
+	c, ok := commands[args[0]]
 	if !ok {
-		fmt.Fprintf(os.Stderr, "mpi5k: unknown command %q\n", os.Args[1])
-		usage()
-		os.Exit(2)
+		what := "command"
+		if strings.HasPrefix(args[0], "-") {
+			what = "flag"
+		}
+		fmt.Fprintf(stderr, "mpi5k: unknown %s %q\nRun 'mpi5k --help' for usage.\n", what, args[0])
+		return cli.ExitUsage
 	}
-	os.Exit(c.run(os.Args[2:]))
+	return c.run(args[1:])
 }

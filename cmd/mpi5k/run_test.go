@@ -23,22 +23,27 @@ func stderrOf(t *testing.T, f func() int) (int, string) {
 	return status, string(b)
 }
 
-// Bad gateway tuning is refused before anything starts: one line naming
-// the flag, exit status 2.
+// Bad gateway tuning is refused before anything starts: the message names
+// the flag and the value, then the usage hint; exit status 2.
 func TestRunRejectsBadTuning(t *testing.T) {
-	for flag, want := range map[string]string{
-		"--wan-pace=fast":          "--wan-pace: bad rate",
-		"--wan-notsent-lowat=lots": "--wan-notsent-lowat: bad size",
-		"--chunk=1.5MiB":           "--chunk: bad size",
-		"--wan-queue=-1ms":         "--wan-queue: bad duration",
-		"--wan-rto-min=fast":       "--wan-rto-min: bad duration",
-		"--wan-delack-max=-5ms":    "--wan-delack-max: bad duration",
+	for _, tc := range []struct{ flag, want string }{
+		{"--wan-pace=fast", `invalid argument "fast" for "--wan-pace" flag: bad rate`},
+		{"--wan-notsent-lowat=lots", `invalid argument "lots" for "--wan-notsent-lowat" flag: bad size`},
+		{"--chunk=1.5MiB", `invalid argument "1.5MiB" for "--chunk" flag: bad size`},
+		{"--chunk=2MiB", `invalid argument "2MiB" for "--chunk" flag: size 2MiB out of range 1..1MiB`},
+		{"--wan-queue=-1ms", `invalid argument "-1ms" for "--wan-queue" flag: negative duration`},
+		{"--wan-rto-min=fast", `invalid argument "fast" for "--wan-rto-min" flag: bad duration`},
+		{"--wan-rto-min=300ms", "--wan-rto-min 300ms out of range 0..200ms"},
+		{"--wan-delack-max=-5ms", `invalid argument "-5ms" for "--wan-delack-max" flag: negative duration`},
+		{"--express-max=256KiB", "--express-max 256KiB out of range 0..128KiB (the chunk, --chunk)"},
+		{"--wan-pace=10kbit", "--wan-pace 10000 bit/s is below 8 kbit/s per WAN connection"},
 	} {
 		status, out := stderrOf(t, func() int {
-			return runMain([]string{flag, "--dry-run", "mpirun", "-np", "2", "-H", "a-1.x,b-1.y", "true"})
+			args := append(strings.Fields(tc.flag), "--wan-conns=2", "--dry-run", "mpirun", "-np", "2", "-H", "a-1.x,b-1.y", "true")
+			return runMain(args)
 		})
-		if status != 2 || !strings.Contains(out, want) || strings.Count(out, "\n") != 1 {
-			t.Errorf("%s: status %d, stderr %q; want 2 and one line with %q", flag, status, out, want)
+		if status != 2 || !strings.Contains(out, tc.want) || !strings.HasSuffix(out, "\nRun 'mpi5k run --help' for usage.\n") {
+			t.Errorf("%s: status %d, stderr %q; want 2, %q and the usage hint", tc.flag, status, out, tc.want)
 		}
 	}
 }
@@ -83,7 +88,7 @@ func TestRunPassesGatewayTuning(t *testing.T) {
 			continue
 		}
 		gws++
-		for _, want := range []string{" --wan-conns 2", " --wan-skip-probe-rtt=false", " --quiet-runtime=false", " --wan-queue 2ms"} {
+		for _, want := range []string{" --wan-conns=2", " --wan-skip-probe-rtt=false", " --quiet-runtime=false", " --wan-queue=2ms"} {
 			if !strings.Contains(line, want) {
 				t.Errorf("gateway command lacks %q: %s", want, line)
 			}

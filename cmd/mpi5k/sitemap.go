@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 
+	"github.com/mpi5k/mpi5k/internal/cli"
 	"github.com/mpi5k/mpi5k/sitemap"
 	"github.com/spf13/pflag"
 )
@@ -26,25 +27,31 @@ lookup   print the site of each address or host name: an explicit host of the ma
 `
 
 func runSitemap(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		fmt.Fprint(stderr, sitemapUsage)
-		if len(args) == 0 {
-			return 2
-		}
-		return 0
+		return cli.ExitUsage
 	}
-	fs := pflag.NewFlagSet("sitemap "+args[0], pflag.ContinueOnError)
-	fs.SetOutput(stderr)
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stdout, sitemapUsage)
+		return cli.ExitOK
+	}
+	if args[0] != "check" && args[0] != "lookup" {
+		fmt.Fprintf(stderr, "mpi5k sitemap: unknown subcommand %q (want check or lookup)\nRun 'mpi5k sitemap --help' for usage.\n", args[0])
+		return cli.ExitUsage
+	}
+	fs := pflag.NewFlagSet("mpi5k sitemap "+args[0], pflag.ContinueOnError)
 	canonical := fs.Bool("canonical", false, "print the map in canonical form")
-	if err := fs.Parse(args[1:]); err != nil {
-		return 2
+	cmd := cli.Command{Name: "mpi5k sitemap " + args[0], Stdout: stdout, Stderr: stderr, Help: func(w io.Writer) {
+		fmt.Fprint(w, sitemapUsage, "\nflags:\n", fs.FlagUsages(), cli.ExitStatusHelp(false))
+	}}
+	if code, done := cmd.Parse(fs, args[1:]); done {
+		return code
 	}
 	rest := fs.Args()
 	switch args[0] {
 	case "check":
 		if len(rest) != 1 {
-			fmt.Fprint(stderr, sitemapUsage)
-			return 2
+			return cmd.Usagef("want one map FILE, got %d arguments", len(rest))
 		}
 		m, err := sitemap.Load(rest[0])
 		if err != nil {
@@ -62,8 +69,7 @@ func runSitemap(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "lookup":
 		if len(rest) < 2 {
-			fmt.Fprint(stderr, sitemapUsage)
-			return 2
+			return cmd.Usagef("want a map FILE and at least one ADDR or HOST")
 		}
 		m, err := sitemap.Load(rest[0])
 		if err != nil {
@@ -81,8 +87,7 @@ func runSitemap(args []string, stdout, stderr io.Writer) int {
 		}
 		return status
 	}
-	fmt.Fprintf(stderr, "mpi5k sitemap: unknown subcommand %q\n%s", args[0], sitemapUsage)
-	return 2
+	panic("unreachable: subcommand checked above")
 }
 
 func lookupSite(m *sitemap.Map, q string) (site, how string, ok bool) {

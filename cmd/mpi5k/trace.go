@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"github.com/spf13/pflag"
 
+	"github.com/mpi5k/mpi5k/internal/cli"
 	"github.com/mpi5k/mpi5k/sitemap"
 	"github.com/mpi5k/mpi5k/trace"
 )
@@ -27,16 +29,19 @@ DIR holds the <host>.<pid>.trace files of a run traced with
 `
 
 func traceMain(args []string) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, traceUsage)
-		if len(args) == 0 {
-			return 2
-		}
-		return 0
+		return cli.ExitUsage
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(os.Stdout, traceUsage)
+		return cli.ExitOK
 	}
 	sub, rest := args[0], args[1:]
 	fs := pflag.NewFlagSet("mpi5k trace "+sub, pflag.ContinueOnError)
-	fs.Usage = func() { fmt.Fprint(os.Stderr, traceUsage, "\nflags:\n"); fs.PrintDefaults() }
+	cmd := cli.Command{Name: "mpi5k trace " + sub, Stdout: os.Stdout, Stderr: os.Stderr, Help: func(w io.Writer) {
+		fmt.Fprint(w, traceUsage, "\nflags:\n", fs.FlagUsages(), cli.ExitStatusHelp(false))
+	}}
 	mapFile := fs.String("map", "", "site map (docs/sitemap-format.md) for addresses whose site the trace headers do not give")
 	var (
 		asJSON *bool
@@ -52,27 +57,19 @@ func traceMain(args []string) int {
 		out = fs.StringP("output", "o", "", "output file: .png or .svg")
 		conn = fs.String("conn", "", "connection id as in the report (default: the busiest WAN connection)")
 	default:
-		fmt.Fprintf(os.Stderr, "mpi5k trace: unknown subcommand %q\n%s", sub, traceUsage)
-		return 2
+		fmt.Fprintf(os.Stderr, "mpi5k trace: unknown subcommand %q (want report, graph or timeline)\nRun 'mpi5k trace --help' for usage.\n", sub)
+		return cli.ExitUsage
 	}
-	if err := fs.Parse(rest); err != nil {
-		if err == pflag.ErrHelp {
-			return 0
-		}
-		return 2
+	if code, done := cmd.Parse(fs, rest); done {
+		return code
 	}
 	if fs.NArg() != 1 {
-		fmt.Fprintf(os.Stderr, "mpi5k trace %s: want exactly one trace directory, got %d arguments\n%s", sub, fs.NArg(), traceUsage)
-		return 2
+		return cmd.Usagef("want exactly one trace directory, got %d arguments", fs.NArg())
 	}
 	if out != nil && *out == "" {
-		fmt.Fprintf(os.Stderr, "mpi5k trace %s: -o FILE is required\n", sub)
-		return 2
+		return cmd.Usagef("-o FILE is required")
 	}
-	fail := func(err error) int {
-		fmt.Fprintf(os.Stderr, "mpi5k trace %s: %v\n", sub, err)
-		return 1
-	}
+	fail := func(err error) int { return cmd.Failf("%v", err) }
 	var m *sitemap.Map
 	if *mapFile != "" {
 		var err error

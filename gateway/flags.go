@@ -1,0 +1,95 @@
+package gateway
+
+import (
+	"github.com/spf13/pflag"
+
+	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/internal/cli"
+)
+
+// Flags declares the gateway's settings on a command line, once:
+// mpi5k-gateway parses them into its Config, and `mpi5k run` takes the
+// same flags and forwards the ones the user gave (Args) to every gateway
+// it starts. Each value is checked as it is parsed.
+type Flags struct {
+	cfg    Config
+	window int // Config.Window is a uint32
+	fs     *pflag.FlagSet
+	names  []string
+}
+
+// NewFlags registers the gateway's settings on fs, defaults from
+// DefaultConfig. remote: the gateways run on other hosts (`mpi5k run`),
+// whose kernels decide which congestion controls exist, so names are
+// checked against Linux's list; otherwise against this kernel's.
+func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
+	f := &Flags{cfg: DefaultConfig(), fs: fs}
+	f.window = int(f.cfg.Window)
+	checkCC := CheckCC
+	if remote {
+		checkCC = CheckCCName
+	}
+	c := &f.cfg
+	cc := func(p *string) pflag.Value { return cli.Checked{P: p, Check: checkCC} }
+	size := func(p *int, min, max int) pflag.Value { return &cli.Size{P: p, Min: min, Max: max} }
+	const gib = 1 << 30
+	add := func(v pflag.Value, name, usage string) { fs.Var(v, name, usage); f.names = append(f.names, name) }
+	addBool := func(p *bool, name, usage string) {
+		fs.BoolVar(p, name, *p, usage)
+		f.names = append(f.names, name)
+	}
+
+	// What a user sets: the WAN's congestion control, how many
+	// connections share it, how much a stream may have in flight, a rate cap.
+	add(cc(&c.WAN.CC), "wan-cc", "TCP congestion control of the WAN links (default: bbr if the kernel has it, else the system's)")
+	add(cli.IntRange{P: &c.WANConns, Min: 1, Max: maxWANConns, What: "bulk WAN connections"}, "wan-conns",
+		"parallel bulk WAN connections per site pair, large writes striped over them (the same on every gateway)")
+	add(size(&f.window, 1, gib), "window", "per-stream receive window granted to peers (far-side memory bound: streams x window)")
+	add(&cli.Rate{P: &c.WANPace}, "wan-pace", "cap each site pair's bulk WAN sending rate, e.g. 190mbit (0: no cap); a few percent below the WAN bottleneck keeps its queue empty")
+
+	// The rest: settings the measurements decided (package relay's
+	// figures, bench/figures), kept for experiments.
+	adv := len(f.names)
+	add(cc(&c.LAN.CC), "lan-cc", "TCP congestion control of LAN sockets (default: the system's)")
+	add(size(&c.LAN.SndBuf, 0, gib), "lan-sndbuf", "SO_SNDBUF of LAN sockets (0: autotuning)")
+	add(size(&c.LAN.RcvBuf, 0, gib), "lan-rcvbuf", "SO_RCVBUF of LAN sockets (0: autotuning)")
+	add(size(&c.WAN.SndBuf, 0, gib), "wan-sndbuf", "SO_SNDBUF of WAN sockets (0: autotuning)")
+	add(size(&c.WAN.RcvBuf, 0, gib), "wan-rcvbuf", "SO_RCVBUF of WAN sockets (0: autotuning)")
+	add(size(&c.WAN.NotSentLowat, 1, gib), "wan-notsent-lowat", "TCP_NOTSENT_LOWAT of WAN sockets: unsent bytes a WAN socket keeps")
+	add(size(&c.Chunk, 1, header.MaxPayload), "chunk", "largest DATA frame on the WAN")
+	addBool(&c.Express, "wan-express", "one more WAN connection per site pair for small frames only, so they never wait behind bulk (the same on every gateway)")
+	add(cc(&c.ExpressCC), "wan-express-cc", "congestion control of the express link (default: cubic)")
+	addBool(&c.Renew, "wan-express-renew", "replace the express link with a fresh connection when losses have cut its congestion window below one --express-max message (the same on every gateway)")
+	add(size(&c.ExpressMax, 0, header.MaxPayload), "express-max", "largest message (burst a rank writes without pausing) that takes the express link, at most --chunk (0: 68KiB, or --chunk if smaller)")
+	add(cli.Duration{P: &c.WANQueue}, "wan-queue", "queue control: WAN bottleneck queue a saturating bulk link may keep, by capping the peer's receive window at measured rate x (min RTT + this) (0: off)")
+	add(cli.Duration{P: &c.WAN.RTOMin}, "wan-rto-min", "floor of WAN sockets' retransmission timeout, TCP_RTO_MIN_US, at most 200ms (0: the kernel's 200ms)")
+	add(cli.Duration{P: &c.WAN.DelackMax}, "wan-delack-max", "longest a WAN socket delays an ACK, TCP_DELACK_MAX_US, at most 200ms (0: the kernel's 200ms)")
+	addBool(&c.ProbeRTTGuard, "wan-skip-probe-rtt", "idle a busy BBR bulk link for a few ms across its min_rtt filter's expiry, so BBR restarts from idle instead of cutting cwnd to 4 for 200ms (PROBE_RTT) every 10s of bulk")
+	addBool(&c.Prime, "wan-prime", "fill each new BBR WAN link with filler until BBR has measured the path, so it does not pace messages at the rate of earlier small ones")
+	addBool(&c.KeepWarm, "wan-keep-warm", "turn off TCP slow start after idle (net.ipv4.tcp_slow_start_after_idle) in the host's network namespace while the gateway runs, when a WAN socket is not BBR; restored at exit")
+	addBool(&c.PollThread, "poll-thread", "forward small messages on one event-loop thread that waits for every idle socket (false: Go's network poller)")
+	addBool(&c.QuietRuntime, "quiet-runtime", "take sockets the poll thread waits for out of Go's runtime epoll registration, so a message wakes one thread, not two")
+	cli.MarkAdvanced(fs, f.names[adv:]...)
+	return f
+}
+
+// Config returns the settings parsed, checked together (Validate); the
+// caller adds Map, Site and the rest.
+func (f *Flags) Config() (Config, error) {
+	c := f.cfg
+	c.Window = uint32(f.window)
+	return c, c.Validate()
+}
+
+// Args renders the settings the user gave as gateway arguments, in the
+// order they were declared: what `mpi5k run` appends to each gateway's
+// command line.
+func (f *Flags) Args() []string {
+	var out []string
+	for _, name := range f.names {
+		if fl := f.fs.Lookup(name); fl.Changed {
+			out = append(out, "--"+name+"="+fl.Value.String())
+		}
+	}
+	return out
+}

@@ -1,0 +1,112 @@
+package gateway
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+func parseFlags(t *testing.T, remote bool, args ...string) *Flags {
+	t.Helper()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	f := NewFlags(fs, remote)
+	if err := fs.Parse(args); err != nil {
+		t.Fatalf("%q: %v", args, err)
+	}
+	return f
+}
+
+// No flag: DefaultConfig, and nothing to pass on.
+func TestFlagsDefaults(t *testing.T) {
+	f := parseFlags(t, false)
+	c, err := f.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(c, DefaultConfig()) {
+		t.Errorf("flag defaults\n%+v\nwant DefaultConfig\n%+v", c, DefaultConfig())
+	}
+	if a := f.Args(); len(a) != 0 {
+		t.Errorf("Args without flags: %q", a)
+	}
+}
+
+// What `mpi5k run` renders, a gateway parses back into the same Config;
+// only the flags given are rendered.
+func TestFlagsRoundTrip(t *testing.T) {
+	in := []string{"--wan-conns", "3", "--window", "8MiB", "--wan-pace", "190mbit", "--chunk=64KiB", "--express-max", "16KiB",
+		"--wan-express-renew=false", "--poll-thread=false", "--wan-queue", "2ms", "--wan-rto-min", "0", "--lan-sndbuf", "1MiB"}
+	run := parseFlags(t, true, in...)
+	want, err := run.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := run.Args()
+	if got := strings.Join(args, " "); got != "--wan-conns=3 --window=8MiB --wan-pace=190mbit --lan-sndbuf=1MiB --chunk=64KiB "+
+		"--wan-express-renew=false --express-max=16KiB --wan-queue=2ms --wan-rto-min=0s --poll-thread=false" {
+		t.Errorf("Args: %s", got)
+	}
+	got, err := parseFlags(t, false, args...).Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("gateway parsed\n%+v\nwant\n%+v", got, want)
+	}
+	if want.WANConns != 3 || want.Window != 8<<20 || want.WANPace != 190e6 || want.Chunk != 64<<10 || want.ExpressMax != 16<<10 ||
+		want.Renew || want.PollThread || !want.Express || want.WANQueue.Milliseconds() != 2 || want.WAN.RTOMin != 0 || want.LAN.SndBuf != 1<<20 {
+		t.Errorf("parsed %+v", want)
+	}
+}
+
+// Each value is refused as it is parsed, naming the flag and the input;
+// settings that only clash together are refused by Config.
+func TestFlagsRefuse(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--wan-conns", "64"}, `invalid argument "64" for "--wan-conns" flag: bulk WAN connections 64 out of range 1..63`},
+		{[]string{"--window", "2GiB"}, `invalid argument "2GiB" for "--window" flag: size 2GiB out of range 1..1GiB`},
+		{[]string{"--wan-queue", "soon"}, `invalid argument "soon" for "--wan-queue" flag: bad duration "soon"`},
+		{[]string{"--wan-cc", "no-such-cc"}, `invalid argument "no-such-cc" for "--wan-cc" flag: congestion control "no-such-cc" is not available`},
+		{[]string{"--wan-prime=maybe"}, `invalid argument "maybe" for "--wan-prime" flag`},
+	} {
+		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+		NewFlags(fs, false)
+		if err := fs.Parse(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--chunk", "32KiB", "--express-max", "64KiB"}, "--express-max 64KiB out of range 0..32KiB (the chunk, --chunk)"},
+		{[]string{"--wan-delack-max", "1s"}, "--wan-delack-max 1s out of range 0..200ms"},
+		{[]string{"--wan-pace", "20kbit", "--wan-conns", "4"}, "--wan-pace 20000 bit/s is below 8 kbit/s per WAN connection (4 connections)"},
+	} {
+		if _, err := parseFlags(t, true, tc.args...).Config(); err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// The default express-max follows a smaller chunk instead of refusing it.
+func TestFlagsSmallChunk(t *testing.T) {
+	if _, err := parseFlags(t, false, "--chunk", "32KiB").Config(); err != nil {
+		t.Error(err)
+	}
+}
+
+// A remote gateway's kernel decides which congestion controls exist: the
+// wrapper refuses only names Linux does not have.
+func TestCheckCCName(t *testing.T) {
+	for cc, ok := range map[string]bool{"": true, "cubic": true, "bbr": true, "htcp": true, "bogus": false, "BBR": false} {
+		if err := CheckCCName(cc); (err == nil) != ok {
+			t.Errorf("CheckCCName(%q) = %v", cc, err)
+		}
+	}
+}

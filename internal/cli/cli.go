@@ -1,0 +1,95 @@
+// Package cli holds what every mpi5k command line shares: exit statuses,
+// flag parsing that reports errors on stderr with a usage hint and help on
+// stdout, and flag values checked where they are given (ports, ranges,
+// sizes, rates, durations, congestion controls), so a bad value fails
+// before anything starts and its message names the flag and the input.
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/spf13/pflag"
+)
+
+// Exit statuses of mpi5k and mpi5k-gateway (docs/cli.md). `mpi5k run`
+// otherwise exits with the MPI launcher's own status.
+const (
+	ExitOK      = 0 // success, or --help / --version
+	ExitFailure = 1 // a runtime failure: a file, a host, a gateway
+	ExitUsage   = 2 // a bad command line: unknown flag, bad value, missing argument
+)
+
+// Command is one command line: its name as the user types it ("mpi5k
+// run"), the help printed on stdout by --help, and where output goes.
+type Command struct {
+	Name           string
+	Help           func(w io.Writer) // usage text, flags included
+	Stdout, Stderr io.Writer
+}
+
+// Parse parses args into fs. done is true when the caller must return
+// code at once: --help was given (help on stdout, ExitOK) or the command
+// line is wrong (one message on stderr and a hint, ExitUsage).
+func (c Command) Parse(fs *pflag.FlagSet, args []string) (code int, done bool) {
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {} // --help is answered below, on stdout
+	err := fs.Parse(args)
+	if errors.Is(err, pflag.ErrHelp) {
+		c.Help(c.Stdout)
+		return ExitOK, true
+	}
+	if err != nil {
+		return c.Usagef("%v", err), true
+	}
+	return ExitOK, false
+}
+
+// Usagef reports a command-line mistake on stderr, with the hint that
+// leads to the command's help, and returns ExitUsage.
+func (c Command) Usagef(format string, a ...any) int {
+	fmt.Fprintf(c.Stderr, "%s: %s\nRun '%s --help' for usage.\n", c.Name, fmt.Sprintf(format, a...), c.Name)
+	return ExitUsage
+}
+
+// Failf reports a runtime failure on stderr and returns ExitFailure.
+func (c Command) Failf(format string, a ...any) int {
+	fmt.Fprintf(c.Stderr, "%s: %s\n", c.Name, fmt.Sprintf(format, a...))
+	return ExitFailure
+}
+
+// ExitStatusHelp is the paragraph on exit statuses every help text ends
+// with; launcher adds the line of `mpi5k run`.
+func ExitStatusHelp(launcher bool) string {
+	s := "exit status: 0 success, 1 runtime failure, 2 bad command line"
+	if launcher {
+		s += ";\n  otherwise the MPI launcher's own status (128+N if a signal N ended it)"
+	}
+	return s + "\n"
+}
+
+const advancedKey = "mpi5k-advanced"
+
+// MarkAdvanced hides the named flags from --help: they are the tuning
+// knobs whose defaults measurements settled, listed by --help-advanced.
+func MarkAdvanced(fs *pflag.FlagSet, names ...string) {
+	for _, n := range names {
+		fs.SetAnnotation(n, advancedKey, []string{"true"})
+		fs.MarkHidden(n)
+	}
+}
+
+// AdvancedUsages lists the flags MarkAdvanced hid, as FlagUsages would.
+func AdvancedUsages(fs *pflag.FlagSet) string {
+	adv := pflag.NewFlagSet("advanced", pflag.ContinueOnError)
+	adv.SortFlags = fs.SortFlags
+	fs.VisitAll(func(f *pflag.Flag) {
+		if _, ok := f.Annotations[advancedKey]; ok {
+			c := *f
+			c.Hidden = false
+			adv.AddFlag(&c)
+		}
+	})
+	return adv.FlagUsages()
+}

@@ -1,0 +1,176 @@
+package cli
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/mpi5k/mpi5k/units"
+)
+
+// The pflag.Value types below check a value when pflag sets it, so the
+// parse error reads: invalid argument "70000" for "--lan-port" flag: ...
+
+// IntRange is an int flag bounded to Min..Max.
+type IntRange struct {
+	P        *int
+	Min, Max int
+	What     string // "port", "bulk WAN connections", ...
+}
+
+func (v IntRange) String() string {
+	if v.P == nil {
+		return "0"
+	}
+	return strconv.Itoa(*v.P)
+}
+
+func (v IntRange) Set(s string) error {
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("want a whole number from %d to %d", v.Min, v.Max)
+	}
+	if n < v.Min || n > v.Max {
+		return fmt.Errorf("%s %d out of range %d..%d", v.What, n, v.Min, v.Max)
+	}
+	*v.P = n
+	return nil
+}
+
+func (v IntRange) Type() string { return "int" }
+
+// Port is a TCP port flag (1..65535).
+func Port(p *int) IntRange { return IntRange{P: p, Min: 1, Max: 65535, What: "port"} }
+
+// Size is a byte-count flag (units.Size spellings) bounded to Min..Max;
+// it keeps the text the user typed for String.
+type Size struct {
+	P        *int
+	Min, Max int
+	text     string
+}
+
+func (v *Size) String() string {
+	if v.text != "" {
+		return v.text
+	}
+	if v.P == nil {
+		return "0"
+	}
+	return units.FormatSize(*v.P)
+}
+
+func (v *Size) Set(s string) error {
+	n, err := units.Size(s)
+	if err != nil {
+		return err
+	}
+	if n < v.Min || n > v.Max {
+		return fmt.Errorf("size %s out of range %s..%s", s, units.FormatSize(v.Min), units.FormatSize(v.Max))
+	}
+	*v.P, v.text = n, s
+	return nil
+}
+
+func (v *Size) Type() string { return "size" }
+
+// Rate is a bit/s flag (units.Rate spellings; 0 = none).
+type Rate struct {
+	P    *uint64
+	text string
+}
+
+func (v *Rate) String() string {
+	if v.text != "" {
+		return v.text
+	}
+	if v.P == nil || *v.P == 0 {
+		return "0"
+	}
+	return strconv.FormatUint(*v.P, 10)
+}
+
+func (v *Rate) Set(s string) error {
+	r, err := units.Rate(s)
+	if err != nil {
+		return err
+	}
+	*v.P, v.text = r, s
+	return nil
+}
+
+func (v *Rate) Type() string { return "rate" }
+
+// Duration is a non-negative duration flag (0 usually means "off").
+type Duration struct{ P *time.Duration }
+
+func (v Duration) String() string {
+	if v.P == nil {
+		return "0s"
+	}
+	return v.P.String()
+}
+
+func (v Duration) Set(s string) error {
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("bad duration %q (want e.g. 500us, 10ms, 2s; 0 for off)", s)
+	}
+	if d < 0 {
+		return fmt.Errorf("negative duration %q", s)
+	}
+	*v.P = d
+	return nil
+}
+
+func (v Duration) Type() string { return "duration" }
+
+// Choice is a string flag taking one of a fixed set of words.
+type Choice struct {
+	P     *string
+	Words []string
+}
+
+func (v Choice) String() string {
+	if v.P == nil {
+		return ""
+	}
+	return *v.P
+}
+
+func (v Choice) Set(s string) error {
+	for _, w := range v.Words {
+		if strings.EqualFold(s, w) {
+			*v.P = w
+			return nil
+		}
+	}
+	return fmt.Errorf("want %s", strings.Join(v.Words, ", "))
+}
+
+func (v Choice) Type() string { return "string" }
+
+// Checked is a string flag whose value check is a function (congestion
+// controls: the kernel's list).
+type Checked struct {
+	P     *string
+	Check func(string) error
+}
+
+func (v Checked) String() string {
+	if v.P == nil {
+		return ""
+	}
+	return *v.P
+}
+
+func (v Checked) Set(s string) error {
+	if err := v.Check(s); err != nil {
+		return err
+	}
+	*v.P = s
+	return nil
+}
+
+func (v Checked) Type() string { return "string" }
