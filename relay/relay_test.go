@@ -91,8 +91,10 @@ func dialHandler(s *Stream, o *header.Open) {
 			s.Refuse(header.CodeRefused)
 			return
 		}
-		if s.Accept(WrapTCP(c.(*net.TCPConn))) != nil {
-			c.Close()
+		// A stream that ended while its destination was being dialled was
+		// cut: the destination sees a reset, as the gateway does it.
+		if tc := WrapTCP(c.(*net.TCPConn)); s.Accept(tc) != nil {
+			tc.Abort()
 		}
 	}()
 }
