@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -150,7 +151,7 @@ func TestPollerQuietsRuntime(t *testing.T) {
 	if err := unix.Fstat(fd, &st); err != nil {
 		t.Fatal(err)
 	}
-	ep, before, ok := runtimeRegistration(w.p.ep, fd)
+	ep, before, ok := runtimeRegistration(w.p, fd)
 	if !ok {
 		t.Fatal("the runtime's registration of the socket was not found")
 	}
@@ -263,5 +264,63 @@ func TestSmallMessageAllocs(t *testing.T) {
 	t.Logf("%.3f allocations per round trip", per)
 	if per > 0.5 {
 		t.Errorf("%.2f allocations per round trip; the small-message path should make none", per)
+	}
+}
+
+// TestPollerIdles: once nothing happens for a tick, the poller thread
+// stops its timer and waits in Go's poller; a message arriving then wakes
+// it at once (not at the next sweep, 100 ms later), and its step runs on
+// the poller thread.
+func TestPollerIdles(t *testing.T) {
+	dst := testnet.Echo(t, loopback)
+	a, b := pair(t, Config{PingInterval: time.Hour})
+	app, _ := openVia(t, a, dst)
+	p := a.w.p
+	if p.eprc == nil {
+		t.Skip("the epoll set cannot wait in Go's poller here")
+	}
+	msg := make([]byte, 100)
+	roundTrip := func() {
+		t.Helper()
+		if _, err := app.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		app.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.ReadFull(app, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	armed := func() bool {
+		var cur unix.ItimerSpec
+		if err := unix.TimerfdGettime(p.tick, &cur); err != nil {
+			t.Fatal(err)
+		}
+		return cur.Value.Nano() != 0 || cur.Interval.Nano() != 0
+	}
+	const rounds = 7
+	var after []time.Duration
+	for i := range rounds {
+		roundTrip()
+		// Two busy ticks at most, then idle.
+		deadline := time.Now().Add(5 * time.Second)
+		for armed() {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the poller's tick still runs 5 s after the last message", i)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(3 * schedEvery)
+		polled := a.Stats.PollRecv.Load() + b.Stats.PollRecv.Load()
+		start := time.Now()
+		roundTrip()
+		after = append(after, time.Since(start))
+		if got := a.Stats.PollRecv.Load() + b.Stats.PollRecv.Load(); got == polled {
+			t.Fatalf("round %d: after idling, no frame was received on the poller thread", i)
+		}
+	}
+	// A wake-up left to the sweep's deadline would take 50 ms on average.
+	slices.Sort(after)
+	if med := after[rounds/2]; med > sweepEvery/4 {
+		t.Errorf("round trips after idling took %v (median %v): the poller thread waits for its deadline, not the message", after, med)
 	}
 }
