@@ -225,8 +225,9 @@ func Run(ctx context.Context, c Config) (int, error) {
 	if err := waitReady(ctx, gws, c.ReadyTimeout); err != nil {
 		return 1, err
 	}
+	start := snapshot(gws)
 	code, err := runMPI(ctx, c, mpiArgv)
-	if s := summary(gws); s != "" {
+	if s := summary(gws, start); s != "" {
 		fmt.Fprint(c.Stderr, s)
 	}
 	return code, err
