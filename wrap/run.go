@@ -126,6 +126,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		}
 		return runMPI(ctx, c, c.Argv)
 	}
+	fmt.Fprint(c.Stderr, placementNote(plan, c.Dedicated))
 	for _, name := range []string{c.Launcher[0], c.Argv[0]} {
 		if _, err := lookPath(name); err != nil && !c.DryRun {
 			return 2, fmt.Errorf("%s: not found on PATH", name)
