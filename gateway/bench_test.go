@@ -443,7 +443,7 @@ func BenchmarkPingPong(b *testing.B) {
 	// byte between client and server without a process wake-up: the
 	// cheapest direct path, so every relay's cost shows in full.
 	// MPI5K_ECHO=proc runs it in a process of its own instead, as a remote
-	// rank is (bench/figures/pollthread, thirteenth session).
+	// rank is (bench/figures/pollthread).
 	dst := testnet.Serve(b, nodeB, echoServer)
 	if os.Getenv("MPI5K_ECHO") == "proc" {
 		dst = echoProc(b, nodeB)

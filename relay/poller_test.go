@@ -272,13 +272,7 @@ func TestSmallMessageAllocs(t *testing.T) {
 // it at once (not at the next sweep, 100 ms later), and its step runs on
 // the poller thread.
 func TestPollerIdles(t *testing.T) {
-	dst := testnet.Echo(t, loopback)
-	a, b := pair(t, Config{PingInterval: time.Hour})
-	app, _ := openVia(t, a, dst)
-	p := a.w.p
-	if p.eprc == nil {
-		t.Skip("the epoll set cannot wait in Go's poller here")
-	}
+	a, b, app, p := idlingPair(t)
 	roundTrip := func() { echoRoundTrip(t, app) }
 	armed := func() bool { return tickArmed(t, p) }
 	const rounds = 7
@@ -309,6 +303,21 @@ func TestPollerIdles(t *testing.T) {
 	}
 }
 
+// idlingPair is a link pair without keepalives (nothing wakes the poller
+// but the test's messages) and an application connection through it to an
+// echo server; it skips where the poller cannot idle in Go's poller.
+func idlingPair(t *testing.T) (a, b *Link, app net.Conn, p *poller) {
+	t.Helper()
+	dst := testnet.Echo(t, loopback)
+	a, b = pair(t, Config{PingInterval: time.Hour})
+	app, _ = openVia(t, a, dst)
+	p = a.w.p
+	if p.eprc == nil {
+		t.Skip("the epoll set cannot wait in Go's poller here")
+	}
+	return a, b, app, p
+}
+
 // tickArmed says whether the poller's timer runs (it is stopped while idle).
 func tickArmed(t *testing.T, p *poller) bool {
 	t.Helper()
@@ -333,17 +342,11 @@ func echoRoundTrip(t *testing.T, app net.Conn) {
 }
 
 // TestPollerLingers: messages 10 ms apart (a fifth of the linger) keep the
-// poller thread ticking; idling between them woke sysmon from its sleep at every
-// message (2.3 ms of CPU per round trip 20 ms apart instead of 0.8,
-// bench/figures/cpu).
+// poller thread ticking; idling between them woke sysmon from its sleep
+// at every message (2.3 ms of CPU per round trip 20 ms apart instead of
+// 0.8, bench/figures/cpu).
 func TestPollerLingers(t *testing.T) {
-	dst := testnet.Echo(t, loopback)
-	a, _ := pair(t, Config{PingInterval: time.Hour})
-	app, _ := openVia(t, a, dst)
-	p := a.w.p
-	if p.eprc == nil {
-		t.Skip("the epoll set cannot wait in Go's poller here")
-	}
+	_, _, app, p := idlingPair(t)
 	const rounds = 10
 	const gap = 10 * time.Millisecond // a fifth of the linger
 	idled := 0

@@ -23,7 +23,7 @@ import (
 // run and sleeps again. On a VM that is one more vCPU wake-up per hop:
 // measured with bench/pingpong.sh it cost the gateway pair 6-16 us per
 // round trip with idle vCPUs polling and usually 16-49 us with them
-// halting (seventeenth session, bench/figures/pollthread).
+// halting (bench/figures/pollthread).
 //
 // So while the poller thread owns a socket, the runtime's registration of
 // it is modified to leave out input (EPOLLIN, EPOLLRDHUP, EPOLLPRI), and it
