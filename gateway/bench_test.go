@@ -264,7 +264,17 @@ func pingPong(b *testing.B, c *net.TCPConn) {
 
 // roundTrips times b.N calls of rt after 100 unmeasured ones (connection
 // setup, first OPEN, page faults) and reports their p50 and p99.
+// MPI5K_PP_GAP (a duration, "20ms") pauses before each timed round trip,
+// as a latency-bound code waits a WAN round trip between messages: the
+// relays have gone idle when each message arrives.
 func roundTrips(b *testing.B, rt func()) {
+	var gap time.Duration
+	if v := os.Getenv("MPI5K_PP_GAP"); v != "" {
+		var err error
+		if gap, err = time.ParseDuration(v); err != nil {
+			b.Fatalf("MPI5K_PP_GAP=%q: want a duration such as 20ms", v)
+		}
+	}
 	for range 100 {
 		rt()
 	}
@@ -272,6 +282,9 @@ func roundTrips(b *testing.B, rt func()) {
 	cpu0 := childrenCPU()
 	b.ResetTimer()
 	for b.Loop() {
+		if gap > 0 {
+			time.Sleep(gap)
+		}
 		t := time.Now()
 		rt()
 		lat = append(lat, time.Since(t))
@@ -315,16 +328,110 @@ func childrenCPU() time.Duration {
 		if p != self {
 			continue
 		}
-		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
-		for _, t := range tasks {
-			if st, err := os.ReadFile(t); err == nil {
-				if ns, err := strconv.ParseInt(strings.Fields(string(st))[0], 10, 64); err == nil {
-					sum += time.Duration(ns)
-				}
+		sum += threadsCPU(pid)
+	}
+	return sum
+}
+
+// threadsCPU is the CPU time (user + system, nanoseconds from schedstat)
+// of the live threads of process pid.
+func threadsCPU(pid int) time.Duration {
+	var sum time.Duration
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	for _, t := range tasks {
+		if st, err := os.ReadFile(t); err == nil {
+			if ns, err := strconv.ParseInt(strings.Fields(string(st))[0], 10, 64); err == nil {
+				sum += time.Duration(ns)
 			}
 		}
 	}
 	return sum
+}
+
+// threadsSwitches is the number of voluntary context switches of the live
+// threads of process pid: each is a thread going to sleep, so a count per
+// second is the process's wake-ups.
+func threadsSwitches(pid int) int64 {
+	var sum int64
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	for _, t := range tasks {
+		st, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(st), "\n") {
+			if v, ok := strings.CutPrefix(l, "voluntary_ctxt_switches:"); ok {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				sum += n
+			}
+		}
+	}
+	return sum
+}
+
+// idleCPUWindow is how long BenchmarkIdleCPU measures per iteration:
+// USER_HZ does not matter (schedstat counts nanoseconds), but a ping a
+// second and 100 ms samplers need several seconds to average out.
+var idleCPUWindow = 10 * time.Second
+
+// BenchmarkIdleCPU: the CPU each gateway of a pair uses with its WAN
+// links up and no streams (idle), and the same while a foreign TCP flow
+// saturates the path between the gateways' addresses beside the idle
+// links (foreign-flow). On loopback the foreign flow shares the cores, not
+// a bottleneck: the links' RTT and their queue control see nothing of it.
+// bench/idlecpu.sh measures the same on the lab's emulated WAN, where the
+// flow and the links share a 200 Mbit/s bottleneck. Run with
+// -benchtime 1x (each iteration lasts idleCPUWindow).
+func BenchmarkIdleCPU(b *testing.B) {
+	for _, foreign := range []bool{false, true} {
+		name := "idle"
+		if foreign {
+			name = "foreign-flow"
+		}
+		b.Run(name, func(b *testing.B) {
+			cp := startChildren(b)
+			// Priming and the first samples are done well within this.
+			time.Sleep(time.Second)
+			if foreign {
+				stop := foreignFlow(b, gwA, gwB)
+				defer stop()
+			}
+			pids := []int{cp.a.Process.Pid, cp.b.Process.Pid}
+			cpu0 := []time.Duration{threadsCPU(pids[0]), threadsCPU(pids[1])}
+			sw0 := []int64{threadsSwitches(pids[0]), threadsSwitches(pids[1])}
+			start := time.Now()
+			for b.Loop() {
+				time.Sleep(idleCPUWindow)
+			}
+			el := time.Since(start)
+			for i, site := range []string{"a", "b"} {
+				cpu := threadsCPU(pids[i]) - cpu0[i]
+				b.ReportMetric(100*cpu.Seconds()/el.Seconds(), "%core-"+site)
+				b.ReportMetric(float64(threadsSwitches(pids[i])-sw0[i])/el.Seconds(), "wakeups/s-"+site)
+			}
+		})
+	}
+}
+
+// foreignFlow sends as fast as it can from an address of from to a sink
+// on to, both outside the gateways, until stop.
+func foreignFlow(b testing.TB, from, to netip.Addr) (stop func()) {
+	sink := testnet.Serve(b, to, func(c *net.TCPConn) { io.Copy(io.Discard, c); c.Close() })
+	c, err := net.DialTCP("tcp", &net.TCPAddr{IP: from.AsSlice()}, net.TCPAddrFromAddrPort(sink))
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 1<<20)
+		for {
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	return func() { c.Close(); <-done }
 }
 
 // BenchmarkPingPong: 1-byte round trip (a) directly, through the gateway
@@ -334,7 +441,7 @@ func BenchmarkPingPong(b *testing.B) {
 	// byte between client and server without a process wake-up: the
 	// cheapest direct path, so every relay's cost shows in full.
 	// MPI5K_ECHO=proc runs it in a process of its own instead, as a remote
-	// rank is (bench/figures/pollthread/README.md, 2026-11-24).
+	// rank is (bench/figures/pollthread).
 	dst := testnet.Serve(b, nodeB, echoServer)
 	if os.Getenv("MPI5K_ECHO") == "proc" {
 		dst = echoProc(b, nodeB)

@@ -134,7 +134,7 @@ func (g *Gateway) guardProbeRTT() {
 		if busy {
 			t.Reset(guardEvery)
 		} else {
-			t.Reset(guardIdleEvery)
+			t.Reset(relay.OnGrid(guardIdleEvery))
 		}
 	}
 }

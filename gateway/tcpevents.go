@@ -36,17 +36,19 @@ func (g *Gateway) sampleWAN() {
 	})
 }
 
-// every runs f every d until the gateway stops, then marks g.wg done.
+// every runs f every d, on the process's timer grid (relay.OnGrid), until
+// the gateway stops, then marks g.wg done.
 func (g *Gateway) every(d time.Duration, f func()) {
 	defer g.wg.Done()
-	tk := time.NewTicker(d)
-	defer tk.Stop()
+	tm := time.NewTimer(relay.OnGrid(d))
+	defer tm.Stop()
 	for {
 		select {
 		case <-g.ctx.Done():
 			return
-		case <-tk.C:
+		case <-tm.C:
 			f()
+			tm.Reset(relay.OnGrid(d))
 		}
 	}
 }

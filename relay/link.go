@@ -1128,13 +1128,14 @@ func (l *Link) dispatch(h header.Header, p []byte) error {
 }
 
 func (l *Link) keepalive() {
-	t := time.NewTicker(l.cfg.PingInterval)
+	t := time.NewTimer(OnGrid(l.cfg.PingInterval))
 	defer t.Stop()
 	for {
 		select {
 		case <-l.done:
 			return
 		case now := <-t.C:
+			t.Reset(OnGrid(l.cfg.PingInterval))
 			if silent := now.Sub(time.Unix(0, l.lastRecv.Load())); silent > l.cfg.DeadAfter {
 				l.fail(fmt.Errorf("relay: peer %v silent for %v", l.conn.RemoteAddr(), silent.Round(time.Millisecond)))
 				return

@@ -3,6 +3,7 @@ package relay
 import (
 	"errors"
 	"io"
+	"os"
 	"runtime"
 	"sync"
 	"syscall"
@@ -42,10 +43,18 @@ var errWouldBlock = errors.New("relay: would block")
 
 type poller struct {
 	ep   int
-	tick int // timerfd, every schedEvery
-	mu   sync.Mutex
-	ws   map[uint32]*waiter
-	next uint32
+	tick int // timerfd: every schedEvery while busy, every sweepEvery while quiet
+	// epf is a duplicate of ep (epDup) in Go's network poller, where the
+	// thread waits while idle (nil, epDup -1: it stays in epoll_wait).
+	// Its input is left out of the runtime's registration (epRT) while
+	// the thread is not idle, or every event would wake the runtime too.
+	epf   *os.File
+	eprc  syscall.RawConn
+	epDup int
+	epRT  rtReg
+	mu    sync.Mutex
+	ws    map[uint32]*waiter
+	next  uint32
 }
 
 // tickID is the timer's epoll data; waiters' ids start at 1.
@@ -69,14 +78,13 @@ func getPoller() *poller {
 			unix.Close(ep)
 			return
 		}
-		every := unix.NsecToTimespec(int64(schedEvery))
-		if err := unix.TimerfdSettime(tick, 0, &unix.ItimerSpec{Interval: every, Value: every}, nil); err != nil ||
-			unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, tick, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: tickID}) != nil {
+		if unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, tick, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: tickID}) != nil {
 			unix.Close(tick)
 			unix.Close(ep)
 			return
 		}
-		p := &poller{ep: ep, tick: tick, ws: make(map[uint32]*waiter)}
+		p := &poller{ep: ep, tick: tick, ws: make(map[uint32]*waiter), epDup: -1}
+		p.watchEpoll()
 		// The thread spends its life in epoll_wait holding a P in a system
 		// call. One more P keeps it from taking one from the forwarding
 		// goroutines, and while an idle P exists the runtime leaves the
@@ -92,9 +100,35 @@ func (p *poller) loop() {
 	runtime.LockOSThread() // one thread: the point of the poller
 	evs := make([]unix.EpollEvent, 64)
 	var buf [8]byte
-	ticks := 0
+	ticks, quiet := 0, 0 // quiet: fast ticks in a row without a step
+	// fast: the tick runs every schedEvery; busy: some step ran since the
+	// last tick; idle: waiting in Go's poller, the tick stopped. Neither
+	// fast nor idle (no Go poller for the set): the tick runs every
+	// sweepEvery.
+	fast, busy, idle := false, false, false
+	goIdle := func() {
+		fast = false
+		if p.eprc == nil {
+			setTick(p.tick, sweepEvery)
+			return
+		}
+		setTick(p.tick, 0) // waitIdle's deadline sweeps
+		p.idle(true)
+		idle = true
+	}
+	goIdle()
 	for {
-		n, err := unix.EpollWait(p.ep, evs, -1)
+		var n int
+		var err error
+		if idle {
+			n, err = p.waitIdle(evs)
+			if err == os.ErrDeadlineExceeded {
+				p.sweep()
+				continue
+			}
+		} else {
+			n, err = unix.EpollWait(p.ep, evs, -1)
+		}
 		if err != nil {
 			continue // EINTR
 		}
@@ -110,19 +144,48 @@ func (p *poller) loop() {
 			p.mu.Unlock()
 			if w != nil {
 				w.fire()
+				busy = true
 			}
 		}
-		if ticked {
-			if ticks++; ticks%sweepTicks == 0 {
-				p.sweep()
+		if busy && !fast {
+			if idle {
+				p.idle(false)
+				idle = false
 			}
+			setTick(p.tick, schedEvery)
+			fast, ticks, quiet = true, 0, 0
+		}
+		if !ticked {
+			continue
+		}
+		if !fast {
+			p.sweep()
+			continue
+		}
+		if ticks++; ticks%sweepTicks == 0 {
+			p.sweep()
+		}
+		switch {
+		case busy:
 			runtime.Gosched()
+			busy, quiet = false, 0
+		case quiet+1 < lingerTicks:
+			runtime.Gosched() // sysmon counts from the last pass, not the last step
+			quiet++
+		default:
+			goIdle()
 		}
 	}
 }
 
-// The poller thread passes through Go's scheduler on each tick of a
-// periodic timer, every schedEvery.
+// setTick makes the timerfd tick every d from now on; 0 stops it.
+func setTick(fd int, d time.Duration) error {
+	every := unix.NsecToTimespec(int64(d))
+	return unix.TimerfdSettime(fd, 0, &unix.ItimerSpec{Interval: every, Value: every}, nil)
+}
+
+// While busy, the poller thread passes through Go's scheduler on each tick
+// of a periodic timer, every schedEvery.
 //
 // sysmon preempts a goroutine that has run 10 ms without a pass through
 // the scheduler (forcePreemptNS). The poller thread never passed one (it
@@ -133,20 +196,102 @@ func (p *poller) loop() {
 // the CPUs the ranks and the other gateway need; with the pass, no
 // signal and 290 wake-ups. A runtime.Gosched on a locked thread costs a
 // hand-off of the P to another thread and back, once per schedEvery.
-// Figures in bench/figures/pollthread (2026-11-24, 022a6e7).
+// Figures in bench/figures/pollthread.
 //
 // The timer is a timerfd in the epoll set rather than epoll_wait's
 // timeout: a timeout arms and cancels a kernel timer on every wait, that
 // is at every message; without it the pair's CPU per round trip fell from
-// 51.4 to 48.7 us (bench/figures/pollthread, 2026-11-25). The periodic timer is armed once.
+// 51.4 to 48.7 us. The periodic timer is re-armed only when the thread
+// turns busy or idle.
+//
+// A thread that only waited in epoll_wait since the last tick has nothing
+// for sysmon to preempt, so the first tick without a step slows the timer
+// to sweepEvery, and the next step speeds it up again. An idle gateway
+// (links up, no streams) woke 200 times a second for the tick alone, each
+// a hand-off of the P to another thread and back: 1.9 % of a core per
+// gateway, 1,070 wake-ups a second (BenchmarkIdleCPU, bench/figures/cpu).
 const schedEvery = 5 * time.Millisecond
 
-// sweepTicks is how many ticks apart (100 ms) the poller looks for sockets
-// closed under it. Closing a socket removes it from the epoll set without
-// an event, so a socket closed by someone other than its stream or link
-// (which cancel first) would leave its goroutine waiting; the sweep hands
-// it back.
-const sweepTicks = int(100 * time.Millisecond / schedEvery)
+// sweepEvery is how often the poller looks for sockets closed under it.
+// Closing a socket removes it from the epoll set without an event, so a
+// socket closed by someone other than its stream or link (which cancel
+// first) would leave its goroutine waiting; the sweep hands it back.
+const sweepEvery = 100 * time.Millisecond
+
+// sweepTicks is how many busy ticks apart the sweep runs.
+const sweepTicks = int(sweepEvery / schedEvery)
+
+// An idle poller thread waits in Go's network poller.
+//
+// A thread blocked in a Go system call keeps its P until sysmon takes it
+// back (after 10 ms), and while some P is not idle sysmon does not sleep:
+// every time the thread woke (a tick, a keepalive) sysmon polled every
+// 20 us for a millisecond, then backed off over the next 10 ms, and each
+// retake of the thread's P started that over: 300 wake-ups a second in an
+// idle gateway, 0.6 % of a core. So once no step has run for a while the
+// thread stops the timer and waits for the epoll set to become readable
+// in Go's poller, holding no P, and sysmon sleeps; the sweep runs on the
+// wait's deadline. The first event after that costs one more thread
+// wake-up (Go's poller hands the locked goroutine to its thread), and
+// sysmon, woken from its sleep, polls every 20 us again for a millisecond
+// and backs off over the next 10: a ping-pong with 20 ms between round
+// trips that idled at the first quiet tick cost the pair 2.3 ms of CPU
+// per round trip instead of 0.85. So the thread lingers, ticking, for
+// lingerTicks quiet ticks before it idles: messages a WAN round trip
+// apart keep it busy, a keepalive a second costs a linger a second.
+
+// lingerTicks is how many ticks without a step (50 ms) the thread waits
+// before it idles.
+const lingerTicks = int(50 * time.Millisecond / schedEvery)
+
+// watchEpoll registers the epoll set with Go's network poller, so the
+// thread can wait there while idle; on failure it stays in epoll_wait.
+func (p *poller) watchEpoll() {
+	fd, err := unix.Dup(p.ep)
+	if err != nil {
+		return
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return
+	}
+	f := os.NewFile(uintptr(fd), "poller-epoll")
+	if f.SetReadDeadline(time.Time{}) != nil { // not in Go's poller
+		f.Close()
+		return
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return
+	}
+	p.epf, p.eprc, p.epDup = f, rc, fd
+	p.idle(false)
+	if !p.epRT.ok { // the runtime would wake for every event: do without
+		p.epf, p.eprc, p.epDup = nil, nil, -1
+		f.Close()
+	}
+}
+
+// idle tells the runtime about the epoll set's input (on) or not (off).
+func (p *poller) idle(on bool) {
+	p.eprc.Control(func(fd uintptr) { p.epRT.quiet(p, int(fd), !on) })
+}
+
+// waitIdle waits in Go's network poller until the epoll set has events,
+// and collects them without blocking; os.ErrDeadlineExceeded after
+// sweepEvery without any.
+func (p *poller) waitIdle(evs []unix.EpollEvent) (n int, err error) {
+	p.epf.SetReadDeadline(time.Now().Add(OnGrid(sweepEvery)))
+	rerr := p.eprc.Read(func(fd uintptr) bool {
+		n, err = unix.EpollWait(int(fd), evs, 0)
+		return n > 0 || (err != nil && err != unix.EINTR)
+	})
+	if errors.Is(rerr, os.ErrDeadlineExceeded) {
+		return 0, os.ErrDeadlineExceeded
+	}
+	return n, err
+}
 
 func (p *poller) sweep() {
 	p.mu.Lock()

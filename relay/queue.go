@@ -592,7 +592,7 @@ func (t *Trunk) controlQueue(target time.Duration, log *slog.Logger) {
 			header.PutU32(f.ctl[:4], sd.clamp)
 			sd.key.(*Link).enqueue(f, nil)
 		}
-		tm.Reset(next)
+		tm.Reset(OnGrid(next))
 	}
 }
 

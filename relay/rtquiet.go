@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,7 +23,7 @@ import (
 // run and sleeps again. On a VM that is one more vCPU wake-up per hop:
 // measured with bench/pingpong.sh it cost the gateway pair 6-16 us per
 // round trip with idle vCPUs polling and usually 16-49 us with them
-// halting (bench/figures/pollthread, 2026-11-24).
+// halting (bench/figures/pollthread).
 //
 // So while the poller thread owns a socket, the runtime's registration of
 // it is modified to leave out input (EPOLLIN, EPOLLRDHUP, EPOLLPRI), and it
@@ -53,21 +54,25 @@ type rtReg struct {
 // quietRuntime leaves input out of the runtime's registration of the waiter's
 // socket (on) or restores it (off).
 func (w *waiter) quietRuntime(on bool) {
-	w.rc.Control(func(fd uintptr) {
-		if !w.rt.looked {
-			w.rt.looked = true
-			w.rt.ep, w.rt.ev, w.rt.ok = runtimeRegistration(w.p.ep, int(fd))
-		}
-		if !w.rt.ok {
-			return
-		}
-		ev := w.rt.ev
-		if on {
-			ev.Events &^= rtInput
-		}
-		// ENOENT: the socket is being closed and the runtime has dropped it.
-		rawEpollCtl(w.rt.ep, unix.EPOLL_CTL_MOD, int(fd), &ev)
-	})
+	w.rc.Control(func(fd uintptr) { w.rt.quiet(w.p, int(fd), on) })
+}
+
+// quiet leaves input out of the runtime's registration of fd (on) or
+// restores it (off).
+func (r *rtReg) quiet(p *poller, fd int, on bool) {
+	if !r.looked {
+		r.looked = true
+		r.ep, r.ev, r.ok = runtimeRegistration(p, fd)
+	}
+	if !r.ok {
+		return
+	}
+	ev := r.ev
+	if on {
+		ev.Events &^= rtInput
+	}
+	// ENOENT: the socket is being closed and the runtime has dropped it.
+	rawEpollCtl(r.ep, unix.EPOLL_CTL_MOD, fd, &ev)
 }
 
 // rtTable is what the runtime's epoll set held when last read: one entry
@@ -95,8 +100,9 @@ var theRTTable rtTable
 
 // runtimeRegistration returns the runtime's registration of fd: the one
 // epoll set other than mine that holds it, edge-triggered and for input,
-// as Go's runtime registers sockets.
-func runtimeRegistration(mine, fd int) (int, unix.EpollEvent, bool) {
+// as Go's runtime registers sockets. The poller's own descriptors of its
+// set are not the runtime's.
+func runtimeRegistration(p *poller, fd int) (int, unix.EpollEvent, bool) {
 	var st unix.Stat_t
 	if unix.Fstat(fd, &st) != nil {
 		return 0, unix.EpollEvent{}, false
@@ -108,7 +114,7 @@ func runtimeRegistration(mine, fd int) (int, unix.EpollEvent, bool) {
 		// The runtime's set is made with the process's first socket,
 		// before any relay waits.
 		t.looked = true
-		t.sets = epollSets(mine)
+		t.sets = epollSets(p.ep, p.epDup)
 	}
 	e, ok := t.entries[fd]
 	if !ok || e.ino != st.Ino {
@@ -122,7 +128,7 @@ func runtimeRegistration(mine, fd int) (int, unix.EpollEvent, bool) {
 }
 
 // epollSets lists this process's epoll descriptors other than mine.
-func epollSets(mine int) []int {
+func epollSets(mine ...int) []int {
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
 		return nil
@@ -130,7 +136,7 @@ func epollSets(mine int) []int {
 	var sets []int
 	for _, e := range ents {
 		n, err := strconv.Atoi(e.Name())
-		if err != nil || n == mine {
+		if err != nil || slices.Contains(mine, n) {
 			continue
 		}
 		if t, _ := os.Readlink("/proc/self/fd/" + e.Name()); t == "anon_inode:[eventpoll]" {

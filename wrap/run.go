@@ -134,6 +134,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		}
 		return runMPI(ctx, c, c.Argv, nil)
 	}
+	fmt.Fprint(c.Stderr, placementNote(plan, c.Dedicated))
 	for _, name := range []string{c.Launcher[0], c.Argv[0]} {
 		if _, err := lookPath(name); err != nil && !c.DryRun {
 			return 2, fmt.Errorf("%s: not found on PATH", name)
@@ -253,10 +254,11 @@ func Run(ctx context.Context, c Config) (int, error) {
 	if err := waitReady(ctx, gws, c.ReadyTimeout); err != nil {
 		return 1, err
 	}
+	start := snapshot(gws)
 	wctx, unwatch := context.WithCancel(ctx)
 	code, err := runMPI(ctx, c, mpiArgv, watch(wctx, gws, c.Outage))
 	unwatch()
-	if s := summary(gws); s != "" {
+	if s := summary(gws, start); s != "" {
 		fmt.Fprint(c.Stderr, s)
 	}
 	return code, err

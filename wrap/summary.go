@@ -26,7 +26,70 @@ const (
 	// Only WAN sockets running BBR export these.
 	metricProbeRTTs = "mpi5k_wan_bbr_probe_rtt_total"
 	metricSkips     = "mpi5k_wan_bbr_probe_rtt_skips_total"
+	// The process's user + system CPU time (Prometheus' process collector).
+	metricCPU = "process_cpu_seconds_total"
 )
+
+// GatewayTag starts the summary's machine-readable line per gateway:
+// "MPI5K-GATEWAY site=S cpu_s=F wan_bytes=N cpu_total_s=F": CPU seconds
+// (user + system) and WAN bytes sent plus received while the job ran, and
+// CPU seconds since the gateway started (priming included). mpi5k bench
+// records them beside each run's time.
+const GatewayTag = "MPI5K-GATEWAY"
+
+// usage is one gateway's CPU time and WAN bytes (sent + received) at one
+// moment; ok is false when its metrics could not be read.
+type usage struct {
+	cpu, wan float64
+	ok       bool
+}
+
+func usageOf(fams map[string]*dto.MetricFamily) usage {
+	u := usage{ok: true}
+	if f := fams[metricCPU]; f != nil && len(f.GetMetric()) > 0 {
+		u.cpu = value(f.GetMetric()[0])
+	} else {
+		u.ok = false
+	}
+	if f := fams[metricBytes]; f != nil {
+		for _, m := range f.GetMetric() {
+			u.wan += value(m)
+		}
+	}
+	return u
+}
+
+// snapshot reads every gateway's usage, as the job starts.
+func snapshot(gws []*gateway) []usage {
+	us := make([]usage, len(gws))
+	for i, g := range gws {
+		if fams, err := scrape(g.metrics); err == nil {
+			us[i] = usageOf(fams)
+		}
+	}
+	return us
+}
+
+// cpuLines says what gateway site spent on the CPU during the job (start
+// to end) and per GiB it forwarded, for people and for mpi5k bench.
+func cpuLines(site string, start, end usage) []string {
+	if !end.ok {
+		return []string{fmt.Sprintf("  %s: no CPU time in its metrics", site)}
+	}
+	cpu, wan, during := end.cpu, end.wan, "since it started (no reading at the job's start)"
+	if start.ok {
+		cpu, wan, during = end.cpu-start.cpu, end.wan-start.wan, "during the job"
+	}
+	line := fmt.Sprintf("  %s: %.2f s CPU (user+sys) %s, %.2f s since it started; ", site, cpu, during, end.cpu)
+	// Below a MiB the quotient says more about the idle cost than about
+	// forwarding.
+	if wan >= 1<<20 {
+		line += fmt.Sprintf("%.2f s per GiB forwarded (%s over the WAN)", cpu/(wan/(1<<30)), human(wan))
+	} else {
+		line += fmt.Sprintf("%s over the WAN, too little for a cost per GiB", human(wan))
+	}
+	return []string{line, fmt.Sprintf("  %s site=%s cpu_s=%.3f wan_bytes=%.0f cpu_total_s=%.3f", GatewayTag, site, cpu, wan, end.cpu)}
+}
 
 // pairStats is what one gateway says about its link to one peer site.
 type pairStats struct {
@@ -74,26 +137,30 @@ func perPeer(fams map[string]*dto.MetricFamily, name, dir string, stats map[stri
 			st = &pairStats{}
 			stats[peer] = st
 		}
-		var v float64
-		switch {
-		case m.Counter != nil:
-			v = m.GetCounter().GetValue()
-		case m.Gauge != nil:
-			v = m.GetGauge().GetValue()
-		case m.Untyped != nil:
-			v = m.GetUntyped().GetValue()
-		}
-		*field(st) += v
+		*field(st) += value(m)
 	}
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.Counter != nil:
+		return m.GetCounter().GetValue()
+	case m.Gauge != nil:
+		return m.GetGauge().GetValue()
+	case m.Untyped != nil:
+		return m.GetUntyped().GetValue()
+	}
+	return 0
 }
 
 // summary scrapes every gateway once and prints, per gateway and peer
 // site, the WAN bytes each way, the streams it opened and the WAN socket's
-// retransmissions.
-func summary(gws []*gateway) string {
+// retransmissions, then per gateway its CPU time since start (from
+// snapshot; nil or short: none) and per GiB forwarded.
+func summary(gws []*gateway, start []usage) string {
 	var b strings.Builder
 	var lines []string
-	for _, g := range gws {
+	for i, g := range gws {
 		fams, err := scrape(g.metrics)
 		if err != nil {
 			lines = append(lines, fmt.Sprintf("  %s: no metrics (%v)", g.site.Name, err))
@@ -124,6 +191,11 @@ func summary(gws []*gateway) string {
 			}
 			lines = append(lines, line)
 		}
+		var u0 usage
+		if i < len(start) {
+			u0 = start[i]
+		}
+		lines = append(lines, cpuLines(g.site.Name, u0, usageOf(fams))...)
 	}
 	if len(lines) == 0 {
 		return ""

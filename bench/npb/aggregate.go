@@ -20,7 +20,13 @@ type Summary struct {
 	// workload and traffic: < 1 means faster than direct.
 	RatioMin    *float64 `json:"ratio_min"`
 	RatioMedian *float64 `json:"ratio_median"`
-	Errors      []string `json:"errors,omitempty"` // distinct failure reasons
+	// The gateways' CPU seconds (user + system, all gateways of the run
+	// together) while the job ran, median over the repetitions, and per
+	// GiB they forwarded (sent plus received on the WAN; runs that
+	// forwarded under a MiB left out). Unset for direct runs.
+	GatewayCPUS      *float64 `json:"gw_cpu_s,omitempty"`
+	GatewayCPUPerGiB *float64 `json:"gw_cpu_s_per_gib,omitempty"`
+	Errors           []string `json:"errors,omitempty"` // distinct failure reasons
 }
 
 // PingSummary is one point of a ping-pong curve over the repetitions: the
@@ -63,6 +69,8 @@ func Summarize(samples []Sample, modes []string, ref string) []Summary {
 	seenW := map[string]bool{}
 	crossSeen := map[bool]bool{}
 	times := map[cellKey][]float64{}
+	cpus := map[cellKey][]float64{}
+	perGiB := map[cellKey][]float64{}
 	sums := map[cellKey]*Summary{}
 	for _, s := range samples {
 		if !seenW[s.Workload] {
@@ -79,6 +87,12 @@ func Summarize(samples []Sample, modes []string, ref string) []Summary {
 		if s.OK() {
 			sum.N++
 			times[k] = append(times[k], s.Result.TimeS)
+			if cpu, wan, ok := s.gatewayCPU(); ok {
+				cpus[k] = append(cpus[k], cpu)
+				if wan >= 1<<20 {
+					perGiB[k] = append(perGiB[k], cpu/(float64(wan)/(1<<30)))
+				}
+			}
 		} else {
 			sum.Failed++
 			if !slices.Contains(sum.Errors, s.Err) {
@@ -89,6 +103,12 @@ func Summarize(samples []Sample, modes []string, ref string) []Summary {
 	for k, ts := range times {
 		sums[k].MinS = ptr(minOf(ts))
 		sums[k].MedianS = ptr(Median(append([]float64(nil), ts...)))
+	}
+	for k, v := range cpus {
+		sums[k].GatewayCPUS = ptr(Median(v))
+	}
+	for k, v := range perGiB {
+		sums[k].GatewayCPUPerGiB = ptr(Median(v))
 	}
 	var out []Summary
 	for _, w := range workloads {

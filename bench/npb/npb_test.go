@@ -122,6 +122,14 @@ func (f *fakeLab) Run(_ context.Context, j Job) ([]byte, error) {
 	fmt.Fprintf(&b, "MPI5K-RESULT workload=%s mpi=openmpi ranks=%d sites=2 scale=1 compute_scale=1 "+
 		"size_scale=1 compute=work time_s=%.6f compute_s=0.5 bytes=100 msgs=2 wan_bytes=100 wan_msgs=2 "+
 		"failures=0 loops_per_us=512.5 verified=yes\n", j.Workload, j.Ranks, t)
+	if j.Mode.Kind == KindGateways {
+		// mpi5k run's summary: each gateway spends 0.1 s of CPU per second
+		// of the run and forwards 512 MiB.
+		b.WriteString("mpi5k: gateway summary\n")
+		for _, site := range []string{"a", "b"} {
+			fmt.Fprintf(&b, "  MPI5K-GATEWAY site=%s cpu_s=%.3f wan_bytes=%d cpu_total_s=%.3f\n", site, 0.1*t, 512<<20, 0.1*t+0.2)
+		}
+	}
 	return []byte(b.String()), nil
 }
 
@@ -242,6 +250,14 @@ func TestRunAggregatesAndMarksFailures(t *testing.T) {
 	if d := get("bt", "direct", true); d.MinS == nil || math.Abs(*d.MinS-6) > 0.2 || *d.RatioMin != 1 {
 		t.Errorf("bt direct cross: %+v", d)
 	}
+	// Both gateways: 0.2 s of CPU per second of the run, over 1 GiB.
+	if bt.GatewayCPUS == nil || math.Abs(*bt.GatewayCPUS-0.2**bt.MedianS) > 0.002 ||
+		bt.GatewayCPUPerGiB == nil || math.Abs(*bt.GatewayCPUPerGiB-*bt.GatewayCPUS) > 0.002 {
+		t.Errorf("bt gateways: CPU %v s, %v s per GiB; want 0.2 x the median time %v, over 1 GiB", bt.GatewayCPUS, bt.GatewayCPUPerGiB, bt.MedianS)
+	}
+	if d := get("bt", "direct", false); d.GatewayCPUS != nil || d.GatewayCPUPerGiB != nil {
+		t.Errorf("bt direct: gateway CPU %v, %v s per GiB; want none", d.GatewayCPUS, d.GatewayCPUPerGiB)
+	}
 	ft := get("ft", "gateways", false)
 	if ft.N != 0 || ft.Failed != 3 || ft.MinS != nil || ft.RatioMin != nil ||
 		!strings.Contains(ft.Errors[0], "verification failed") {
@@ -266,7 +282,7 @@ func TestRunAggregatesAndMarksFailures(t *testing.T) {
 		t.Errorf("want json + 3 csv, got %v", files)
 	}
 	sum, _ := os.ReadFile(filepath.Join(dir, "summary.csv"))
-	if !strings.Contains(string(sum), "ft,gateways,false,0,3,,,,,FAILED: verification failed") {
+	if !strings.Contains(string(sum), "ft,gateways,false,0,3,,,,,,,FAILED: verification failed") {
 		t.Errorf("summary.csv does not mark the failed cell:\n%s", sum)
 	}
 	back, err := ReadReport(filepath.Join(dir, "results.json"))
@@ -275,7 +291,8 @@ func TestRunAggregatesAndMarksFailures(t *testing.T) {
 	}
 	var table bytes.Buffer
 	back.WriteTable(&table)
-	if !strings.Contains(table.String(), "2 cores") || !strings.Contains(table.String(), "FAILED") {
+	if !strings.Contains(table.String(), "2 cores") || !strings.Contains(table.String(), "FAILED") ||
+		!strings.Contains(table.String(), "gw_cpu_s") {
 		t.Errorf("table:\n%s", table.String())
 	}
 
@@ -395,5 +412,17 @@ func TestParseNPB(t *testing.T) {
 	samples, err := Run(context.Background(), c, lab, nil)
 	if err != nil || len(samples) != 2 || !samples[0].OK() || samples[1].Result.TimeS != 41.27 {
 		t.Errorf("NPB run: %+v %v", samples, err)
+	}
+}
+
+// TestParseGatewayCPU: the summary's per-gateway line is read whole; a
+// garbled one is an error naming the field.
+func TestParseGatewayCPU(t *testing.T) {
+	o, err := ParseOutput(strings.NewReader("mpi5k: gateway summary\n  MPI5K-GATEWAY site=a cpu_s=0.250 wan_bytes=1024 cpu_total_s=1.5\n"))
+	if err != nil || len(o.Gateways) != 1 || o.Gateways[0] != (GatewayCPU{Site: "a", CPUS: 0.25, WANBytes: 1024, CPUTotalS: 1.5}) {
+		t.Fatalf("got %+v, %v", o.Gateways, err)
+	}
+	if _, err := ParseOutput(strings.NewReader("MPI5K-GATEWAY site=a cpu_s=fast wan_bytes=1 cpu_total_s=1\n")); err == nil || !strings.Contains(err.Error(), "cpu_s") {
+		t.Errorf("garbled line: %v", err)
 	}
 }

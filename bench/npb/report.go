@@ -115,7 +115,7 @@ func (r *Report) WriteFiles(dir string) ([]string, error) {
 func (r *Report) writeSummaryCSV(w io.Writer) error {
 	c := csv.NewWriter(w)
 	_ = c.Write([]string{"workload", "mode", "cross", "n", "failed", "min_s", "median_s",
-		"ratio_min", "ratio_median", "status"})
+		"ratio_min", "ratio_median", "gw_cpu_s", "gw_cpu_s_per_gib", "status"})
 	for _, s := range r.Summary {
 		status := "ok"
 		if s.N == 0 {
@@ -125,7 +125,7 @@ func (r *Report) writeSummaryCSV(w io.Writer) error {
 		}
 		_ = c.Write([]string{s.Workload, s.Mode, strconv.FormatBool(s.Cross), strconv.Itoa(s.N),
 			strconv.Itoa(s.Failed), fmtOpt(s.MinS, 6), fmtOpt(s.MedianS, 6),
-			fmtOpt(s.RatioMin, 4), fmtOpt(s.RatioMedian, 4), status})
+			fmtOpt(s.RatioMin, 4), fmtOpt(s.RatioMedian, 4), fmtOpt(s.GatewayCPUS, 3), fmtOpt(s.GatewayCPUPerGiB, 3), status})
 	}
 	c.Flush()
 	return c.Error()
@@ -134,7 +134,7 @@ func (r *Report) writeSummaryCSV(w io.Writer) error {
 func (r *Report) writeSamplesCSV(w io.Writer) error {
 	c := csv.NewWriter(w)
 	_ = c.Write([]string{"rep", "workload", "mode", "cross", "time_s", "compute_s", "bytes",
-		"wan_bytes", "msgs", "wan_msgs", "mpi", "ranks", "error", "note"})
+		"wan_bytes", "msgs", "wan_msgs", "mpi", "ranks", "gw_cpu_s", "gw_wan_bytes", "error", "note"})
 	for _, s := range r.Samples {
 		row := []string{strconv.Itoa(s.Rep + 1), s.Workload, s.Mode, strconv.FormatBool(s.Cross)}
 		if res := s.Result; res != nil && s.OK() {
@@ -145,6 +145,11 @@ func (r *Report) writeSamplesCSV(w io.Writer) error {
 				res.MPI, strconv.Itoa(res.Ranks))
 		} else {
 			row = append(row, "", "", "", "", "", "", "", "")
+		}
+		if cpu, wan, ok := s.gatewayCPU(); ok {
+			row = append(row, strconv.FormatFloat(cpu, 'f', 3, 64), strconv.FormatUint(wan, 10))
+		} else {
+			row = append(row, "", "")
 		}
 		row = append(row, s.Err, s.Note)
 		_ = c.Write(row)
@@ -173,8 +178,8 @@ func (r *Report) WriteTable(w io.Writer) {
 	if h.Lab != "" {
 		fmt.Fprintf(w, "# lab: %s\n", h.Lab)
 	}
-	fmt.Fprintf(w, "%-9s %-12s %-5s %3s %10s %10s %9s %9s  %s\n",
-		"workload", "mode", "cross", "n", "min_s", "median_s", "ratio", "ratio_med", "status")
+	fmt.Fprintf(w, "%-9s %-12s %-5s %3s %10s %10s %9s %9s %8s %10s  %s\n",
+		"workload", "mode", "cross", "n", "min_s", "median_s", "ratio", "ratio_med", "gw_cpu_s", "gw_s/GiB", "status")
 	for _, s := range r.Summary {
 		status := "ok"
 		if s.N == 0 {
@@ -188,8 +193,8 @@ func (r *Report) WriteTable(w io.Writer) {
 			}
 			return strconv.FormatFloat(*p, 'f', prec, 64)
 		}
-		fmt.Fprintf(w, "%-9s %-12s %-5s %3d %10s %10s %9s %9s  %s\n", s.Workload, s.Mode,
+		fmt.Fprintf(w, "%-9s %-12s %-5s %3d %10s %10s %9s %9s %8s %10s  %s\n", s.Workload, s.Mode,
 			yesNo(s.Cross), s.N, dash(s.MinS, 3), dash(s.MedianS, 3), dash(s.RatioMin, 3),
-			dash(s.RatioMedian, 3), status)
+			dash(s.RatioMedian, 3), dash(s.GatewayCPUS, 2), dash(s.GatewayCPUPerGiB, 2), status)
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/mpi5k/mpi5k/wrap"
 )
 
 // Result is one MPI5K-RESULT line of bench/workloads/mpi5k-workload, or the
@@ -40,10 +42,21 @@ type PingPoint struct {
 	BWMBps   float64 `json:"bw_MBps"`
 }
 
+// GatewayCPU is one MPI5K-GATEWAY line of `mpi5k run`'s summary: what a
+// gateway spent on the CPU (user + system) while the job ran and the WAN
+// bytes it sent plus received meanwhile.
+type GatewayCPU struct {
+	Site      string  `json:"site"`
+	CPUS      float64 `json:"cpu_s"`
+	WANBytes  uint64  `json:"wan_bytes"`
+	CPUTotalS float64 `json:"cpu_total_s"` // since the gateway started
+}
+
 // Output is everything machine-readable in one run's output.
 type Output struct {
 	Results   []Result
 	PingPong  []PingPoint
+	Gateways  []GatewayCPU
 	VerifyErr []string // "VERIFICATION FAILED ..." lines, verbatim
 }
 
@@ -149,6 +162,17 @@ func ParseResult(s string) (Result, error) {
 	return r, p.err
 }
 
+// ParseGatewayCPU parses the text after "MPI5K-GATEWAY".
+func ParseGatewayCPU(s string) (GatewayCPU, error) {
+	m, err := fields(s)
+	if err != nil {
+		return GatewayCPU{}, err
+	}
+	p := &kv{m: m}
+	g := GatewayCPU{Site: p.str("site"), CPUS: p.f64("cpu_s"), WANBytes: p.u64("wan_bytes"), CPUTotalS: p.f64("cpu_total_s")}
+	return g, p.err
+}
+
 // ParsePingPoint parses the text after "MPI5K-PINGPONG".
 func ParsePingPoint(s string) (PingPoint, error) {
 	m, err := fields(s)
@@ -241,6 +265,12 @@ func ParseOutput(r io.Reader) (Output, error) {
 				return out, fmt.Errorf("line %d: %s: %w", n, pingTag, err)
 			}
 			out.PingPong = append(out.PingPong, pt)
+		case strings.HasPrefix(line, wrap.GatewayTag+" "):
+			g, err := ParseGatewayCPU(line[len(wrap.GatewayTag)+1:])
+			if err != nil {
+				return out, fmt.Errorf("line %d: %s: %w", n, wrap.GatewayTag, err)
+			}
+			out.Gateways = append(out.Gateways, g)
 		case strings.Contains(line, verifyTag):
 			out.VerifyErr = append(out.VerifyErr, line)
 		default:

@@ -159,8 +159,11 @@ type Sample struct {
 	Cell
 	Result   *Result     `json:"result,omitempty"`
 	PingPong []PingPoint `json:"pingpong,omitempty"`
-	Err      string      `json:"error,omitempty"`
-	Note     string      `json:"note,omitempty"` // e.g. exit status of a job whose result was complete
+	// The gateways' CPU during the run (gateway modes; from the summary
+	// of `mpi5k run`).
+	Gateways []GatewayCPU `json:"gateways,omitempty"`
+	Err      string       `json:"error,omitempty"`
+	Note     string       `json:"note,omitempty"` // e.g. exit status of a job whose result was complete
 }
 
 // OK reports whether the sample has a verified result.
@@ -225,10 +228,23 @@ func (s Sample) summary() string {
 		return "FAILED: " + s.Err
 	}
 	msg := fmt.Sprintf("time %.3f s", s.Result.TimeS)
+	if cpu, _, ok := s.gatewayCPU(); ok {
+		msg += fmt.Sprintf(", gateways %.2f s CPU", cpu)
+	}
 	if s.Note != "" {
 		msg += " (" + s.Note + ")"
 	}
 	return msg
+}
+
+// gatewayCPU sums the gateways' CPU seconds and WAN bytes of the run; ok
+// is false when the run reported none (direct runs).
+func (s Sample) gatewayCPU() (cpu float64, wan uint64, ok bool) {
+	for _, g := range s.Gateways {
+		cpu += g.CPUS
+		wan += g.WANBytes
+	}
+	return cpu, wan, len(s.Gateways) > 0
 }
 
 // LabStalled is an Executor's error for a run during which the lab's WAN
@@ -282,6 +298,7 @@ func judge(cell Cell, out []byte, runErr error) Sample {
 		r.Workload = cell.Workload // an NPB report names only the kernel
 		s.Result = &r
 		s.PingPong = o.PingPong
+		s.Gateways = o.Gateways
 		if runErr != nil {
 			s.Note = "result complete, then: " + runErr.Error()
 		}
