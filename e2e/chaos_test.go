@@ -75,7 +75,7 @@ func startWrapped(t *testing.T, l *testbed.Lab, m chaosMPI, bin, dir, tag, secs 
 		close(w.exited)
 	}()
 	t.Cleanup(func() {
-		// SIGINT first: the wrapper stops its gateways (own sessions).
+		// SIGINT first: the wrapper stops its gateways (each in its own process group).
 		select {
 		case <-w.exited:
 		default:
