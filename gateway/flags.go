@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"slices"
+
 	"github.com/spf13/pflag"
 
 	"github.com/mpi5k/mpi5k/header"
@@ -72,6 +74,9 @@ func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
 	cli.MarkAdvanced(fs, f.names[adv:]...)
 	return f
 }
+
+// Has reports whether name is one of the gateway's flags.
+func (f *Flags) Has(name string) bool { return slices.Contains(f.names, name) }
 
 // Config returns the settings parsed, checked together (Validate); the
 // caller adds Map, Site and the rest.

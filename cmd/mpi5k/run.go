@@ -60,10 +60,14 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&c.Keep, "keep", false, "keep the workdir (map, gateway logs) after the run")
 	gf := gateway.NewFlags(fs, true)
 	cmd := cli.Command{Name: "mpi5k run", Stdout: stdout, Stderr: stderr, Help: func(w io.Writer) {
-		fmt.Fprintf(w, "%sflags (the gateway flags --wan-cc, --wan-conns, --wan-pace, --window and the\nadvanced ones are passed on to every gateway, see mpi5k-gateway --help):\n%s\n"+
+		visible := func(gw bool) func(*pflag.Flag) bool {
+			return func(f *pflag.Flag) bool { return !f.Hidden && gf.Has(f.Name) == gw }
+		}
+		fmt.Fprintf(w, "%sflags:\n%s\ngateway flags, passed on to every gateway (mpi5k-gateway --help):\n%s\n"+
 			"%d advanced gateway tuning flags: mpi5k run --help-advanced\n"+
 			"environment: MPI5K_GATEWAYS, and MPI5K_LOG, MPI5K_FALLBACK, MPI5K_TRACE_SAMPLE passed\non to the ranks (docs/cli.md)\n%s",
-			runSynopsis, fs.FlagUsages(), strings.Count(cli.AdvancedUsages(fs), "\n"), cli.ExitStatusHelp(true))
+			runSynopsis, cli.UsagesOf(fs, visible(false)), cli.UsagesOf(fs, visible(true)),
+			strings.Count(cli.AdvancedUsages(fs), "\n"), cli.ExitStatusHelp(true))
 	}}
 	if code, done := cmd.Parse(fs, args); done {
 		return code

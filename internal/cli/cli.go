@@ -82,14 +82,19 @@ func MarkAdvanced(fs *pflag.FlagSet, names ...string) {
 
 // AdvancedUsages lists the flags MarkAdvanced hid, as FlagUsages would.
 func AdvancedUsages(fs *pflag.FlagSet) string {
-	adv := pflag.NewFlagSet("advanced", pflag.ContinueOnError)
-	adv.SortFlags = fs.SortFlags
+	return UsagesOf(fs, func(f *pflag.Flag) bool { _, ok := f.Annotations[advancedKey]; return ok })
+}
+
+// UsagesOf is FlagUsages of the flags keep selects, hidden ones included.
+func UsagesOf(fs *pflag.FlagSet, keep func(*pflag.Flag) bool) string {
+	sub := pflag.NewFlagSet(fs.Name(), pflag.ContinueOnError)
+	sub.SortFlags = fs.SortFlags
 	fs.VisitAll(func(f *pflag.Flag) {
-		if _, ok := f.Annotations[advancedKey]; ok {
+		if keep(f) {
 			c := *f
 			c.Hidden = false
-			adv.AddFlag(&c)
+			sub.AddFlag(&c)
 		}
 	})
-	return adv.FlagUsages()
+	return sub.FlagUsages()
 }
