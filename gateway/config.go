@@ -1,0 +1,182 @@
+package gateway
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/sitemap"
+	"github.com/mpi5k/mpi5k/units"
+)
+
+// Config configures a gateway. Start from DefaultConfig, which holds what
+// the measurements settled (the mpi5k-gateway defaults); zero numeric
+// fields take the defaults New documents, zero booleans turn the feature
+// off.
+type Config struct {
+	Map  *sitemap.Map
+	Site string // this gateway's site
+
+	LAN SockOpts // options of LAN sockets
+	WAN SockOpts // options of WAN sockets (NotSentLowat defaults to 128 KiB, CC to bbr when available)
+
+	Chunk    int    // DATA chunk (default 128 KiB)
+	Window   uint32 // per-stream receive window (default 4 MiB)
+	WANConns int    // parallel bulk links per site pair (default 1); large writes are striped over them
+	// Express gives every site pair one more WAN connection that carries
+	// only messages (bursts of up to ExpressMax bytes), so a small message
+	// never waits behind bulk bytes queued in a bulk link's socket (see
+	// package relay, figure (d)).
+	Express bool
+	// ExpressCC is the congestion control of the express link ("" = CUBIC
+	// when --wan-cc is set, else the WAN sockets' CC).
+	ExpressCC string
+	// ExpressMax is the largest burst counted as a message (0 = 68 KiB, or
+	// the chunk if smaller): it takes the express link.
+	ExpressMax int
+	// WANPace caps each site pair's bulk WAN sending rate (bit/s, shared
+	// evenly by its WANConns bulk links, which one stream's chunks are
+	// striped over; the express link is not capped; 0 = no cap). Set a few
+	// percent below the WAN bottleneck, it keeps the bottleneck queue
+	// empty: the bulk of one stream then adds no queueing delay and no
+	// drop-tail losses to the small messages of the others. It is meant for
+	// a WAN the site pair has to itself: against competing flows a capped
+	// link only loses its share.
+	WANPace uint64
+	// WANQueue turns on queue control on the bulk links (0 = off;
+	// DefaultConfig: 1 ms): a link that saturates the WAN keeps about this
+	// much queue at the bottleneck, by capping the peer's receive window at
+	// the measured rate x (min RTT + WANQueue), and lifts the cap while
+	// another flow keeps the queue full (see package relay, queue control).
+	WANQueue time.Duration
+	// Renew replaces an express link whose congestion window losses have
+	// cut below one message (ExpressMax) with a fresh connection: the link
+	// carries app-limited messages, which never regrow a window that loss
+	// recovery has cut (see package relay, renewal). Both gateways of a
+	// pair must agree.
+	Renew bool
+	// ProbeRTTGuard idles a busy BBR bulk link across its min_rtt filter's
+	// expiry (probertt.go), which BBR then takes as a restart from idle
+	// instead of a dip into PROBE_RTT (cwnd 4 for 200 ms every 10 s of
+	// bulk).
+	ProbeRTTGuard bool
+	// Prime fills a new BBR WAN link with PAD frames until BBR leaves
+	// STARTUP, since BBR paces app-limited messages at the rate of earlier
+	// ones and grows a low estimate by only 25 % per eight round trips (see
+	// prime.go). CUBIC and Reno links are never primed.
+	Prime bool
+	// KeepWarm turns off net.ipv4.tcp_slow_start_after_idle in the
+	// gateway's network namespace while it runs if any WAN socket runs a CC
+	// other than BBR: without it a CUBIC express link restarts from 10
+	// segments after every pause longer than its RTO (see warm.go). If the
+	// sysctl cannot be written the gateway warns and runs anyway.
+	KeepWarm bool
+	// PollThread waits for idle sockets on the relay's poller thread,
+	// which forwards small messages with one thread wake-up per gateway
+	// (see package relay, figure (a)); off, Go's network poller waits.
+	PollThread bool
+	// QuietRuntime takes the input of sockets the poller thread owns out
+	// of Go's runtime epoll registration (package relay, rtquiet.go), so an
+	// arriving message wakes one thread, not two.
+	QuietRuntime bool
+
+	ReadyFile   string // written once every WAN link is up and primed (prime.go)
+	MetricsAddr string // HTTP listener for /metrics and /ready ("" = none)
+
+	DialTimeout  time.Duration // LAN connect to a destination (default 10 s)
+	OpenTimeout  time.Duration // how long an OPEN waits for a WAN link (default 2 s)
+	PingInterval time.Duration // WAN keepalive (default 1 s)
+	DeadAfter    time.Duration // a link silent this long is dead; also TCP_USER_TIMEOUT (default 10 × PingInterval)
+	DrainTimeout time.Duration // SIGTERM: how long streams may finish (default 10 s)
+	FirstFrame   time.Duration // how long a LAN connection may take to send OPEN/PEER_QUERY (default 10 s)
+
+	Transport LANTransport // nil = kernel TCP with the LAN options
+	Logger    *slog.Logger
+
+	// Limits against hostile or broken peers and nodes (docs/limits.md):
+	// advanced settings, zero takes the default. Refusals are logged at
+	// most once per reason every 10 s and counted in
+	// mpi5k_refusals_total{reason}.
+	//
+	// MaxLANConns: LAN connections at once (streams out, PEER_QUERY,
+	// pending); default half the open-file limit, at most 65536 (at
+	// least 64). Past it a new connection is reset at accept.
+	MaxLANConns int
+	// MaxPendingLAN: LAN connections that have not sent their first frame
+	// yet (default 1024, at most MaxLANConns); past it, reset at accept.
+	MaxPendingLAN int
+	// MaxSourceStreams: streams one LAN host may have open at once
+	// (default MaxLANConns/4); past it its OPEN is reset.
+	MaxSourceStreams int
+	// MaxPeerStreams: streams a peer site may have open into this site at
+	// once (default MaxLANConns's default shared by the peers, at least
+	// 64); past it the OPEN is refused (code 10, limit).
+	MaxPeerStreams int
+	// MaxPendingWAN: WAN connections in their HELLO exchange (default 16,
+	// or twice the links of all peers if more); past it, reset at accept.
+	MaxPendingWAN int
+	// MaxEarly: DATA bytes per peer site buffered for streams whose
+	// destination is not connected yet (default 64 MiB); the stream that
+	// would pass it is reset (code 10). Each stream's own is bounded by
+	// Window: a peer that sends more breaks the protocol and its link fails.
+	MaxEarly int64
+	// MaxControl: control frames (PONG, WINDOW, OPEN_REFUSED, ...) queued
+	// unsent on a WAN link (default 65536, at most 11 MiB); past it the peer does not read
+	// what it asks for and the link fails.
+	MaxControl int
+}
+
+// DefaultConfig is the configuration the measurements settled on (package
+// relay's figures, bench/figures): the defaults of mpi5k-gateway and of
+// `mpi5k run`'s gateways. Map, Site and Logger are the caller's.
+func DefaultConfig() Config {
+	return Config{
+		WAN:   SockOpts{NotSentLowat: 128 << 10, RTOMin: 10 * time.Millisecond, DelackMax: 5 * time.Millisecond},
+		Chunk: 128 << 10, Window: 4 << 20, WANConns: 1,
+		Express: true, Renew: true, ProbeRTTGuard: true, Prime: true, KeepWarm: true,
+		PollThread: true, QuietRuntime: true, WANQueue: time.Millisecond,
+	}
+}
+
+// Validate reports the first setting out of range, named by its
+// mpi5k-gateway flag. Zero numbers are valid: New gives them defaults. It
+// reads nothing from the kernel, so `mpi5k run` checks the remote
+// gateways' settings with it before it starts any.
+func (c *Config) Validate() error {
+	if c.Chunk < 0 || c.Chunk > header.MaxPayload {
+		return fmt.Errorf("--chunk %s out of range 1..%s", units.FormatSize(c.Chunk), units.FormatSize(header.MaxPayload))
+	}
+	if c.WANConns < 0 || c.WANConns > maxWANConns {
+		return fmt.Errorf("--wan-conns %d out of range 1..%d", c.WANConns, maxWANConns)
+	}
+	if c.WANQueue < 0 {
+		return fmt.Errorf("--wan-queue %v is negative (0 turns queue control off)", c.WANQueue)
+	}
+	if conns := uint64(max(c.WANConns, 1)); c.WANPace > 0 && c.WANPace < 8000*conns {
+		return fmt.Errorf("--wan-pace %d bit/s is below 8 kbit/s per WAN connection (%d connections)", c.WANPace, conns)
+	}
+	for _, t := range []struct {
+		flag string
+		d    time.Duration
+	}{{"--wan-rto-min", c.WAN.RTOMin}, {"--wan-delack-max", c.WAN.DelackMax}} {
+		if t.d < 0 || t.d > maxTCPTimer {
+			return fmt.Errorf("%s %v out of range 0..%v (0 keeps the kernel's 200ms)", t.flag, t.d, maxTCPTimer)
+		}
+	}
+	chunk := c.Chunk
+	if chunk == 0 {
+		chunk = 128 << 10
+	}
+	if c.ExpressMax < 0 || c.ExpressMax > chunk {
+		return fmt.Errorf("--express-max %s out of range 0..%s (the chunk, --chunk)", units.FormatSize(c.ExpressMax), units.FormatSize(chunk))
+	}
+	return nil
+}
+
+const (
+	maxWANConns = 63 // bulk links per site pair (the limit New has always applied)
+	// maxTCPTimer is the largest TCP_RTO_MIN_US and TCP_DELACK_MAX_US the
+	// kernel takes (its own 200 ms defaults).
+	maxTCPTimer = 200 * time.Millisecond
+)

@@ -1,0 +1,554 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/relay"
+	"github.com/mpi5k/mpi5k/sitemap"
+)
+
+// peer is another site and our links to it.
+type peer struct {
+	site   *sitemap.Site
+	dialer bool          // we dial (our id is lower)
+	trunk  *relay.Trunk  // the links' shared streams
+	links  []*relay.Link // by link index (bulk links, then the express link); nil while down
+	// renew wakes the dialer's express dialLoop to replace a working
+	// express link; renewed counts renewals (both sides).
+	renew   chan struct{}
+	renewed atomic.Uint64
+	// streamsIn: streams the peer has open into this site (MaxPeerStreams).
+	streamsIn atomic.Int64
+	// renewAccepted: when the acceptor last let a new express link retire
+	// a working one (unix ns).
+	renewAccepted atomic.Int64
+	// primeMu: one link of the pair primes at a time, so each measures
+	// the path's rate rather than a share of it (prime.go).
+	primeMu sync.Mutex
+}
+
+func (g *Gateway) allLinks() []*relay.Link {
+	g.peersMu.Lock()
+	defer g.peersMu.Unlock()
+	var ls []*relay.Link
+	for _, p := range g.peers {
+		for _, l := range p.links {
+			if l != nil {
+				ls = append(ls, l)
+			}
+		}
+	}
+	return ls
+}
+
+// setLink installs l as p's link i. priming: l is about to be primed, and
+// the gateway is not ready until primeLink has finished with it.
+func (g *Gateway) setLink(p *peer, i int, l *relay.Link, priming bool) {
+	g.peersMu.Lock()
+	old := p.links[i]
+	p.links[i] = l
+	if priming {
+		g.priming++
+	}
+	all := g.allUpLocked()
+	g.peersMu.Unlock()
+	// A renewal is counted by the new link: the retired one may already
+	// have closed (and left the slot nil) when both RETIREs crossed
+	// before we got here.
+	if l.Renews() {
+		p.renewed.Add(1)
+	}
+	switch {
+	case old == nil || old == l:
+	case old.Retiring(): // renewed: it closes itself once RETIRE has crossed
+	default:
+		old.Close()
+	}
+	if all {
+		g.setReady()
+	}
+	l.OnClose(func(err error) {
+		g.peersMu.Lock()
+		lost := p.links[i] == l
+		if lost {
+			p.links[i] = nil
+		}
+		g.peersMu.Unlock()
+		if lost && !g.draining.Load() {
+			// WAN links do not resume streams yet: each one through this
+			// link is reset (code 7), and its rank sees its connection fail.
+			g.log.Warn("WAN link lost: streams through it were reset; MPI jobs using them fail",
+				"peer", p.site.Name, "link", i, "err", err)
+		}
+	})
+}
+
+func (g *Gateway) setReady() {
+	g.peersMu.Lock()
+	first := !g.ready
+	g.ready = true
+	g.peersMu.Unlock()
+	if !first {
+		return
+	}
+	if g.cfg.ReadyFile != "" {
+		if err := os.WriteFile(g.cfg.ReadyFile, []byte(fmt.Sprintf("ready %s %d\n", g.site.Name, os.Getpid())), 0o644); err != nil {
+			g.log.Error("cannot write ready file", "path", g.cfg.ReadyFile, "err", err)
+		}
+	}
+	close(g.readyc) // after the file, so whoever waits on Ready can read it
+	g.log.Info("ready: every WAN link is up (and primed)")
+}
+
+// allUp reports whether every link is currently up and none is being primed
+// (the /ready endpoint).
+func (g *Gateway) allUp() bool {
+	g.peersMu.Lock()
+	defer g.peersMu.Unlock()
+	return g.allUpLocked()
+}
+
+// allUpLocked: every link is up and none is being primed.
+func (g *Gateway) allUpLocked() bool {
+	if g.priming > 0 {
+		return false
+	}
+	for _, p := range g.peers {
+		for _, l := range p.links {
+			if l == nil {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// numLinks is the links per site pair: the bulk ones and the express one.
+func (g *Gateway) numLinks() int {
+	if !g.cfg.Express {
+		return g.cfg.WANConns
+	}
+	return g.cfg.WANConns + 1
+}
+
+// isExpress tells whether link index i is the express link.
+func (g *Gateway) isExpress(i int) bool { return g.cfg.Express && i == g.cfg.WANConns }
+
+func (g *Gateway) features() uint8 {
+	f := header.FeatureTrunk | header.FeatureClamp | header.FeaturePad
+	if g.cfg.Express {
+		f |= header.FeatureExpress
+		if g.cfg.Renew {
+			f |= header.FeatureRenew
+		}
+	}
+	return f
+}
+
+func (g *Gateway) hello(i int) header.Hello {
+	h := g.rcfg.Hello(g.site.ID, g.site.Name, uint8(i), uint8(g.numLinks()))
+	h.Features = g.features()
+	return h
+}
+
+// wanCreate is the options WAN sockets are created with. With an express
+// congestion control they are created with it and the bulk links switch to
+// the WAN one after the handshake: a socket once run by BBR keeps the
+// kernel's pacing on whatever it switches to (sk_pacing_status), which
+// spreads every small burst over most of an RTT, so the express link must
+// never have been BBR.
+func (g *Gateway) wanCreate() SockOpts {
+	o := g.cfg.WAN
+	if g.cfg.ExpressCC != "" && o.CC != "" {
+		o.CC = g.cfg.ExpressCC
+	}
+	return o
+}
+
+// addLink joins conn to p's trunk as link i. The express link is exempt from
+// --wan-pace (it carries only messages, and they must not wait for a
+// pacing slot) and may have its own congestion control.
+//
+// since is a time before the TCP connection was established: the PROBE_RTT
+// guard starts its BBR min_rtt clock there.
+func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello, since time.Time) *relay.Link {
+	x := g.isExpress(i)
+	var err error
+	switch {
+	case x && g.cfg.WAN.MaxPacingRate > 0:
+		err = tuneLink(c, true, "")
+	case !x && g.cfg.ExpressCC != "" && g.cfg.ExpressCC != g.cfg.WAN.CC:
+		err = tuneLink(c, false, g.cfg.WAN.CC)
+	}
+	if err != nil {
+		g.log.Warn("WAN link: socket options not set", "peer", p.site.Name, "link", i, "express", x, "err", err)
+	}
+	l := p.trunk.Add(c, g.rcfg, ph, i, x)
+	if !x && g.cfg.ProbeRTTGuard {
+		g.guard.begin(l, since) // before setLink publishes l to the guard
+	}
+	g.setLink(p, i, l, g.cfg.Prime)
+	if g.cfg.Prime {
+		go g.primeLink(p, i, x, l)
+	}
+	return l
+}
+
+// primeLink primes link l (see prime.go), after any other link of p's, and
+// logs what it did.
+func (g *Gateway) primeLink(p *peer, i int, express bool, l *relay.Link) {
+	p.primeMu.Lock()
+	r := prime(l, express, primeMaxTime)
+	p.primeMu.Unlock()
+	g.peersMu.Lock()
+	g.priming--
+	all := g.allUpLocked()
+	g.peersMu.Unlock()
+	if all {
+		g.setReady()
+	}
+	log := g.log.With("peer", p.site.Name, "link", i, "express", express)
+	switch {
+	case r.skipped != "":
+		log.Debug("WAN link not primed", "why", r.skipped)
+	case r.err != nil:
+		log.Debug("WAN link priming ended with the link", "err", r.err, "pad_bytes", r.bytes)
+	case r.took >= primeMaxTime:
+		log.Warn("WAN link priming gave up after its time limit", "bbr_mode", r.mode.String(), "estimate_settled", r.primed,
+			"pad_bytes", r.bytes, "took", r.took.Round(time.Millisecond), "bbr_bw_bps", 8*r.bw)
+	default:
+		// Not settled: the filler limit, reached first on a path of tiny
+		// BDP, where the estimate is far above any message's needs.
+		log.Info("WAN link primed", "bbr_mode", r.mode.String(), "estimate_settled", r.primed,
+			"pad_bytes", r.bytes, "took", r.took.Round(time.Millisecond), "bbr_bw_bps", 8*r.bw)
+	}
+}
+
+// dialLoop keeps link i to p up: dial, handshake, run until it dies,
+// reconnect with capped exponential backoff plus jitter.
+func (g *Gateway) dialLoop(p *peer, i int) {
+	defer g.wg.Done()
+	backoff := 50 * time.Millisecond
+	log := g.log.With("peer", p.site.Name, "link", i)
+	for g.ctx.Err() == nil {
+		l, err := g.dialOnce(p, i)
+		if err != nil {
+			// The first failures are normal while peers start up.
+			lvl := slog.LevelDebug
+			if backoff >= 400*time.Millisecond {
+				lvl = slog.LevelWarn
+			}
+			log.Log(g.ctx, lvl, "WAN dial failed", "addr", p.site.WAN.String(), "err", err, "retry_in", backoff.String())
+			g.m.wanDialFailures.Inc()
+			select {
+			case <-time.After(backoff + rand.N(backoff/2+1)):
+			case <-g.ctx.Done():
+				return
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		log.Info("WAN link up", "remote", l.Conn().RemoteAddr().String())
+		var lastRenew time.Time
+		var later <-chan time.Time
+		var renew chan struct{} // only the express link's loop renews
+		if g.isExpress(i) {
+			renew = p.renew
+		}
+		for l != nil {
+			select {
+			case <-l.Done():
+				if g.draining.Load() {
+					return
+				}
+				log.Info("reconnecting the lost WAN link", "err", l.Err())
+				l = nil
+			case <-later:
+				later = nil
+				kickRenew(p)
+			case <-renew:
+				// At most one renewal per renewGap, whoever asks; a request
+				// that comes sooner waits for the gap to pass.
+				if g.draining.Load() || later != nil {
+					continue
+				}
+				if wait := renewGap - time.Since(lastRenew); wait > 0 {
+					later = time.After(wait)
+					continue
+				}
+				lastRenew = time.Now()
+				// The old link retires once the new one is in its place
+				// (relay.Trunk.Add); if the dial fails it simply stays.
+				if nl, err := g.dialOnce(p, i); err != nil {
+					log.Warn("express link renewal failed; keeping the old link", "err", err)
+				} else {
+					log.Debug("express link renewed", "remote", nl.Conn().RemoteAddr().String())
+					l = nl
+				}
+			case <-g.ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+// expressCold: a socket with this cwnd, ssthresh and MSS (TCP_INFO) has
+// left slow start below the segments of one message of max bytes, and its
+// window is below them too. A socket still in its first slow start
+// (ssthresh infinite) is never cold: it grows to twice the largest burst.
+func expressCold(cwnd, ssthresh, mss uint32, max int) bool {
+	if mss == 0 {
+		return false
+	}
+	need := uint32((max + int(mss) - 1) / int(mss))
+	return ssthresh < need && cwnd < need
+}
+
+func kickRenew(p *peer) {
+	select {
+	case p.renew <- struct{}{}:
+	default:
+	}
+}
+
+// renewGap is the shortest time between two renewals of a site pair's
+// express link, which bounds the handshakes a lossy WAN can cost.
+const renewGap = time.Second
+
+// checkExpress renews the express links whose congestion window is cold:
+// loss recovery has set the slow-start threshold below one message of
+// ExpressMax bytes and the window is still below it. Messages are
+// app-limited, so such a window hardly grows again, and every message
+// larger than it costs extra round trips; a fresh connection starts in
+// slow start and grows to twice the largest message within a few. Each
+// side judges the window it sends with: the dialer dials, the acceptor
+// asks it to with RENEW. Called every wanSampleEvery, right after the
+// sampler has read every link's TCP_INFO, whose samples it uses.
+func (g *Gateway) checkExpress() {
+	if !g.cfg.Express || !g.cfg.Renew {
+		return
+	}
+	g.peersMu.Lock()
+	type cand struct {
+		p *peer
+		l *relay.Link
+	}
+	var cs []cand
+	for _, p := range g.peers {
+		if l := p.links[g.cfg.WANConns]; l != nil && !l.Retiring() {
+			cs = append(cs, cand{p, l})
+		}
+	}
+	g.peersMu.Unlock()
+	for _, c := range cs {
+		in, ok := g.m.ev.last(c.l)
+		if !ok || !expressCold(in.SndCwnd, in.SndSsthresh, in.SndMSS, g.cfg.ExpressMax) {
+			continue
+		}
+		if c.p.dialer {
+			kickRenew(c.p)
+		} else {
+			c.l.RequestRenew(renewGap)
+		}
+	}
+}
+
+func (g *Gateway) dialOnce(p *peer, i int) (*relay.Link, error) {
+	d := net.Dialer{Timeout: 5 * time.Second, Control: g.wanCreate().control(nil),
+		LocalAddr: &net.TCPAddr{IP: g.site.WAN.Addr().AsSlice()}} // the acceptor checks our source address
+	since := time.Now()
+	c, err := d.DialContext(g.ctx, "tcp", p.site.WAN.String())
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
+	defer cancel()
+	ph, err := relay.Handshake(ctx, c, g.hello(i))
+	if err == nil {
+		// The acceptor answers before it knows our index: only the
+		// dialer's index is meaningful.
+		err = g.checkHello(ph, p, -1)
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return g.addLink(p, i, c.(*net.TCPConn), ph, since), nil
+}
+
+func (g *Gateway) checkHello(h header.Hello, p *peer, i int) error {
+	switch {
+	case h.SiteID != p.site.ID:
+		return fmt.Errorf("peer says it is site id %d, want %d", h.SiteID, p.site.ID)
+	case h.Name != p.site.Name:
+		return fmt.Errorf("peer says it is site %q, want %q", h.Name, p.site.Name)
+	case int(h.LinkCount) != g.numLinks() || h.Features != g.features():
+		return fmt.Errorf("peer has %d links per site pair (features %#x), we have %d (features %#x): "+
+			"use the same --wan-conns and --wan-express on every gateway", h.LinkCount, h.Features, g.numLinks(), g.features())
+	case i >= 0 && int(h.LinkIndex) != i:
+		return fmt.Errorf("peer link index %d, want %d", h.LinkIndex, i)
+	}
+	return nil
+}
+
+func (g *Gateway) serveWAN() {
+	defer g.wg.Done()
+	acceptEach(g, "wan", g.wanLn.AcceptTCP, func(c *net.TCPConn) {
+		if g.wanPending.Add(1) > int64(g.cfg.MaxPendingWAN) {
+			g.wanPending.Add(-1)
+			g.refused("wan_pending", "WAN connection refused: too many WAN connections in their HELLO exchange",
+				"remote", c.RemoteAddr().String(), "limit", g.cfg.MaxPendingWAN)
+			g.m.wanRefused.Inc()
+			c.SetLinger(0)
+			c.Close()
+			return
+		}
+		go func() {
+			defer g.wanPending.Add(-1)
+			g.acceptWAN(c)
+		}()
+	})
+}
+
+// acceptLag bounds how long an established WAN connection waits in the
+// accept queue before acceptWAN runs.
+const acceptLag = 20 * time.Millisecond
+
+// acceptWAN admits a peer gateway: its source address must be the WAN
+// address of a site with a higher id than ours, and its HELLO must name
+// that site.
+func (g *Gateway) acceptWAN(c *net.TCPConn) {
+	// The kernel established the connection just before accept returned
+	// (the accept loop never lags by more than a scheduling delay).
+	since := time.Now().Add(-acceptLag)
+	remote := unmapAP(c.RemoteAddr().(*net.TCPAddr).AddrPort())
+	var cands []*peer
+	for _, p := range g.peers {
+		if !p.dialer && p.site.WAN.Addr() == remote.Addr() {
+			cands = append(cands, p)
+		}
+	}
+	if len(cands) == 0 {
+		g.refused("wan_source", "WAN connection refused: source is no peer gateway in the site map", "remote", remote.String())
+		g.m.wanRefused.Inc()
+		c.SetLinger(0)
+		c.Close()
+		return
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
+	defer cancel()
+	ph, err := relay.Handshake(ctx, c, g.hello(0))
+	var p *peer
+	if err == nil {
+		for _, q := range cands {
+			if q.site.ID == ph.SiteID {
+				p = q
+			}
+		}
+		switch {
+		case p == nil:
+			err = fmt.Errorf("HELLO claims site id %d, which does not have WAN address %v", ph.SiteID, remote.Addr())
+		case int(ph.LinkIndex) >= g.numLinks():
+			err = fmt.Errorf("link index %d with %d links per site pair", ph.LinkIndex, g.numLinks())
+		default:
+			err = g.checkHello(ph, p, int(ph.LinkIndex))
+		}
+	}
+	reason := "wan_hello"
+	if err == nil {
+		if err = g.linkInUse(p, int(ph.LinkIndex)); err != nil {
+			reason = "wan_link_in_use"
+		}
+	}
+	if err != nil {
+		g.refused(reason, "WAN connection refused", "remote", remote.String(), "err", err)
+		g.m.wanRefused.Inc()
+		c.SetLinger(0)
+		c.Close()
+		return
+	}
+	// Our HELLO went out with index 0 before we knew theirs; only the
+	// dialer's index matters (the acceptor's fields are informational).
+	g.addLink(p, int(ph.LinkIndex), c, ph, since)
+	g.log.Info("WAN link up", "peer", p.site.Name, "link", ph.LinkIndex, "remote", remote.String())
+}
+
+// linkInUse refuses a new connection for p's link i while the link it
+// would replace still works: a forged or stray HELLO must not reset every
+// stream of a working link. The dialer reconnects only after its link
+// failed, and then the old link here is closed, or is found dead by a
+// PING that gets no answer within probeWait. An express link may be
+// renewed while it works (its streams survive the retirement), at most
+// once per half renewGap.
+func (g *Gateway) linkInUse(p *peer, i int) error {
+	g.peersMu.Lock()
+	old := p.links[i]
+	g.peersMu.Unlock()
+	if old == nil {
+		return nil
+	}
+	select {
+	case <-old.Done():
+		return nil // failed: the peer reconnects
+	default:
+	}
+	if g.isExpress(i) && g.cfg.Renew {
+		now := time.Now().UnixNano()
+		last := p.renewAccepted.Load()
+		if now-last < int64(renewGap/2) || !p.renewAccepted.CompareAndSwap(last, now) {
+			return fmt.Errorf("express link %d was renewed %v ago: at most one renewal per %v", i,
+				time.Duration(now-last).Round(time.Millisecond), renewGap/2)
+		}
+		return nil
+	}
+	wait := max(probeWait, 4*time.Duration(old.Stats.RTT.Load()))
+	if old.Alive(min(wait, g.cfg.DeadAfter)) {
+		return fmt.Errorf("link %d to %s is up and answers: a new link replaces it only once it has failed", i, p.site.Name)
+	}
+	return nil
+}
+
+// probeWait is the least time a link that a new connection would replace
+// gets to answer a PING.
+const probeWait = 500 * time.Millisecond
+
+// pickLink returns the up bulk link to site with the fewest streams
+// homed on it, waiting up to OpenTimeout for one to come up. The express
+// link homes no stream: it must stay free for small frames.
+func (g *Gateway) pickLink(p *peer) *relay.Link {
+	deadline := time.Now().Add(g.cfg.OpenTimeout)
+	for {
+		var best *relay.Link
+		bestN := 0
+		g.peersMu.Lock()
+		for i, l := range p.links {
+			if l == nil || g.isExpress(i) {
+				continue
+			}
+			if n := l.NumStreams(); best == nil || n < bestN {
+				best, bestN = l, n
+			}
+		}
+		g.peersMu.Unlock()
+		if best != nil || time.Now().After(deadline) {
+			return best
+		}
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-g.ctx.Done():
+			return nil
+		}
+	}
+}
+
+// ---- LAN side ----

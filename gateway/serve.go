@@ -1,0 +1,368 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/relay"
+)
+
+func (g *Gateway) serveLAN() {
+	defer g.wg.Done()
+	acceptEach(g, "lan", g.lanLn.Accept, func(c LANConn) {
+		if g.lanConns.Add(1) > int64(g.cfg.MaxLANConns) {
+			g.lanConns.Add(-1)
+			g.refuseLAN(c, "lan_conns", "too many LAN connections", "limit", g.cfg.MaxLANConns)
+			return
+		}
+		if g.lanPending.Add(1) > int64(g.cfg.MaxPendingLAN) {
+			g.lanPending.Add(-1)
+			g.lanConns.Add(-1)
+			g.refuseLAN(c, "lan_pending", "too many LAN connections waiting for their first frame", "limit", g.cfg.MaxPendingLAN)
+			return
+		}
+		go func() {
+			defer g.lanConns.Add(-1)
+			g.handleLAN(c)
+		}()
+	})
+}
+
+// acceptEach hands every connection the listener accepts to admit, until
+// the listener closes. A failed accept (EMFILE, say) is retried after 10
+// ms and logged at most once per interval, since it would repeat at that
+// rate.
+func acceptEach[C any](g *Gateway, side string, accept func() (C, error), admit func(C)) {
+	for {
+		c, err := accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			g.refusals.Log(g.log, slog.LevelWarn, side+"_accept", strings.ToUpper(side)+" accept", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		admit(c)
+	}
+}
+
+// refused logs a refusal (at most one line per reason per interval) and
+// counts it in mpi5k_refusals_total.
+func (g *Gateway) refused(reason, msg string, args ...any) {
+	g.m.refusals.WithLabelValues(reason).Inc()
+	g.refusals.Log(g.log, slog.LevelWarn, reason, msg, args...)
+}
+
+// refuseLAN resets a LAN connection, refused for reason (a metric label;
+// msg says it to the operator).
+func (g *Gateway) refuseLAN(c LANConn, reason, msg string, args ...any) {
+	g.refused(reason, "LAN connection refused: "+msg, append([]any{"remote", c.Remote().String()}, args...)...)
+	g.m.lanRefused.Inc()
+	c.Abort()
+}
+
+// handleLAN reads the first frame of a node's connection: OPEN (then raw
+// bytes both ways) or PEER_QUERY (a control connection). It returns when
+// the connection has ended: the connection counts in MaxLANConns until
+// then, and a stream in its source's MaxSourceStreams.
+func (g *Gateway) handleLAN(c LANConn) {
+	pending := true
+	unpend := func() {
+		if pending {
+			pending = false
+			g.lanPending.Add(-1)
+		}
+	}
+	defer unpend()
+	remote := c.Remote()
+	if s, ok := g.cfg.Map.Lookup(remote.Addr()); !ok || s.ID != g.site.ID {
+		g.refuseLAN(c, "lan_source", "source is not a node of this site")
+		return
+	}
+	if gs, ok := g.cfg.Map.GatewaySite(remote.Addr()); ok && (gs.ID != g.site.ID || g.records.isLocal(remote)) {
+		// A gateway never has a reason to open a stream: this is a
+		// connection the gateway dialed to a destination that led back
+		// here (a loop), or another site's gateway.
+		g.refuseLAN(c, "lan_from_gateway", "source is a gateway's own socket (a relay loop)", "gateway_site", gs.Name)
+		return
+	}
+	dl, _ := c.(interface{ SetReadDeadline(time.Time) error })
+	if dl != nil {
+		dl.SetReadDeadline(time.Now().Add(g.cfg.FirstFrame))
+	}
+	// Read the first frame exactly (no read-ahead): after OPEN come the
+	// application's own bytes, which belong to the stream.
+	h, body, err := header.ReadOne(c, header.MaxPayload)
+	if err != nil {
+		// err says which: none (EOF, timeout), undecodable, or truncated.
+		g.refuseLAN(c, "lan_first_frame", "no valid first frame", "err", err)
+		return
+	}
+	if dl != nil {
+		dl.SetReadDeadline(time.Time{})
+	}
+	unpend()
+	switch h.Type {
+	case header.TypeOpen:
+		if s := g.openFromLAN(c, h, body); s != nil {
+			<-s.Done()
+			g.sources.release(remote.Addr())
+		}
+	case header.TypePeerQuery:
+		g.serveQueries(c, h, body)
+	default:
+		g.refuseLAN(c, "lan_first_frame", "first frame must be OPEN or PEER_QUERY", "type", h.Type.String())
+	}
+}
+
+// openFromLAN opens the stream a node asks for, or refuses it (nil). The
+// caller releases the stream's place in its source's MaxSourceStreams
+// once it has ended.
+func (g *Gateway) openFromLAN(c LANConn, h header.Header, body []byte) *relay.Stream {
+	if h.Stream != 0 {
+		g.refuseLAN(c, "lan_open", "LAN OPEN must use stream 0", "stream", h.Stream)
+		return nil
+	}
+	o, err := header.ParseOpen(body)
+	if err != nil {
+		g.refuseLAN(c, "lan_open", "bad OPEN", "err", err)
+		return nil
+	}
+	o.Dst = unmapAP(o.Dst)
+	o.Src = unmapAP(o.Src)
+	// The whole endpoint, port too: the far side's PEER_QUERY answers
+	// with it, so a node must not name a port it does not own.
+	if o.Src != c.Remote() {
+		g.refuseLAN(c, "lan_open", "OPEN source differs from the connection's source", "src", o.Src.String())
+		return nil
+	}
+	dsite, ok := g.cfg.Map.Lookup(o.Dst.Addr())
+	if !ok || dsite.ID == g.site.ID {
+		g.refuseLAN(c, "lan_open", "destination is not in another site of the map", "dst", o.Dst.String())
+		return nil
+	}
+	if gs, ok := g.cfg.Map.GatewaySite(o.Dst.Addr()); ok {
+		g.refuseLAN(c, "dst_gateway", "destination is a gateway: gateways are never relayed to (a loop)", "dst", o.Dst.String(), "gateway_site", gs.Name)
+		return nil
+	}
+	if !g.sources.acquire(o.Src.Addr(), g.cfg.MaxSourceStreams) {
+		g.refuseLAN(c, "source_streams", "the source host has too many streams open", "limit", g.cfg.MaxSourceStreams)
+		return nil
+	}
+	p := g.peers[dsite.ID]
+	l := g.pickLink(p)
+	if l == nil {
+		g.sources.release(o.Src.Addr())
+		g.refuseLAN(c, "no_link", "no WAN link to the destination's site", "dst", o.Dst.String(), "peer", dsite.Name)
+		return nil
+	}
+	s, err := l.Open(&o, c)
+	if err != nil {
+		g.sources.release(o.Src.Addr())
+		g.refuseLAN(c, "no_link", "open on WAN link failed", "err", err)
+		return nil
+	}
+	g.m.streamsOpened.WithLabelValues(dsite.Name, "out").Inc()
+	g.log.Debug("stream open", "dir", "out", "peer", dsite.Name, "stream", s.ID(), "src", o.Src.String(), "dst", o.Dst.String())
+	return s
+}
+
+// openFromWAN handles a peer's OPEN: the destination must be a node of our
+// site and the source a node of the peer's site. The connect runs on its own
+// goroutine; DATA the peer pipelined waits in the stream's window meanwhile.
+func (g *Gateway) openFromWAN(s *relay.Stream, o *header.Open) {
+	peerID := s.Link().Peer().SiteID
+	psite, _ := g.cfg.Map.SiteByID(peerID)
+	if g.draining.Load() {
+		s.Refuse(header.CodeShutdown)
+		return
+	}
+	o.Dst, o.Src = unmapAP(o.Dst), unmapAP(o.Src)
+	if d, ok := g.cfg.Map.Lookup(o.Dst.Addr()); !ok || d.ID != g.site.ID {
+		g.refused("wan_open_dst", "WAN OPEN refused: destination not in this site", "peer", psite.Name, "dst", o.Dst.String())
+		s.Refuse(header.CodePolicy)
+		return
+	}
+	if gs, ok := g.cfg.Map.GatewaySite(o.Dst.Addr()); ok {
+		g.refused("dst_gateway", "WAN OPEN refused: destination is a gateway: gateways are never relayed to (a loop)",
+			"peer", psite.Name, "dst", o.Dst.String(), "gateway_site", gs.Name)
+		s.Refuse(header.CodePolicy)
+		return
+	}
+	if src, ok := g.cfg.Map.Lookup(o.Src.Addr()); !ok || src.ID != peerID {
+		g.refused("wan_open_src", "WAN OPEN refused: source not in the peer's site", "peer", psite.Name, "src", o.Src.String())
+		s.Refuse(header.CodePolicy)
+		return
+	}
+	p := g.peers[peerID]
+	if p.streamsIn.Add(1) > int64(g.cfg.MaxPeerStreams) {
+		p.streamsIn.Add(-1)
+		g.refused("peer_streams", "WAN OPEN refused: the peer site has too many streams open into this site",
+			"peer", psite.Name, "limit", g.cfg.MaxPeerStreams)
+		s.Refuse(header.CodeLimit)
+		return
+	}
+	go func() {
+		defer p.streamsIn.Add(-1)
+		ctx, cancel := context.WithTimeout(g.ctx, g.cfg.DialTimeout)
+		defer cancel()
+		var key recordKey
+		c, err := g.lan.Dial(ctx, g.site.LAN.Addr(), o.Dst, func(local netip.AddrPort) {
+			key = recordKey{local, o.Dst}
+			g.records.put(key, record{src: o.Src, site: peerID})
+		})
+		if err != nil {
+			if key.local.IsValid() {
+				g.records.del(key)
+			}
+			code := dialCode(err)
+			g.refusals.Log(g.log, slog.LevelInfo, "dst_connect", "destination connect failed", "dst", o.Dst.String(), "code", code.String(), "err", err)
+			s.Refuse(code)
+			return
+		}
+		if err := s.Accept(c); err != nil {
+			c.Abort()
+			g.records.del(key)
+			return
+		}
+		g.m.streamsOpened.WithLabelValues(psite.Name, "in").Inc()
+		<-s.Done()
+		g.records.del(key)
+	}()
+}
+
+func dialCode(err error) header.Code {
+	var ne net.Error
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return header.CodeRefused
+	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
+		return header.CodeUnreachable
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return header.CodeTimedOut
+	case errors.Is(err, context.Canceled):
+		return header.CodeShutdown
+	}
+	return header.CodeUnreachable
+}
+
+// serveQueries answers PEER_QUERY frames on a control connection until the
+// node closes it.
+func (g *Gateway) serveQueries(c LANConn, h header.Header, body []byte) {
+	defer c.Close()
+	r := header.NewReader(c, 4096)
+	var buf [64]byte
+	out := make([]byte, 0, header.Size+32)
+	for {
+		if h.Type != header.TypePeerQuery {
+			g.refuseLAN(c, "lan_query", "control connection carries only PEER_QUERY", "type", h.Type.String())
+			return
+		}
+		q, err := header.ParsePeerQuery(body)
+		if err != nil {
+			g.refuseLAN(c, "lan_query", "bad PEER_QUERY", "err", err)
+			return
+		}
+		rec, found := g.records.get(recordKey{unmapAP(q.Seen), unmapAP(q.Local)})
+		rep := header.PeerReply{Found: found, SiteID: rec.site, Source: rec.src}
+		out = header.AppendPeerReply(out[:header.Size], &rep)
+		header.Header{Type: header.TypePeerReply, Stream: h.Stream, Length: uint32(len(out) - header.Size)}.Encode(out)
+		if _, err := c.Write(out); err != nil {
+			return
+		}
+		g.m.peerQueries.WithLabelValues(fmt.Sprint(found)).Inc()
+		h, body, err = r.ReadFrame(buf[:])
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				g.refuseLAN(c, "lan_query", "control connection", "err", err)
+			}
+			return
+		}
+	}
+}
+
+// ---- true-source records for PEER_QUERY ----
+
+type recordKey struct{ local, dst netip.AddrPort }
+
+type record struct {
+	src  netip.AddrPort
+	site uint8
+}
+
+type peerTable struct {
+	mu     sync.Mutex
+	m      map[recordKey]record
+	locals map[netip.AddrPort]int // the local ends of m's keys
+}
+
+func (t *peerTable) put(k recordKey, r record) {
+	t.mu.Lock()
+	if _, dup := t.m[k]; !dup {
+		t.locals[k.local]++
+	}
+	t.m[k] = r
+	t.mu.Unlock()
+}
+
+func (t *peerTable) del(k recordKey) {
+	t.mu.Lock()
+	if _, ok := t.m[k]; ok {
+		delete(t.m, k)
+		if t.locals[k.local]--; t.locals[k.local] <= 0 {
+			delete(t.locals, k.local)
+		}
+	}
+	t.mu.Unlock()
+}
+
+// isLocal reports whether ap is the local end of a connection the
+// gateway dialed to a destination.
+func (t *peerTable) isLocal(ap netip.AddrPort) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.locals[ap] > 0
+}
+
+// sourceTable counts the open streams of each LAN source host
+// (MaxSourceStreams).
+type sourceTable struct {
+	mu sync.Mutex
+	m  map[netip.Addr]int
+}
+
+func (t *sourceTable) acquire(a netip.Addr, max int) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m[a] >= max {
+		return false
+	}
+	t.m[a]++
+	return true
+}
+
+func (t *sourceTable) release(a netip.Addr) {
+	t.mu.Lock()
+	if t.m[a]--; t.m[a] <= 0 {
+		delete(t.m, a)
+	}
+	t.mu.Unlock()
+}
+
+func (t *peerTable) get(k recordKey) (record, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r, ok := t.m[k]
+	return r, ok
+}
