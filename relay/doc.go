@@ -153,6 +153,23 @@
 // each new BBR link with them until BBR has measured the path, so it does
 // not pace messages at the rate of earlier bursts (bench/figures/prime).
 //
+// # Files
+//
+//   - config.go: Config and its defaults, the HELLO exchange (Handshake).
+//   - link.go: Link, one WAN connection: its life, keepalive, failure,
+//     drain.
+//   - send.go: the write side: frames, the send queues, inline writes, the
+//     writer goroutine, Hold and Pad.
+//   - recv.go: the read side: frame decoding and dispatch to streams.
+//   - renew.go: retiring a link for its successor (express renewal).
+//   - stream.go: Stream, one relayed connection, its windows and pumps.
+//   - trunk.go: Trunk, a site pair's links and the streams they share.
+//   - queue.go: queue control of the bulk links.
+//   - poller.go, rtquiet.go, rawsys.go: the poller thread and how it keeps
+//     Go's runtime out of the small-message path.
+//   - grid.go: the shared 100 ms grid of idle periodic work.
+//   - pool.go, tcpconn.go: payload buffers; the kernel TCP Conn.
+//
 // The benchmarks (a) to (e) and the NPB-like comparison, with their
 // history, are indexed in bench/figures/README.md.
 package relay

@@ -1,0 +1,132 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/mpi5k/mpi5k/header"
+)
+
+// Config tunes a link. Zero fields take the defaults.
+type Config struct {
+	Chunk      int    // largest DATA payload sent (default 128 KiB, clamped to the peer's max payload)
+	Window     uint32 // credit granted to the peer on every new stream (default 1 MiB)
+	SmallFrame int    // DATA up to this many bytes is scheduled ahead of bulk (default 16 KiB)
+	ExpressMax int    // largest burst a trunk's express link takes (default SmallFrame; see Trunk)
+	MaxBatch   int    // most frames per writev (default 64)
+	// Pipeline is how many chunks of one stream may wait for the link
+	// writer (default 2): with two, a stream reads chunk B from its
+	// application while the writer sends chunk A (double buffering), and no
+	// stream can hog the writer's queue.
+	Pipeline     int
+	PingInterval time.Duration // keepalive period (default 1 s)
+	DeadAfter    time.Duration // a link silent this long is dead (default 4 × PingInterval)
+	Logger       *slog.Logger
+	// NoPoller keeps idle sockets in Go's network poller instead of the
+	// relay's poller thread (see poller.go); for measuring the difference.
+	NoPoller bool
+	// RuntimeWakes leaves Go's runtime watching the input of sockets the
+	// poller thread owns, so each arriving byte also wakes a runtime
+	// thread (rtquiet.go); for measuring the difference.
+	RuntimeWakes bool
+	// QueueTarget turns on queue control (queue.go) on bulk links whose
+	// peer applies CLAMP frames: the WAN bottleneck queue a saturating
+	// link may keep (0 = off).
+	QueueTarget time.Duration
+	// MaxControl is the most control frames (PONG, WINDOW, OPEN_REFUSED,
+	// ...) that may wait unsent on the link (default 65536: 88 bytes
+	// each, at most 11 MiB while the queue grows). A peer that sends
+	// requests and does not read the replies would grow the queue without
+	// bound: past the limit the link fails. The default stays above the
+	// frames a burst of stream setups (OPEN, OPEN_OK, ...) queues while the
+	// WAN stalls for a few seconds, which the stream limits bound.
+	MaxControl int
+	// MaxEarly is the most DATA bytes a trunk buffers for streams whose
+	// destination is not connected yet (default 64 MiB). Each stream's
+	// window bounds its own; past the trunk's limit the stream whose DATA
+	// overflows it is reset (code 10, limit).
+	MaxEarly int64
+	// Limited, if set, is told of every limit a peer hits (reason
+	// "control_queue" or "early_data"), so the gateway can count and log
+	// it; else the link logs a warning. It may run on the poller thread:
+	// it must not block.
+	Limited func(reason string, peer string, err error)
+}
+
+func (c *Config) fill() {
+	if c.Chunk <= 0 {
+		c.Chunk = 128 << 10
+	}
+	c.Chunk = min(c.Chunk, header.MaxPayload)
+	if c.Window == 0 {
+		c.Window = 1 << 20
+	}
+	if c.SmallFrame <= 0 {
+		c.SmallFrame = 16 << 10
+	}
+	if c.ExpressMax <= 0 {
+		c.ExpressMax = c.SmallFrame
+	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = 64
+	}
+	if c.Pipeline <= 0 {
+		c.Pipeline = 2
+	}
+	if c.PingInterval <= 0 {
+		c.PingInterval = time.Second
+	}
+	if c.DeadAfter <= 0 {
+		c.DeadAfter = 4 * c.PingInterval
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.MaxControl <= 0 {
+		c.MaxControl = 1 << 16
+	}
+	if c.MaxEarly <= 0 {
+		c.MaxEarly = 64 << 20
+	}
+}
+
+// Hello returns the HELLO a side with this configuration sends.
+func (c Config) Hello(site uint8, name string, index, count uint8) header.Hello {
+	c.fill()
+	return header.Hello{SiteID: site, LinkIndex: index, LinkCount: count,
+		MaxPayload: header.MaxPayload, Window: c.Window, Name: name}
+}
+
+// Handshake sends our HELLO and reads the peer's, both before ctx's
+// deadline. The caller checks the peer's identity before NewLink.
+func Handshake(ctx context.Context, conn net.Conn, local header.Hello) (header.Hello, error) {
+	body, err := header.AppendHello(nil, &local)
+	if err != nil {
+		return header.Hello{}, err
+	}
+	if d, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(d)
+		defer conn.SetDeadline(time.Time{})
+	}
+	errc := make(chan error, 1)
+	go func() { _, err := conn.Write(header.AppendFrame(nil, header.TypeHello, 0, body)); errc <- err }()
+	// No read-ahead: the link's Reader takes over the connection afterwards.
+	h, p, err := header.ReadOne(conn, header.MaxControl)
+	if err == nil && h.Type != header.TypeHello {
+		err = fmt.Errorf("relay: first frame is %v, want HELLO", h.Type)
+	}
+	var peer header.Hello
+	if err == nil {
+		peer, err = header.ParseHello(p)
+	}
+	if werr := <-errc; err == nil && werr != nil {
+		err = werr
+	}
+	if err != nil {
+		return peer, fmt.Errorf("relay: hello with %v: %w", conn.RemoteAddr(), err)
+	}
+	return peer, nil
+}

@@ -1,0 +1,266 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/mpi5k/mpi5k/header"
+)
+
+// errPeerClosed is a link whose peer closed the connection between frames.
+var errPeerClosed = errors.New("relay: peer closed the link")
+
+// readErr names a clean end of the link's byte stream.
+func readErr(err error) error {
+	if err == io.EOF {
+		return errPeerClosed
+	}
+	return err
+}
+
+func (l *Link) readLoop() {
+	defer l.w.close()
+	r := l.r
+	for {
+		if l.w != nil && !l.bulk1 && r.Buffered() == 0 && r.Remaining() == 0 {
+			// Nothing buffered: if the socket is empty too, the poller
+			// thread waits for it and reads while frames arrive whole.
+			_, err := r.FillFrom(l.w.read)
+			if err == errWouldBlock && l.w.wait() {
+				if l.rerr != nil {
+					l.readEnd(l.rerr)
+					return
+				}
+				continue
+			}
+			if err != nil && err != errWouldBlock {
+				l.readEnd(err)
+				return
+			}
+		}
+		h, err := r.Next()
+		if err == nil {
+			err = l.handle(r, h)
+		}
+		if err != nil {
+			l.readEnd(err)
+			return
+		}
+	}
+}
+
+// readStep runs on the poller thread when the idle link becomes readable:
+// it handles every frame that has arrived whole and hands a partial one
+// (a large DATA, or one still arriving) back to readLoop.
+func (l *Link) readStep() bool {
+	r := l.r
+	for {
+		room := r.Room()
+		n, err := r.FillFrom(l.w.read)
+		if err == errWouldBlock {
+			break
+		}
+		if err != nil {
+			l.rerr = readErr(err)
+			return false
+		}
+		for r.FrameBuffered() {
+			h, err := r.Next()
+			if err == nil {
+				l.Stats.PollRecv.Add(1)
+				err = l.handle(r, h)
+			}
+			if err != nil {
+				l.rerr = err
+				return false
+			}
+		}
+		if n == 0 || n < room { // no room (a frame larger than the buffer), or the socket is drained
+			break
+		}
+	}
+	return r.Buffered() == 0
+}
+
+// handle processes one received frame whose header r has just read.
+func (l *Link) handle(r *header.Reader, h header.Header) error {
+	l.lastRecv.Store(time.Now().UnixNano())
+	l.Stats.FramesRecv.Add(1)
+	l.bulk1 = false
+	if h.Type == header.TypeData || h.Type == header.TypeDataAt {
+		l.bulk1 = int(h.Length) > l.cfg.SmallFrame
+		return l.recvData(r, h)
+	}
+	if h.Type == header.TypePad {
+		if l.peer.Features&header.FeaturePad == 0 {
+			return fmt.Errorf("relay: protocol error from %v: PAD from a peer without feature PAD", l.conn.RemoteAddr())
+		}
+		l.bulk1 = int(h.Length) > l.cfg.SmallFrame
+		l.Stats.PadRecv.Add(uint64(h.Length))
+		return r.Discard()
+	}
+	p := l.ctl[:h.Length]
+	if err := readPayload(r, p); err != nil {
+		return err
+	}
+	if err := l.dispatch(h, p); err != nil {
+		if err == errPeerRetired {
+			return err
+		}
+		return fmt.Errorf("relay: protocol error from %v: %w", l.conn.RemoteAddr(), err)
+	}
+	return nil
+}
+
+// readPayload fills b from the current frame's payload.
+func readPayload(r *header.Reader, b []byte) error {
+	for len(b) > 0 {
+		if r.Remaining() == 0 {
+			return io.ErrUnexpectedEOF
+		}
+		n, err := r.ReadPayload(b)
+		if err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+func (l *Link) lookup(id uint32) *Stream { return l.t.lookup(id) }
+
+// recvData reads a DATA payload straight into a buffer that then belongs to
+// the stream's receive queue (or, for DATA_AT ahead of its turn, to the
+// stream's reorder list).
+func (l *Link) recvData(r *header.Reader, h header.Header) error {
+	n := int(h.Length)
+	var off uint32
+	at := h.Type == header.TypeDataAt
+	if at {
+		ob := l.ob[:] // the reader's own: on the stack it would escape into the read
+		if err := readPayload(r, ob); err != nil {
+			return err
+		}
+		off, _ = header.DecodeOffset(ob)
+		n -= header.DataAtPrefix
+	}
+	s := l.lookup(h.Stream)
+	if s == nil {
+		return r.Discard() // the stream was reset; its data in flight is dropped
+	}
+	s.used.Or(1 << l.index)
+	if !s.reserve(n) {
+		return fmt.Errorf("relay: protocol error from %v: stream %d sent %d bytes beyond its window", l.conn.RemoteAddr(), h.Stream, n)
+	}
+	p := getBuf(n)
+	if err := readPayload(r, *p); err != nil {
+		putBuf(p)
+		return err
+	}
+	l.Stats.BytesRecv.Add(uint64(n))
+	if err := s.pushAt(off, at, p); err == errEarly {
+		s.Reset(header.CodeLimit)
+		l.limited("early_data", fmt.Errorf("relay: peer %s: stream %d reset: its DATA would pass the %d bytes buffered for streams whose destination is not connected yet",
+			l.peer.Name, h.Stream, l.cfg.MaxEarly))
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("relay: protocol error from %v: stream %d: %w", l.conn.RemoteAddr(), h.Stream, err)
+	}
+	return nil
+}
+
+func (l *Link) dispatch(h header.Header, p []byte) error {
+	switch h.Type {
+	case header.TypeOpen:
+		if h.Stream == 0 || h.Stream&1 == l.t.nextID&1 {
+			return fmt.Errorf("OPEN with stream id %d of the wrong parity", h.Stream)
+		}
+		o, err := header.ParseOpen(p)
+		if err != nil {
+			return err
+		}
+		s := newStream(l)
+		s.confirmed.Store(true) // we know it; the peer made it
+		if !l.t.register(s, h.Stream) {
+			if l.dead.Load() {
+				return nil
+			}
+			return fmt.Errorf("OPEN of stream %d, which is open", h.Stream)
+		}
+		l.Stats.StreamsOpened.Add(1)
+		if l.t.handler == nil {
+			s.Refuse(header.CodePolicy)
+			return nil
+		}
+		l.t.handler.Open(s, &o)
+	case header.TypeOpenOK:
+		// The opener already streams; from now on its DATA may take any
+		// link of the trunk.
+		if s := l.lookup(h.Stream); s != nil {
+			s.confirmed.Store(true)
+		}
+	case header.TypeOpenRefused, header.TypeReset:
+		code, err := header.DecodeCode(p)
+		if err != nil {
+			return err
+		}
+		if s := l.lookup(h.Stream); s != nil {
+			s.remoteReset(header.Code(code))
+		}
+	case header.TypeHalfClose:
+		s := l.lookup(h.Stream)
+		if s == nil {
+			return nil
+		}
+		if len(p) == 0 {
+			s.pushEOF()
+			return nil
+		}
+		end, err := header.DecodeOffset(p)
+		if err != nil {
+			return err
+		}
+		return s.pushEnd(end)
+	case header.TypeWindow:
+		n, err := header.DecodeWindow(p)
+		if err != nil {
+			return err
+		}
+		if s := l.lookup(h.Stream); s != nil {
+			s.addCredit(int64(n))
+		}
+	case header.TypePing:
+		f := frame{h: header.Header{Type: header.TypePong, Length: 8}}
+		copy(f.ctl[:], p)
+		l.enqueue(f, nil)
+	case header.TypeClamp:
+		n, err := header.DecodeClamp(p)
+		if err != nil {
+			return err
+		}
+		l.applyClamp(n)
+	case header.TypePong:
+		var t int64
+		for _, b := range p {
+			t = t<<8 | int64(b)
+		}
+		if rtt := time.Now().UnixNano() - t; t != 0 && rtt > 0 { // t is 0 for flush markers
+			l.Stats.RTT.Store(rtt)
+		}
+	case header.TypeRetire:
+		if !l.renewable() {
+			return fmt.Errorf("RETIRE on a link that cannot be renewed")
+		}
+		return errPeerRetired
+	case header.TypeRenew:
+		if !l.renewable() || !l.t.dialer {
+			return fmt.Errorf("RENEW on a link this side does not dial")
+		}
+		l.t.askRenew()
+	default:
+		return fmt.Errorf("unexpected %v on a WAN link", h.Type)
+	}
+	return nil
+}

@@ -1,0 +1,422 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"time"
+
+	"github.com/mpi5k/mpi5k/header"
+)
+
+// frame is one queued outgoing frame.
+type frame struct {
+	h       header.Header
+	ctl     [8]byte // u32 and PING/PONG bodies; DATA_AT's offset
+	body    []byte  // DATA payload or OPEN body (else ctl[:h.Length])
+	buf     *[]byte // pooled DATA buffer, released once written
+	s       *Stream // owner of DATA: gets its token back once written
+	counted bool    // counted in s.bulkQueued (a lone link's ordering rule)
+	skip    int     // leading bytes already written (the rest of a partial write)
+	done    chan struct{}
+}
+
+func (f *frame) isData() bool { return f.h.Type == header.TypeData || f.h.Type == header.TypeDataAt }
+
+// dataLen is the application bytes a DATA or DATA_AT frame carries.
+func (f *frame) dataLen() int {
+	if f.h.Type == header.TypeDataAt {
+		return int(f.h.Length) - header.DataAtPrefix
+	}
+	return int(f.h.Length)
+}
+
+// appendIOV appends f's header (encoded into hb) and payload to iov,
+// less the f.skip bytes already written.
+func (f *frame) appendIOV(iov net.Buffers, hb []byte) net.Buffers {
+	f.h.Encode(hb)
+	parts := [3][]byte{hb}
+	n := 1
+	if f.h.Type == header.TypeDataAt {
+		parts[n] = f.ctl[:header.DataAtPrefix]
+		n++
+	}
+	if f.h.Length > 0 {
+		parts[n] = f.payload()
+		n++
+	}
+	skip := f.skip
+	for _, b := range parts[:n] {
+		if skip >= len(b) {
+			skip -= len(b)
+			continue
+		}
+		iov = append(iov, b[skip:])
+		skip = 0
+	}
+	return iov
+}
+
+// inlineWrite is what send's inline write needs beside the frame's bytes.
+type inlineWrite struct {
+	f    frame
+	hb   [header.Size]byte
+	a    [3][]byte
+	bufs net.Buffers // what WriteTo consumes (a local would escape to the heap)
+}
+
+// wireLen is the frame's size on the wire.
+func (f *frame) wireLen() int { return header.Size + int(f.h.Length) }
+
+// enqueue schedules f. Control frames go to the urgent queue; DATA of more
+// than SmallFrame bytes goes to the bulk queue, and so does every later frame
+// of a stream while it has bulk frames waiting, so a stream's bytes and its
+// HALF_CLOSE never overtake each other.
+func (l *Link) enqueue(f frame, s *Stream) bool { return l.send(f, s, sendQueue) }
+
+// How send may write a frame itself.
+type sendMode int
+
+const (
+	sendQueue  sendMode = iota // never: the writer goroutine does
+	sendInline                 // when the link is idle, blocking
+	sendTry                    // when the link is idle, without blocking (the poller thread)
+)
+
+// send is enqueue with an inline fast path: unless mode is sendQueue, and
+// nobody is writing or waiting, the caller writes the frame to the socket
+// itself. That saves the hand-off to the writer goroutine, a thread
+// wake-up of several microseconds: on the small-message path it is
+// latency, and for a bulk stream on an idle link, one wake-up per chunk,
+// it cost the sending gateway 8-23 % of its forwarding rate per
+// CPU-second (medians of BenchmarkForward, bench/figures/forwarding). Only stream
+// pumps write inline: the link reader must never block on a write, or two
+// gateways could deadlock each waiting for the other to read. The poller
+// thread reads links too, so it writes with sendTry, small frames only:
+// whatever the socket does not take at once goes to the writer.
+func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
+	l.mu.Lock()
+	if l.retired {
+		// Whoever picked this link before its successor took over.
+		succ := l.succ
+		l.mu.Unlock()
+		return succ.send(f, s, mode)
+	}
+	if l.closed {
+		l.mu.Unlock()
+		return false
+	}
+	if f.isData() {
+		l.queued.Add(int64(f.dataLen()))
+	}
+	if mode == sendTry && l.w == nil {
+		mode = sendQueue // no raw socket to try
+	}
+	if mode != sendQueue && !l.writing && l.ui == len(l.urgent) && l.bi == len(l.bulk) && (mode == sendInline || int(f.h.Length) <= l.cfg.SmallFrame) && !l.held() {
+		l.writing = true
+		l.mu.Unlock()
+		// The inline writer's frame, header and iovec live in the link
+		// (l.writing makes them its own): on the stack they would escape
+		// into the write and cost four allocations per small frame.
+		iw := &l.inline
+		iw.f = f
+		iov := iw.f.appendIOV(iw.a[:0], iw.hb[:])
+		var err error
+		if mode == sendTry {
+			var n int
+			n, err = l.w.writev(iov)
+			l.Stats.PollSent.Add(1)
+			if err == nil && n < f.wireLen() {
+				l.Stats.PollPartial.Add(1)
+				// The socket took part of the frame, or none of it: the
+				// writer sends the rest before anything else.
+				f.skip = n
+				*iw = inlineWrite{}
+				l.mu.Lock()
+				l.writing = false
+				if !l.closed {
+					if !f.isData() {
+						l.ctlQueued++
+					}
+					l.urgent = slices.Insert(l.urgent, l.ui, f)
+					l.mu.Unlock()
+					kick(l.wake)
+					return true
+				}
+				l.mu.Unlock()
+				l.sent(&f) // the link failed meanwhile
+				return true
+			}
+		} else {
+			iw.bufs = iov
+			_, err = iw.bufs.WriteTo(l.conn)
+			l.Stats.InlineSent.Add(1)
+		}
+		*iw = inlineWrite{} // pins no payload
+		l.Stats.Writes.Add(1)
+		l.sent(&f)
+		l.mu.Lock()
+		l.writing = false
+		// A link retiring meanwhile waits for its writer to send RETIRE.
+		pending := l.ui < len(l.urgent) || l.bi < len(l.bulk) || l.succ != nil
+		l.mu.Unlock()
+		if err != nil {
+			err = fmt.Errorf("relay: write to %v: %w", l.conn.RemoteAddr(), err)
+			if mode == sendTry {
+				go l.fail(err) // fail runs callbacks; never on the poller thread
+			} else {
+				l.fail(err)
+			}
+		} else if pending {
+			kick(l.wake)
+		}
+		return true
+	}
+	// In a trunk, offsets restore a stream's order, so only size decides.
+	// Filler waits behind everything.
+	bulk := f.isData() && f.dataLen() > l.cfg.SmallFrame || f.h.Type == header.TypePad
+	if !l.t.lanes && s != nil && s.bulkQueued > 0 {
+		bulk = true
+	}
+	if bulk {
+		if !l.t.lanes && s != nil {
+			f.s, f.counted = s, true // take decrements its bulkQueued
+			s.bulkQueued++
+		}
+		l.bulk = append(l.bulk, f)
+	} else {
+		if !f.isData() {
+			if l.ctlQueued >= l.cfg.MaxControl {
+				return l.overflowed()
+			}
+			l.ctlQueued++
+		}
+		l.urgent = append(l.urgent, f)
+	}
+	idle := !l.writing
+	l.mu.Unlock()
+	if idle {
+		kick(l.wake)
+	}
+	return true
+}
+
+// overflowed drops a control frame that would pass MaxControl and fails
+// the link, once. Called with l.mu held; returns with it released. The
+// frame is not queued, so send reports false.
+func (l *Link) overflowed() bool {
+	first := !l.overflow
+	l.overflow = true
+	n := l.ctlQueued
+	l.mu.Unlock()
+	if first {
+		err := fmt.Errorf("relay: peer %s (%v) leaves %d control frames unread (limit %d): it sends requests (PING, OPEN, DATA) faster than it reads the replies",
+			l.peer.Name, l.conn.RemoteAddr(), n, l.cfg.MaxControl)
+		go func() { // never fail on the poller thread
+			l.limited("control_queue", err)
+			l.fail(err)
+		}()
+	}
+	return false
+}
+
+func (f *frame) payload() []byte {
+	if f.body != nil {
+		return f.body
+	}
+	return f.ctl[:f.h.Length]
+}
+
+// sent does the bookkeeping once f is on the socket (or the link failed).
+func (l *Link) sent(f *frame) {
+	l.Stats.FramesSent.Add(1)
+	l.notifySent()
+	if f.isData() {
+		n := f.dataLen()
+		l.queued.Add(-int64(n))
+		l.Stats.BytesSent.Add(uint64(n))
+		putBuf(f.buf)
+		f.s.returnToken()
+	}
+	if f.h.Type == header.TypePad {
+		l.Stats.PadSent.Add(uint64(f.h.Length))
+	}
+	if f.done != nil {
+		close(f.done)
+	}
+}
+
+// padZeros is the payload of every PAD frame (never written to, so it
+// costs no memory).
+var padZeros [header.MaxPayload]byte
+
+// ErrNoPad: the peer did not say it discards PAD frames (HELLO feature PAD).
+var ErrNoPad = errors.New("relay: the peer does not take PAD frames")
+
+// Pad writes one PAD frame of n filler bytes (at most one chunk: it
+// returns how many) behind everything queued, as bulk, and returns once it
+// is on the socket, or with the link's error if the link closes first.
+// Small frames sent meanwhile go ahead of it. A gateway pads a new link to
+// let its congestion control measure the path (gateway/prime.go).
+func (l *Link) Pad(n int) (int, error) {
+	if l.peer.Features&header.FeaturePad == 0 {
+		return 0, ErrNoPad
+	}
+	n = max(0, min(n, l.chunk))
+	f := frame{h: header.Header{Type: header.TypePad, Length: uint32(n)}, body: padZeros[:n], done: make(chan struct{})}
+	if !l.enqueue(f, nil) {
+		return 0, l.closedErr()
+	}
+	select {
+	case <-f.done:
+		return n, nil
+	case <-l.done:
+		return 0, l.closedErr()
+	}
+}
+
+// take moves the next batch into batch: every urgent frame first, then bulk
+// frames up to about one chunk so a small frame arriving now waits behind at
+// most one chunk in user space.
+func (l *Link) take(batch []frame) []frame {
+	for l.ui < len(l.urgent) && len(batch) < l.cfg.MaxBatch {
+		if !l.urgent[l.ui].isData() {
+			l.ctlQueued--
+		}
+		batch = append(batch, l.urgent[l.ui])
+		l.urgent[l.ui] = frame{}
+		l.ui++
+	}
+	if l.ui == len(l.urgent) {
+		l.urgent, l.ui = l.urgent[:0], 0
+	}
+	n := 0
+	for l.bi < len(l.bulk) && len(batch) < l.cfg.MaxBatch && (n == 0 || n+int(l.bulk[l.bi].h.Length) <= l.chunk) {
+		f := l.bulk[l.bi]
+		l.bulk[l.bi] = frame{}
+		l.bi++
+		if f.counted {
+			f.s.bulkQueued--
+		}
+		n += int(f.h.Length)
+		batch = append(batch, f)
+	}
+	if l.bi == len(l.bulk) {
+		l.bulk, l.bi = l.bulk[:0], 0
+	}
+	return batch
+}
+
+// writeLoop owns the socket whenever the queues are non-empty and no
+// inline writer holds it (l.writing), and writes them in batches.
+func (l *Link) writeLoop() {
+	batch := make([]frame, 0, l.cfg.MaxBatch)
+	hdrs := make([]byte, header.Size*l.cfg.MaxBatch)
+	iov := make(net.Buffers, 0, 3*l.cfg.MaxBatch)
+	hold := time.NewTimer(0)
+	defer hold.Stop()
+	l.mu.Lock()
+	for {
+		if l.closed {
+			l.mu.Unlock()
+			return
+		}
+		if l.succ != nil && !l.writing && l.ui == len(l.urgent) && l.bi == len(l.bulk) {
+			l.writeRetire(hdrs[:header.Size])
+			return
+		}
+		if l.writing || l.ui == len(l.urgent) && l.bi == len(l.bulk) {
+			l.mu.Unlock()
+			select {
+			case <-l.wake:
+			case <-l.done:
+			}
+			l.mu.Lock()
+			continue
+		}
+		if d := l.holdLeft(); d > 0 {
+			l.mu.Unlock()
+			hold.Reset(d)
+			select {
+			case <-hold.C:
+			case <-l.done:
+			}
+			l.mu.Lock()
+			continue
+		}
+		l.writing = true
+		batch = l.take(batch[:0])
+		l.mu.Unlock()
+
+		iov = iov[:0]
+		for i := range batch {
+			iov = batch[i].appendIOV(iov, hdrs[i*header.Size:(i+1)*header.Size])
+		}
+		// WriteTo consumes its receiver; keep iov's backing array for reuse.
+		w := iov
+		_, err := w.WriteTo(l.conn)
+		l.Stats.Writes.Add(1)
+		for i := range batch {
+			l.sent(&batch[i])
+			batch[i] = frame{}
+		}
+		if err != nil {
+			l.fail(fmt.Errorf("relay: write to %v: %w", l.conn.RemoteAddr(), err))
+			return
+		}
+		l.mu.Lock()
+		l.writing = false
+	}
+}
+
+// MaxHold is the longest a Hold lasts: well under any DeadAfter, so a
+// held link never looks dead to its peer.
+const MaxHold = time.Second
+
+// WatchSend arms a one-shot signal: the next frame the link sends after
+// the call makes a non-blocking send on c. A sampler that has seen the link
+// quiet (nothing sent, nothing in flight) can then sleep until it sends
+// again instead of polling it. A later call replaces the watch.
+func (l *Link) WatchSend(c chan<- struct{}) { l.sendWatch.Store(&c) }
+
+func (l *Link) notifySent() {
+	if l.sendWatch.Load() == nil {
+		return
+	}
+	if c := l.sendWatch.Swap(nil); c != nil {
+		select {
+		case *c <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Hold stops writing to the link's socket until the time until: frames
+// queue meanwhile and go out in order when it ends. The gateway uses it to
+// let a BBR socket go idle across the expiry of its min_rtt filter, which
+// then restarts from idle instead of dipping into PROBE_RTT. Keep holds
+// short: keepalives wait too, so a hold is cut to MaxHold.
+func (l *Link) Hold(until time.Time) {
+	if m := time.Now().Add(MaxHold); until.After(m) {
+		until = m
+	}
+	l.holdUntil.Store(until.UnixNano())
+	kick(l.wake) // the writer re-reads the hold before its next batch
+}
+
+// held reports whether a hold is in force, clearing one that has ended.
+func (l *Link) held() bool { return l.holdLeft() > 0 }
+
+// holdLeft is how long the current hold still runs (<= 0: none).
+func (l *Link) holdLeft() time.Duration {
+	h := l.holdUntil.Load()
+	if h == 0 {
+		return 0
+	}
+	d := time.Duration(h - time.Now().UnixNano())
+	if d <= 0 {
+		l.holdUntil.CompareAndSwap(h, 0)
+	}
+	return d
+}
