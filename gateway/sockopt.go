@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -49,7 +50,7 @@ func (o SockOpts) apply(fd int) error {
 	}
 	if o.CC != "" {
 		if err := unix.SetsockoptString(fd, unix.IPPROTO_TCP, unix.TCP_CONGESTION, o.CC); err != nil {
-			return fmt.Errorf("TCP_CONGESTION %q: %w (available: %s)", o.CC, err, availableCC())
+			return fmt.Errorf("TCP_CONGESTION: %w", ccError(o.CC, err))
 		}
 	}
 	if o.SndBuf > 0 {
@@ -96,7 +97,9 @@ func (o SockOpts) apply(fd int) error {
 }
 
 // Socket options of recent kernels (include/uapi/linux/tcp.h) that
-// golang.org/x/sys/unix does not name yet.
+// golang.org/x/sys/unix does not name yet: both came with Linux 6.15
+// (Debian 12's 6.1 answers ENOPROTOOPT, and the gateway keeps the
+// kernel's 200 ms floors there).
 const (
 	tcpRTOMinUS    = 45
 	tcpDelackMaxUS = 46
@@ -142,28 +145,54 @@ func (o SockOpts) applyConn(c *net.TCPConn) error {
 	return o.control(nil)("tcp", "", rc)
 }
 
-// CheckCC reports an error naming the available algorithms if cc is not
-// one the kernel offers.
+// CheckCC reports whether this process may run congestion control cc on a
+// socket, by setting it on one: the kernel must offer it
+// (tcp_available_congestion_control) and, for a process without
+// CAP_NET_ADMIN, allow it (tcp_allowed_congestion_control). The error names
+// the sysctl that stops it and the fix.
 func CheckCC(cc string) error {
 	if cc == "" {
 		return nil
 	}
-	avail := availableCC()
-	for _, a := range strings.Fields(avail) {
-		if a == cc {
-			return nil
-		}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("congestion control %q: probe socket: %w", cc, err)
 	}
-	return fmt.Errorf("congestion control %q not available (kernel offers: %s)", cc, avail)
+	defer unix.Close(fd)
+	return ccError(cc, unix.SetsockoptString(fd, unix.IPPROTO_TCP, unix.TCP_CONGESTION, cc))
 }
 
-func availableCC() string {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_available_congestion_control")
+// ccError explains a failed TCP_CONGESTION: not offered by the kernel
+// (ENOENT), or offered but not allowed without CAP_NET_ADMIN (EPERM).
+func ccError(cc string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, unix.EPERM):
+		allowed := readCCList("tcp_allowed_congestion_control")
+		return fmt.Errorf("congestion control %q: %w: net.ipv4.tcp_allowed_congestion_control is %q and this process lacks CAP_NET_ADMIN; "+
+			"fix: allow it on this host (sysctl -w net.ipv4.tcp_allowed_congestion_control=%q), run with CAP_NET_ADMIN (the mpi5k-gateway service unit grants it), or pick an allowed one",
+			cc, err, allowed, strings.TrimSpace(allowed+" "+cc))
+	case errors.Is(err, unix.ENOENT):
+		return fmt.Errorf("congestion control %q: not offered by this kernel (net.ipv4.tcp_available_congestion_control is %q); fix: modprobe tcp_%s, or pick an available one",
+			cc, availableCC(), cc)
+	}
+	return fmt.Errorf("congestion control %q: %w (available: %s)", cc, err, availableCC())
+}
+
+// procSysIPv4 is a variable so tests can point it at a directory of fake
+// sysctls.
+var procSysIPv4 = "/proc/sys/net/ipv4"
+
+func readCCList(name string) string {
+	b, err := os.ReadFile(procSysIPv4 + "/" + name)
 	if err != nil {
 		return "unknown"
 	}
 	return strings.TrimSpace(string(b))
 }
+
+func availableCC() string { return readCCList("tcp_available_congestion_control") }
 
 // TCPInfo reads the kernel's TCP_INFO of c. (A tcpinfo package will take
 // this over; until then the gateway reads it directly.)
@@ -203,7 +232,7 @@ func tuneLink(c *net.TCPConn, unpace bool, cc string) error {
 		}
 		if cc != "" {
 			if err := unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, cc); err != nil {
-				serr = fmt.Errorf("TCP_CONGESTION %q: %w", cc, err)
+				serr = fmt.Errorf("TCP_CONGESTION: %w", ccError(cc, err))
 			}
 		}
 	})
