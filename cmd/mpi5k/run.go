@@ -55,7 +55,7 @@ func runMain(args []string) int {
 	fs.StringVar(&c.SitesFile, "sites", "", "FILE of \"<host-or-CIDR> <site>\" lines (default: Grid'5000 names <cluster>-<n>.<site>)")
 	fs.BoolVar(&c.Dedicated, "dedicated-gateways", false, "gateway hosts run no ranks")
 	fs.StringVar(&c.GatewayBin, "gateway-bin", filepath.Join(bindir, "mpi5k-gateway"), "path of mpi5k-gateway on the gateway hosts")
-	fs.StringVar(&c.Preload, "preload", filepath.Join(bindir, "libmpi5k.so"), "path of libmpi5k.so on the rank hosts")
+	fs.StringVar(&c.Preload, "preload", shimPath(bindir), "path of libmpi5k.so on the rank hosts")
 	fs.IntVar(&c.LANPort, "lan-port", 5000, "gateway port for its site's ranks")
 	fs.IntVar(&c.WANPort, "wan-port", 5001, "gateway port for peer gateways")
 	fs.IntVar(&c.MetricsPort, "metrics-port", 5002, "gateway HTTP port for /ready and /metrics")
