@@ -241,3 +241,10 @@ func tuneLink(c *net.TCPConn, unpace bool, cc string) error {
 	}
 	return serr
 }
+
+// CheckTimers reports whether this kernel takes TCP_RTO_MIN_US and
+// TCP_DELACK_MAX_US at the mpi5k-gateway defaults (10 ms, 5 ms):
+// ENOPROTOOPT before Linux 6.15.
+func CheckTimers() error {
+	return SockOpts{RTOMin: 10 * time.Millisecond, DelackMax: 5 * time.Millisecond}.checkTimers()
+}
