@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/mpi5k/mpi5k/doctor"
+	"github.com/mpi5k/mpi5k/wrap"
 	"github.com/spf13/pflag"
 )
 
@@ -76,19 +77,24 @@ func doctorMain(args []string) int {
 	failed := make([]bool, len(hosts))
 	var wg sync.WaitGroup
 	for i, h := range hosts {
-		argv := append(append([]string(nil), lw...), h, *remote, "doctor", "--local",
+		cmd := []string{*remote, "doctor", "--local",
 			"--lan-port", strconv.Itoa(*lanPort), "--wan-port", strconv.Itoa(*wanPort),
-			"--preload", *preload, "--timeout", timeout.String())
+			"--preload", *preload, "--timeout", timeout.String()}
 		for _, r := range *reach {
-			argv = append(argv, "--reach", r)
+			cmd = append(cmd, "--reach", r)
 		}
 		if *reachWAN && *wanPort > 0 {
 			for _, o := range hosts {
 				if o != h {
-					argv = append(argv, "--reach", net.JoinHostPort(o, strconv.Itoa(*wanPort)))
+					cmd = append(cmd, "--reach", net.JoinHostPort(o, strconv.Itoa(*wanPort)))
 				}
 			}
 		}
+		// The launcher hands one command line to the host's shell.
+		for i, a := range cmd {
+			cmd[i] = wrap.ShellQuote(a)
+		}
+		argv := append(append([]string(nil), lw...), h, strings.Join(cmd, " "))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
