@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/mpi5k/mpi5k/sitemap"
 )
 
 // make runs make in the repository's top directory.
@@ -76,6 +78,9 @@ func TestMakeInstall(t *testing.T) {
 	}
 	if regexp.MustCompile(`@[A-Z]+@`).Match(unit) {
 		t.Errorf("installed unit keeps a placeholder:\n%s", unit)
+	}
+	if m, err := sitemap.Load(filepath.Join(dest, "etc/mpi5k/sites.map.example")); err != nil || len(m.Sites()) != 2 {
+		t.Errorf("installed sites.map.example: %v", err)
 	}
 	// The installed mpi5k finds the installed library as its default.
 	out, _ := exec.Command(filepath.Join(dest, "usr/local/bin/mpi5k"), "run", "--help").CombinedOutput()
