@@ -1,6 +1,8 @@
 # mpi5k build. `make` builds bin/, `make deps` installs what the project
 # needs on Debian 12 (idempotent), `make test` runs every check CI runs,
-# `make demo` runs the with/without-gateway demo on the emulated grid.
+# `make demo` runs the with/without-gateway demo on the emulated grid,
+# `make install` (PREFIX, DESTDIR) installs the tools, the library and the
+# systemd unit, `make deb` builds a Debian package of the same files.
 GO      ?= go
 BIN     := bin
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
@@ -8,7 +10,7 @@ LDFLAGS := -X main.version=$(VERSION)
 GOFILES := $(shell find . -name '*.go' -not -path './bin/*' 2>/dev/null)
 CSRC    := $(wildcard shim/*.c shim/*.h)
 
-.PHONY: all deps test test-unit test-lab check fmt vet bench fuzz demo clean
+.PHONY: all deps test test-unit test-lab check fmt vet bench fuzz demo clean install deb
 
 all: $(BIN)/libmpi5k.so $(BIN)/mpi5k-gateway $(BIN)/mpi5k bench-bin
 
@@ -65,6 +67,73 @@ fuzz:
 
 demo: deps all
 	./scripts/demo.sh
+
+# Installation layout. The configuration lives in $(SYSCONFDIR)/mpi5k
+# whatever the PREFIX; the unit's paths are substituted from these.
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib/mpi5k
+UNITDIR    ?= $(PREFIX)/lib/systemd/system
+DOCDIR     ?= $(PREFIX)/share/doc/mpi5k
+SYSCONFDIR ?= /etc
+SUBST = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
+	-e 's|@DOCDIR@|$(DOCDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g'
+DOCS := LICENSE README.md docs/operations.md docs/sitemap-format.md
+
+# An existing configuration file is kept: `make install` over an installed
+# and configured mpi5k leaves the site's settings alone.
+# INSTALL_BIN: where the built files come from (`make deb` installs its
+# hardened build).
+INSTALL_BIN ?= $(BIN)
+install: $(INSTALL_BIN)/libmpi5k.so $(INSTALL_BIN)/mpi5k-gateway $(INSTALL_BIN)/mpi5k
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(UNITDIR) \
+		$(DESTDIR)$(SYSCONFDIR)/mpi5k $(DESTDIR)$(DOCDIR)
+	install -m 755 $(INSTALL_BIN)/mpi5k $(INSTALL_BIN)/mpi5k-gateway scripts/mpirun-wrap $(DESTDIR)$(BINDIR)/
+	install -m 644 $(INSTALL_BIN)/libmpi5k.so $(DESTDIR)$(LIBDIR)/
+	install -m 755 dist/keep-warm $(DESTDIR)$(LIBDIR)/
+	$(SUBST) dist/mpi5k-gateway.service.in >$(DESTDIR)$(UNITDIR)/mpi5k-gateway.service
+	chmod 644 $(DESTDIR)$(UNITDIR)/mpi5k-gateway.service
+	for f in gateway.env sites.map.example; do \
+	  [ -e $(DESTDIR)$(SYSCONFDIR)/mpi5k/$$f ] || { $(SUBST) dist/$$f >$(DESTDIR)$(SYSCONFDIR)/mpi5k/$$f && \
+	    chmod 644 $(DESTDIR)$(SYSCONFDIR)/mpi5k/$$f; } || exit 1; \
+	done
+	install -m 644 $(DOCS) $(DESTDIR)$(DOCDIR)/
+
+# The Debian package: the binaries built again as Debian hardens C and Go
+# programs (PIE, full RELRO) and stripped, `make install` of them into a
+# staging tree with PREFIX=/usr, Debian's copyright file in place of
+# LICENSE, then dpkg-deb. The version orders by commit time:
+# 0~git<UTC time>.<commit>; the maintainer is the commit's author unless
+# DEB_MAINTAINER says otherwise.
+DEBARCH        = $(shell dpkg --print-architecture)
+DEBVERSION     = 0~git$(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y%m%d%H%M%S).$(shell git rev-parse --short HEAD)
+DEB_MAINTAINER ?= $(shell git log -1 --format='%an <%ae>')
+DEB            ?= $(BIN)/mpi5k_$(DEBVERSION)_$(DEBARCH).deb
+DEBROOT        := $(BIN)/debroot
+DEBBIN         := $(BIN)/deb
+HARDEN_LD      := -linkmode=external -extldflags '-Wl,-z,relro,-z,now'
+deb: $(GOFILES) $(CSRC) go.mod
+	@mkdir -p $(DEBBIN)
+	CGO_ENABLED=1 CGO_LDFLAGS='-Wl,-z,relro,-z,now' $(GO) build -buildmode=c-shared -trimpath -o $(DEBBIN)/libmpi5k.so ./shim
+	@rm -f $(DEBBIN)/libmpi5k.h
+	$(GO) build -buildmode=pie -trimpath -ldflags "$(LDFLAGS) $(HARDEN_LD)" -o $(DEBBIN)/mpi5k-gateway ./cmd/mpi5k-gateway
+	$(GO) build -buildmode=pie -trimpath -ldflags "$(LDFLAGS) $(HARDEN_LD)" -o $(DEBBIN)/mpi5k ./cmd/mpi5k
+	strip --remove-section=.comment --remove-section=.note $(DEBBIN)/mpi5k $(DEBBIN)/mpi5k-gateway
+	strip --remove-section=.comment --remove-section=.note --strip-unneeded $(DEBBIN)/libmpi5k.so
+	rm -rf $(DEBROOT)
+	$(MAKE) --no-print-directory install INSTALL_BIN=$(DEBBIN) DESTDIR=$(CURDIR)/$(DEBROOT) PREFIX=/usr UNITDIR=/lib/systemd/system
+	rm $(DEBROOT)/usr/share/doc/mpi5k/LICENSE
+	install -m 644 dist/copyright $(DEBROOT)/usr/share/doc/mpi5k/copyright
+	printf 'mpi5k (%s) unstable; urgency=medium\n\n  * Built from commit %s.\n\n -- %s  %s\n' \
+	  '$(DEBVERSION)' "$$(git rev-parse HEAD)" "$(DEB_MAINTAINER)" "$$(git log -1 --format=%aD)" | gzip -9n >$(DEBROOT)/usr/share/doc/mpi5k/changelog.gz
+	install -D -m 644 dist/lintian-overrides $(DEBROOT)/usr/share/lintian/overrides/mpi5k
+	install -d $(DEBROOT)/DEBIAN
+	install -m 755 dist/postinst dist/prerm dist/postrm $(DEBROOT)/DEBIAN/
+	printf '/etc/mpi5k/gateway.env\n/etc/mpi5k/sites.map.example\n' >$(DEBROOT)/DEBIAN/conffiles
+	sed -e 's|@VERSION@|$(DEBVERSION)|' -e 's|@ARCH@|$(DEBARCH)|' -e 's|@MAINTAINER@|$(DEB_MAINTAINER)|' \
+	  -e "s|@SIZE@|$$(du -sk --exclude=DEBIAN $(DEBROOT) | cut -f1)|" dist/control.in >$(DEBROOT)/DEBIAN/control
+	cd $(DEBROOT) && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | xargs -0 md5sum >DEBIAN/md5sums
+	dpkg-deb --root-owner-group -Zxz --build $(DEBROOT) $(DEB)
 
 clean:
 	rm -rf $(BIN)

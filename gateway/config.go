@@ -66,11 +66,12 @@ type Config struct {
 	// ones and grows a low estimate by only 25 % per eight round trips (see
 	// prime.go). CUBIC and Reno links are never primed.
 	Prime bool
-	// KeepWarm turns off net.ipv4.tcp_slow_start_after_idle in the
-	// gateway's network namespace while it runs if any WAN socket runs a CC
-	// other than BBR: without it a CUBIC express link restarts from 10
-	// segments after every pause longer than its RTO (see warm.go). If the
-	// sysctl cannot be written the gateway warns and runs anyway.
+	// KeepWarm checks net.ipv4.tcp_slow_start_after_idle in the gateway's
+	// network namespace if any WAN socket runs a CC other than BBR, and
+	// warns with the fix when it is not 0: a CUBIC express link then
+	// restarts from 10 segments after every pause longer than its RTO (see
+	// warm.go). The gateway never writes it; the service unit does, and
+	// restores it on every stop.
 	KeepWarm bool
 	// PollThread waits for idle sockets on the relay's poller thread,
 	// which forwards small messages with one thread wake-up per gateway

@@ -68,7 +68,7 @@ func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
 	add(cli.Duration{P: &c.WAN.DelackMax}, "wan-delack-max", "longest a WAN socket delays an ACK, TCP_DELACK_MAX_US, at most 200ms (0: the kernel's 200ms)")
 	addBool(&c.ProbeRTTGuard, "wan-skip-probe-rtt", "idle a busy BBR bulk link for a few ms across its min_rtt filter's expiry, so BBR restarts from idle instead of cutting cwnd to 4 for 200ms (PROBE_RTT) every 10s of bulk")
 	addBool(&c.Prime, "wan-prime", "fill each new BBR WAN link with filler until BBR has measured the path, so it does not pace messages at the rate of earlier small ones")
-	addBool(&c.KeepWarm, "wan-keep-warm", "turn off TCP slow start after idle (net.ipv4.tcp_slow_start_after_idle) in the host's network namespace while the gateway runs, when a WAN socket is not BBR; restored at exit")
+	addBool(&c.KeepWarm, "wan-keep-warm", "check that TCP slow start after idle (net.ipv4.tcp_slow_start_after_idle) is off when a WAN socket is not BBR, and warn with the fix if not (the gateway changes no host setting; the service unit sets it and restores it)")
 	addBool(&c.PollThread, "poll-thread", "forward small messages on one event-loop thread that waits for every idle socket (false: Go's network poller)")
 	addBool(&c.QuietRuntime, "quiet-runtime", "take sockets the poll thread waits for out of Go's runtime epoll registration, so a message wakes one thread, not two")
 	cli.MarkAdvanced(fs, f.names[adv:]...)

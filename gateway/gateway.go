@@ -124,7 +124,7 @@ func New(cfg Config) (*Gateway, error) {
 		cfg.WAN.NotSentLowat = 128 << 10
 	}
 	if err := cfg.WAN.checkTimers(); errors.Is(err, unix.ENOPROTOOPT) {
-		cfg.Logger.Warn("this kernel has no TCP_RTO_MIN_US / TCP_DELACK_MAX_US: WAN sockets keep the 200 ms RTO floor",
+		cfg.Logger.Warn("this kernel has no TCP_RTO_MIN_US / TCP_DELACK_MAX_US (Linux 6.15 or newer has them): WAN sockets keep the 200 ms RTO floor, and a lone lost message waits about 200 ms more",
 			"wan_rto_min", cfg.WAN.RTOMin, "wan_delack_max", cfg.WAN.DelackMax)
 		cfg.WAN.RTOMin, cfg.WAN.DelackMax = 0, 0
 	} else if errors.Is(err, unix.EINVAL) {
@@ -133,14 +133,21 @@ func New(cfg Config) (*Gateway, error) {
 	} else if err != nil {
 		return nil, fmt.Errorf("gateway: WAN timers: %w", err)
 	}
-	if cfg.WAN.CC == "" && CheckCC("bbr") == nil {
+	// The defaults below need a CC this process may set (CheckCC); when the
+	// kernel offers it but tcp_allowed_congestion_control keeps it from a
+	// process without CAP_NET_ADMIN, the gateway says so and falls back.
+	if cfg.WAN.CC == "" {
 		// BBR keeps the bottleneck queue short (small messages behind bulk
 		// wait less) and, unlike CUBIC, kept the aggregated link near line
 		// rate in the lab with TCP_NOTSENT_LOWAT (200 Mbit/s, 20 ms:
 		// 97-101 % of direct vs 63 % with CUBIC on shared cores).
-		cfg.WAN.CC = "bbr"
+		if err := CheckCC("bbr"); err == nil {
+			cfg.WAN.CC = "bbr"
+		} else if errors.Is(err, unix.EPERM) {
+			cfg.Logger.Warn("WAN sockets keep the system's default congestion control instead of BBR", "err", err)
+		}
 	}
-	if cfg.ExpressCC == "" && cfg.WAN.CC != "" && CheckCC("cubic") == nil {
+	if cfg.ExpressCC == "" && cfg.WAN.CC != "" {
 		// A BBR socket carrying one message per round trip paces it at the
 		// rate of such app-limited samples: in the lab a 16 KiB ping-pong
 		// took 17.0 ms per half round trip over BBR vs 10.6 ms direct and
@@ -151,7 +158,11 @@ func New(cfg Config) (*Gateway, error) {
 		// not app-limited, a message's retransmission, replaces it: 196 ->
 		// 2.6 Mbit/s after one loss at 0.1 %, then ~23 (64 KiB ping-pong 62
 		// ms where CUBIC with renewal takes 26; bench/figures/bbrexpress).
-		cfg.ExpressCC = "cubic"
+		if err := CheckCC("cubic"); err == nil {
+			cfg.ExpressCC = "cubic"
+		} else if errors.Is(err, unix.EPERM) {
+			cfg.Logger.Warn("the express link runs "+cfg.WAN.CC+" instead of CUBIC", "err", err)
+		}
 	}
 	for _, cc := range []string{cfg.LAN.CC, cfg.WAN.CC, cfg.ExpressCC} {
 		if err := CheckCC(cc); err != nil {
@@ -253,16 +264,20 @@ func (g *Gateway) Run(ctx context.Context) error {
 		srv = &http.Server{Handler: g.m.handler(), ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln)
 	}
-	keepWarmState := "no (--wan-keep-warm=false)"
+	keepWarmState := "not checked (--wan-keep-warm=false)"
 	if g.cfg.KeepWarm && !g.cfg.restartsAfterIdle() {
 		keepWarmState = "not needed: every WAN socket runs BBR, which Linux never restarts after idle"
 	} else if g.cfg.KeepWarm {
-		state, release, err := keepWarm()
-		if err != nil {
-			g.log.Warn("cannot keep the WAN links warm: the express link will restart from 10 segments after every pause longer than its RTO; run as root or set the sysctl on the gateway host", "err", err)
-			keepWarmState = "failed"
-		} else {
-			defer release()
+		warm, state, err := warmState()
+		switch {
+		case err != nil:
+			g.log.Warn("cannot tell whether the WAN links stay warm", "err", err)
+			keepWarmState = "unknown"
+		case !warm:
+			g.log.Warn("the CUBIC express link will restart from 10 segments after every pause longer than its RTO: net.ipv4.tcp_slow_start_after_idle is not 0 on this host, and the gateway changes no host setting",
+				"fix", KeepWarmFix)
+			keepWarmState = state
+		default:
 			keepWarmState = state
 		}
 	}

@@ -826,7 +826,7 @@ func TestDrainAndReadyFile(t *testing.T) {
 }
 
 func TestConfigErrors(t *testing.T) {
-	if err := CheckCC("no-such-cc"); err == nil || !strings.Contains(err.Error(), "kernel offers") {
+	if err := CheckCC("no-such-cc"); err == nil || !strings.Contains(err.Error(), "not offered by this kernel") {
 		t.Errorf("CheckCC: %v", err)
 	}
 	if _, err := New(Config{Map: testMap(t), Site: "nowhere"}); err == nil {

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -50,7 +51,7 @@ func (o SockOpts) apply(fd int) error {
 	}
 	if o.CC != "" {
 		if err := unix.SetsockoptString(fd, unix.IPPROTO_TCP, unix.TCP_CONGESTION, o.CC); err != nil {
-			return fmt.Errorf("TCP_CONGESTION %q: %w (available: %s)", o.CC, err, availableCC())
+			return fmt.Errorf("TCP_CONGESTION: %w", ccError(o.CC, err))
 		}
 	}
 	if o.SndBuf > 0 {
@@ -97,7 +98,9 @@ func (o SockOpts) apply(fd int) error {
 }
 
 // Socket options of recent kernels (include/uapi/linux/tcp.h) that
-// golang.org/x/sys/unix does not name yet.
+// golang.org/x/sys/unix does not name yet: both came with Linux 6.15
+// (Debian 12's 6.1 answers ENOPROTOOPT, and the gateway keeps the
+// kernel's 200 ms floors there).
 const (
 	tcpRTOMinUS    = 45
 	tcpDelackMaxUS = 46
@@ -143,30 +146,39 @@ func (o SockOpts) applyConn(c *net.TCPConn) error {
 	return o.control(nil)("tcp", "", rc)
 }
 
-// CheckCC reports whether this process may set cc on its sockets: root
-// may set any congestion control the kernel has loaded
-// (net.ipv4.tcp_available_congestion_control), other users only those in
-// net.ipv4.tcp_allowed_congestion_control. The error names the lists and
-// the fix.
+// CheckCC reports whether this process may run congestion control cc on a
+// socket, by setting it on one: the kernel must offer it
+// (tcp_available_congestion_control) and, for a process without
+// CAP_NET_ADMIN, allow it (tcp_allowed_congestion_control). The error names
+// the sysctl that stops it and the fix.
 func CheckCC(cc string) error {
 	if cc == "" {
 		return nil
 	}
-	avail := ccSysctl("tcp_available_congestion_control")
-	if !slices.Contains(strings.Fields(avail), cc) {
-		return fmt.Errorf("congestion control %q is not available: this kernel offers %s (net.ipv4.tcp_available_congestion_control); "+
-			"pick one of those, or load its module as root (modprobe tcp_%s)", cc, avail, cc)
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("congestion control %q: probe socket: %w", cc, err)
 	}
-	if os.Geteuid() == 0 {
+	defer unix.Close(fd)
+	return ccError(cc, unix.SetsockoptString(fd, unix.IPPROTO_TCP, unix.TCP_CONGESTION, cc))
+}
+
+// ccError explains a failed TCP_CONGESTION: not offered by the kernel
+// (ENOENT), or offered but not allowed without CAP_NET_ADMIN (EPERM).
+func ccError(cc string, err error) error {
+	switch {
+	case err == nil:
 		return nil
+	case errors.Is(err, unix.EPERM):
+		allowed := readCCList("tcp_allowed_congestion_control")
+		return fmt.Errorf("congestion control %q: %w: net.ipv4.tcp_allowed_congestion_control is %q and this process lacks CAP_NET_ADMIN; "+
+			"fix: allow it on this host (sysctl -w net.ipv4.tcp_allowed_congestion_control=%q), run with CAP_NET_ADMIN (the mpi5k-gateway service unit grants it), or pick an allowed one",
+			cc, err, allowed, strings.TrimSpace(allowed+" "+cc))
+	case errors.Is(err, unix.ENOENT):
+		return fmt.Errorf("congestion control %q: not offered by this kernel (net.ipv4.tcp_available_congestion_control is %q); fix: modprobe tcp_%s, or pick an available one",
+			cc, availableCC(), cc)
 	}
-	allowed := ccSysctl("tcp_allowed_congestion_control")
-	if !slices.Contains(strings.Fields(allowed), cc) {
-		return fmt.Errorf("congestion control %q is not allowed for non-root users: net.ipv4.tcp_allowed_congestion_control is %q; "+
-			"add it as root (sysctl -w net.ipv4.tcp_allowed_congestion_control=\"%s %s\"), run the gateway as root, or pick one of %s",
-			cc, allowed, allowed, cc, allowed)
-	}
-	return nil
+	return fmt.Errorf("congestion control %q: %w (available: %s)", cc, err, availableCC())
 }
 
 // linuxCCs are the congestion controls Linux ships as modules.
@@ -183,15 +195,19 @@ func CheckCCName(cc string) error {
 	return fmt.Errorf("no congestion control is called %q (Linux has %s)", cc, strings.Join(linuxCCs, ", "))
 }
 
-func availableCC() string { return ccSysctl("tcp_available_congestion_control") }
+// procSysIPv4 is a variable so tests can point it at a directory of fake
+// sysctls.
+var procSysIPv4 = "/proc/sys/net/ipv4"
 
-func ccSysctl(name string) string {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/" + name)
+func readCCList(name string) string {
+	b, err := os.ReadFile(procSysIPv4 + "/" + name)
 	if err != nil {
 		return "unknown"
 	}
 	return strings.TrimSpace(string(b))
 }
+
+func availableCC() string { return readCCList("tcp_available_congestion_control") }
 
 // TCPInfo reads the kernel's TCP_INFO of c. (A tcpinfo package will take
 // this over; until then the gateway reads it directly.)
@@ -231,7 +247,7 @@ func tuneLink(c *net.TCPConn, unpace bool, cc string) error {
 		}
 		if cc != "" {
 			if err := unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, cc); err != nil {
-				serr = fmt.Errorf("TCP_CONGESTION %q: %w", cc, err)
+				serr = fmt.Errorf("TCP_CONGESTION: %w", ccError(cc, err))
 			}
 		}
 	})
@@ -239,4 +255,11 @@ func tuneLink(c *net.TCPConn, unpace bool, cc string) error {
 		return err
 	}
 	return serr
+}
+
+// CheckTimers reports whether this kernel takes TCP_RTO_MIN_US and
+// TCP_DELACK_MAX_US at the mpi5k-gateway defaults (10 ms, 5 ms):
+// ENOPROTOOPT before Linux 6.15.
+func CheckTimers() error {
+	return SockOpts{RTOMin: 10 * time.Millisecond, DelackMax: 5 * time.Millisecond}.checkTimers()
 }

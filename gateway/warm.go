@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"sync"
 )
 
 // Keeping the WAN links warm.
@@ -25,13 +24,18 @@ import (
 // one BT run, BT 1.09x and SP 1.10x direct's time on the lab (Reno hosts, 20
 // ms); with the sysctl off 0 restarts, 0.99x and 1.00x, side by side.
 //
-// So a gateway with Config.KeepWarm and a WAN socket that is not BBR turns
-// the sysctl off in its network namespace while it runs and puts it back
-// when the last such gateway of the process stops. It is a namespace-wide
-// switch: other TCP connections of the gateway host stop restarting after
-// idle too (what a dedicated gateway node wants anyway). A gateway killed
-// with SIGKILL leaves it off; two gateway processes sharing one namespace
-// restore it when the first of them stops.
+// The gateway process never writes the sysctl: a host-wide setting written
+// by a process outlives it when the process is killed (SIGKILL at a job's
+// walltime, SIGPIPE from a closed ssh), and changes every other user's TCP
+// on the host. Small filler frames sent while the link is idle would stop
+// the restart but not the decay, which halves the window per RTO towards
+// what was last in flight just as fast, so there is no per-socket
+// substitute. The sysctl is set by whoever owns the host: the
+// mpi5k-gateway.service unit sets it to 0 before the gateway starts and
+// restores the value it found after every stop, SIGKILL and crashes
+// included (systemd runs ExecStopPost then), or an administrator sets it.
+// A gateway with Config.KeepWarm and a WAN socket that is not BBR checks
+// it and says, with the fix, when the links will not stay warm.
 
 // restartsAfterIdle says whether some WAN socket of c runs a congestion
 // control that Linux restarts after idle: anything but BBR ("" is the
@@ -47,51 +51,19 @@ func (c *Config) restartsAfterIdle() bool {
 // slowStartAfterIdle is a variable so tests can point it at a file.
 var slowStartAfterIdle = "/proc/sys/net/ipv4/tcp_slow_start_after_idle"
 
-var warm struct {
-	mu      sync.Mutex
-	users   int
-	restore bool // we turned the sysctl off and put it back at the end
-}
+// KeepWarmFix is what an operator does so the express link stays warm.
+const KeepWarmFix = "run the gateway as the mpi5k-gateway service (its unit sets net.ipv4.tcp_slow_start_after_idle=0 while the gateway runs and restores it on every stop) or set it on the gateway host yourself: sysctl -w net.ipv4.tcp_slow_start_after_idle=0"
 
-// keepWarm turns slow start after idle off for this process's network
-// namespace and says what it did; release undoes it once every caller has
-// released. An error (no permission, no such sysctl) names the sysctl and
-// leaves nothing to release.
-func keepWarm() (state string, release func(), err error) {
-	warm.mu.Lock()
-	defer warm.mu.Unlock()
-	if warm.users == 0 {
-		b, err := os.ReadFile(slowStartAfterIdle)
-		if err != nil {
-			return "", nil, fmt.Errorf("reading net.ipv4.tcp_slow_start_after_idle: %w", err)
-		}
-		warm.restore = false
-		if v := string(bytes.TrimSpace(b)); v != "0" {
-			if err := os.WriteFile(slowStartAfterIdle, []byte("0\n"), 0); err != nil {
-				return "", nil, fmt.Errorf("setting net.ipv4.tcp_slow_start_after_idle=0 (was %s): %w", v, err)
-			}
-			warm.restore = true
-		}
+// warmState reads the namespace's tcp_slow_start_after_idle: warm is true
+// when it is 0, state says what was found for the start-up log.
+func warmState() (warm bool, state string, err error) {
+	b, err := os.ReadFile(slowStartAfterIdle)
+	if err != nil {
+		return false, "", fmt.Errorf("reading net.ipv4.tcp_slow_start_after_idle: %w", err)
 	}
-	warm.users++
-	state = "tcp_slow_start_after_idle already 0"
-	if warm.restore {
-		state = "tcp_slow_start_after_idle set to 0 while the gateway runs"
+	v := string(bytes.TrimSpace(b))
+	if v == "0" {
+		return true, "tcp_slow_start_after_idle is 0", nil
 	}
-	var once sync.Once
-	return state, func() { once.Do(releaseWarm) }, nil
-}
-
-func releaseWarm() {
-	warm.mu.Lock()
-	defer warm.mu.Unlock()
-	warm.users--
-	if warm.users > 0 || !warm.restore {
-		return
-	}
-	warm.restore = false
-	// Put 1 back only over our own 0: someone who changed it since wins.
-	if b, err := os.ReadFile(slowStartAfterIdle); err == nil && string(bytes.TrimSpace(b)) == "0" {
-		os.WriteFile(slowStartAfterIdle, []byte("1\n"), 0)
-	}
+	return false, "cold: tcp_slow_start_after_idle is " + v, nil
 }

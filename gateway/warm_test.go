@@ -1,10 +1,13 @@
 package gateway
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // fakeSysctl points keepWarm at a file holding v for the test's duration.
@@ -29,71 +32,33 @@ func readSysctl(t *testing.T, p string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// Two gateways of one process: the sysctl goes off with the first and comes
-// back with the last, once, however often a release is called.
-func TestKeepWarmRestoresAfterLastGateway(t *testing.T) {
-	p := fakeSysctl(t, "1\n")
-	s1, r1, err := keepWarm()
-	if err != nil || readSysctl(t, p) != "0" || !strings.Contains(s1, "set to 0") {
-		t.Fatalf("first gateway: %q %v, sysctl %s", s1, err, readSysctl(t, p))
-	}
-	s2, r2, err := keepWarm()
-	if err != nil || s2 != s1 {
-		t.Fatalf("second gateway: %q %v", s2, err)
-	}
-	r1()
-	r1()
-	if v := readSysctl(t, p); v != "0" {
-		t.Fatalf("restored to %s while a gateway still runs", v)
-	}
-	r2()
-	if v := readSysctl(t, p); v != "1" {
-		t.Fatalf("after the last gateway the sysctl is %s, want 1 back", v)
+// warmState only reads: the value it finds is the value left.
+func TestWarmStateReadsOnly(t *testing.T) {
+	for _, c := range []struct {
+		v, state string
+		warm     bool
+	}{
+		{"0\n", "tcp_slow_start_after_idle is 0", true},
+		{"1\n", "cold: tcp_slow_start_after_idle is 1", false},
+		{"2", "cold: tcp_slow_start_after_idle is 2", false},
+	} {
+		p := fakeSysctl(t, c.v)
+		warm, state, err := warmState()
+		if err != nil || warm != c.warm || state != c.state {
+			t.Errorf("sysctl %q: warm %v state %q err %v, want %v %q", c.v, warm, state, err, c.warm, c.state)
+		}
+		if got := readSysctl(t, p); got != strings.TrimSpace(c.v) {
+			t.Errorf("sysctl %q became %q", c.v, got)
+		}
 	}
 }
 
-func TestKeepWarmAlreadyOff(t *testing.T) {
-	p := fakeSysctl(t, "0\n")
-	s, r, err := keepWarm()
-	if err != nil || !strings.Contains(s, "already 0") {
-		t.Fatalf("%q %v", s, err)
-	}
-	r()
-	if v := readSysctl(t, p); v != "0" {
-		t.Fatalf("a sysctl we did not change became %s", v)
-	}
-}
-
-// Someone else set the sysctl while the gateway ran: their value stays.
-func TestKeepWarmLeavesOthersValue(t *testing.T) {
-	p := fakeSysctl(t, "1\n")
-	_, r, err := keepWarm()
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(p, []byte("2\n"), 0o644)
-	r()
-	if v := readSysctl(t, p); v != "2" {
-		t.Fatalf("got %s, want the admin's 2 kept", v)
-	}
-}
-
-func TestKeepWarmError(t *testing.T) {
+func TestWarmStateError(t *testing.T) {
 	old := slowStartAfterIdle
 	slowStartAfterIdle = filepath.Join(t.TempDir(), "missing", "tcp_slow_start_after_idle")
 	defer func() { slowStartAfterIdle = old }()
-	if _, r, err := keepWarm(); err == nil || r != nil || !strings.Contains(err.Error(), "net.ipv4.tcp_slow_start_after_idle") {
-		t.Fatalf("err %v, release %v", err, r != nil)
-	}
-	// A failure leaves no user behind: the next caller starts afresh.
-	p := fakeSysctl(t, "1\n")
-	_, r, err := keepWarm()
-	if err != nil || readSysctl(t, p) != "0" {
-		t.Fatal(err)
-	}
-	r()
-	if v := readSysctl(t, p); v != "1" {
-		t.Fatalf("got %s", v)
+	if _, _, err := warmState(); err == nil || !strings.Contains(err.Error(), "net.ipv4.tcp_slow_start_after_idle") {
+		t.Fatalf("err %v, want one naming the sysctl", err)
 	}
 }
 
@@ -116,5 +81,30 @@ func TestRestartsAfterIdle(t *testing.T) {
 		if got := cfg.restartsAfterIdle(); got != c.want {
 			t.Errorf("--wan-cc %q --wan-express-cc %q no express %v: restarts after idle %v, want %v", c.wan, c.express, c.noExpress, got, c.want)
 		}
+	}
+}
+
+// A CC the kernel offers but does not allow without CAP_NET_ADMIN: the
+// error names the sysctl, what it holds and the command that fixes it.
+func TestCCErrorNotAllowed(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "tcp_allowed_congestion_control"), []byte("reno cubic\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "tcp_available_congestion_control"), []byte("reno bbr cubic\n"), 0o644)
+	old := procSysIPv4
+	procSysIPv4 = dir
+	defer func() { procSysIPv4 = old }()
+	err := ccError("bbr", unix.EPERM)
+	for _, want := range []string{`"bbr"`, `net.ipv4.tcp_allowed_congestion_control is "reno cubic"`, "CAP_NET_ADMIN",
+		`sysctl -w net.ipv4.tcp_allowed_congestion_control="reno cubic bbr"`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v: want it to say %s", err, want)
+		}
+	}
+	if !errors.Is(err, unix.EPERM) {
+		t.Errorf("error %v does not wrap EPERM", err)
+	}
+	err = ccError("vegas", unix.ENOENT)
+	if err == nil || !strings.Contains(err.Error(), `tcp_available_congestion_control is "reno bbr cubic"`) || !strings.Contains(err.Error(), "modprobe tcp_vegas") {
+		t.Errorf("unknown CC: %v", err)
 	}
 }

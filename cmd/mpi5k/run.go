@@ -47,7 +47,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.SitesFile, "sites", "", "FILE of \"<host-or-CIDR> <site>\" lines (default: Grid'5000 names <cluster>-<n>.<site>)")
 	fs.BoolVar(&c.Dedicated, "dedicated-gateways", false, "gateway hosts run no ranks")
 	fs.StringVar(&c.GatewayBin, "gateway-bin", filepath.Join(bindir, "mpi5k-gateway"), "path of mpi5k-gateway on the gateway hosts")
-	fs.StringVar(&c.Preload, "preload", filepath.Join(bindir, "libmpi5k.so"), "path of libmpi5k.so on the rank hosts")
+	fs.StringVar(&c.Preload, "preload", shimPath(bindir), "path of libmpi5k.so on the rank hosts")
 	fs.Var(cli.Port(&c.LANPort), "lan-port", "gateway port for its site's ranks")
 	fs.Var(cli.Port(&c.WANPort), "wan-port", "gateway port for peer gateways")
 	fs.Var(cli.Port(&c.MetricsPort), "metrics-port", "gateway HTTP port for /ready and /metrics")

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/mpi5k/mpi5k/doctor"
+	"github.com/mpi5k/mpi5k/wrap"
+	"github.com/spf13/pflag"
+)
+
+func init() {
+	register("doctor", "check what mpi5k can do on this host or on HOSTS, and how to fix what it cannot", doctorMain)
+}
+
+func doctorMain(args []string) int {
+	fs := pflag.NewFlagSet("mpi5k doctor", pflag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "usage: mpi5k doctor [flags] [HOSTS...]\n\nWithout HOSTS, checks this host. With HOSTS, runs mpi5k doctor on each\nthrough --launcher and prints each host's report; every host then also\ndials the others' --wan-port (give the gateway hosts, or --reach-wan=false).\n\n")
+		fs.PrintDefaults()
+	}
+	self, _ := os.Executable()
+	bindir := filepath.Dir(self)
+	launcher := fs.String("launcher", "ssh", "command that runs a command on a host, e.g. oarsh")
+	remote := fs.String("mpi5k", self, "path of mpi5k on HOSTS")
+	lanPort := fs.Int("lan-port", 5000, "gateway port for its site's ranks, checked free (0: skip)")
+	wanPort := fs.Int("wan-port", 5001, "gateway port for peer gateways, checked free (0: skip)")
+	preload := fs.String("preload", shimPath(bindir), "path of libmpi5k.so on the rank hosts (\"\": skip)")
+	reach := fs.StringArray("reach", nil, "HOST:PORT of another site's gateway to connect to (repeatable)")
+	reachWAN := fs.Bool("reach-wan", true, "with HOSTS: each host connects to the other HOSTS' --wan-port")
+	timeout := fs.Duration("timeout", 3*time.Second, "connect timeout of a reach check")
+	local := fs.Bool("local", false, "check this host only (what each of HOSTS runs)")
+	if err := fs.Parse(args); err != nil {
+		if err == pflag.ErrHelp {
+			return 0
+		}
+		return 2
+	}
+	for _, p := range []struct {
+		name string
+		v    int
+	}{{"--lan-port", *lanPort}, {"--wan-port", *wanPort}} {
+		if p.v < 0 || p.v > 65535 {
+			fmt.Fprintf(os.Stderr, "mpi5k doctor: %s %d: want 0..65535\n", p.name, p.v)
+			return 2
+		}
+	}
+	opts := doctor.Options{LANPort: *lanPort, WANPort: *wanPort, Shim: *preload, Reach: *reach, DialTimeout: *timeout}
+	hosts := fs.Args()
+	if *local || len(hosts) == 0 {
+		if *local && len(hosts) > 0 {
+			fmt.Fprintf(os.Stderr, "mpi5k doctor: --local takes no HOSTS (got %q)\n", hosts)
+			return 2
+		}
+		if doctor.Write(os.Stdout, "", doctor.Run(doctor.Local(), opts)) {
+			return 1
+		}
+		return 0
+	}
+	lw := strings.Fields(*launcher)
+	if len(lw) == 0 {
+		fmt.Fprintln(os.Stderr, "mpi5k doctor: --launcher is empty")
+		return 2
+	}
+	// Every host at once; each report is printed whole, in HOSTS order.
+	reports := make([]string, len(hosts))
+	failed := make([]bool, len(hosts))
+	var wg sync.WaitGroup
+	for i, h := range hosts {
+		cmd := []string{*remote, "doctor", "--local",
+			"--lan-port", strconv.Itoa(*lanPort), "--wan-port", strconv.Itoa(*wanPort),
+			"--preload", *preload, "--timeout", timeout.String()}
+		for _, r := range *reach {
+			cmd = append(cmd, "--reach", r)
+		}
+		if *reachWAN && *wanPort > 0 {
+			for _, o := range hosts {
+				if o != h {
+					cmd = append(cmd, "--reach", net.JoinHostPort(o, strconv.Itoa(*wanPort)))
+				}
+			}
+		}
+		// The launcher hands one command line to the host's shell.
+		for i, a := range cmd {
+			cmd[i] = wrap.ShellQuote(a)
+		}
+		argv := append(append([]string(nil), lw...), h, strings.Join(cmd, " "))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reports[i], failed[i] = remoteDoctor(h, argv, *timeout+30*time.Second)
+		}()
+	}
+	wg.Wait()
+	code := 0
+	for i := range hosts {
+		fmt.Print(reports[i])
+		if failed[i] {
+			code = 1
+		}
+	}
+	return code
+}
+
+// remoteDoctor runs argv (the launcher's command for host) and returns
+// host's report, each line prefixed with the host, and whether it failed.
+func remoteDoctor(host string, argv []string, limit time.Duration) (string, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	c := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	c.Stdin = nil
+	var out, errb strings.Builder
+	c.Stdout, c.Stderr = &out, &errb
+	err := c.Run()
+	var b strings.Builder
+	prefix(&b, host, out.String())
+	code := c.ProcessState.ExitCode()
+	if err == nil || code == 1 && out.Len() > 0 { // 1: the report has a FAIL
+		return b.String(), err != nil
+	}
+	doctor.Write(&b, host, []doctor.Result{{Status: doctor.Fail, Check: "launcher",
+		Detail: fmt.Sprintf("%s: %v: %s", strings.Join(argv, " "), err, strings.TrimSpace(errb.String())),
+		Fix:    "check that --launcher reaches the host without a password and that mpi5k is at --mpi5k there (make install, or the mpi5k package)"}})
+	return b.String(), true
+}
+
+func prefix(w io.Writer, host, s string) {
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		fmt.Fprintf(w, "%s: %s\n", host, sc.Text())
+	}
+}

@@ -1,0 +1,279 @@
+// Package doctor checks what mpi5k will and will not be able to do on a
+// host, and why: kernel features, congestion controls, capabilities, the
+// keep-warm sysctl, ports, peers' reachability, the shim library and the
+// clock. Every check reads its inputs through Env, so tests give it fake
+// /proc files and system calls; it needs no privilege.
+package doctor
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/mpi5k/mpi5k/gateway"
+	"golang.org/x/sys/unix"
+)
+
+// Status of one check.
+type Status int
+
+const (
+	OK   Status = iota
+	Warn        // mpi5k runs, without a feature or slower
+	Fail        // mpi5k will not run as configured
+)
+
+func (s Status) String() string { return [...]string{"OK", "WARN", "FAIL"}[s] }
+
+// Result is one line of the report.
+type Result struct {
+	Status Status
+	Check  string
+	Detail string
+	Fix    string // empty for OK
+}
+
+// Env is where the checks read the host. Local returns the real one.
+type Env struct {
+	ProcSys   string                  // /proc/sys
+	Status    string                  // /proc/self/status
+	Release   func() string           // kernel release
+	SetCC     func(cc string) error   // sets a congestion control on a probe socket
+	SetTimers func() error            // sets TCP_RTO_MIN_US and TCP_DELACK_MAX_US on a probe socket
+	Listen    func(addr string) error // binds and closes a TCP listener
+	Dial      func(addr string, d time.Duration) error
+	Adjtimex  func() (state int, status int32, maxerr int64, err error)
+}
+
+// Local is the Env of this host.
+func Local() Env {
+	return Env{
+		ProcSys: "/proc/sys",
+		Status:  "/proc/self/status",
+		Release: func() string {
+			var u unix.Utsname
+			if unix.Uname(&u) != nil {
+				return "unknown"
+			}
+			return unix.ByteSliceToString(u.Release[:])
+		},
+		SetCC:     gateway.CheckCC,
+		SetTimers: gateway.CheckTimers,
+		Listen: func(addr string) error {
+			l, err := net.Listen("tcp", addr)
+			if err == nil {
+				l.Close()
+			}
+			return err
+		},
+		Dial: func(addr string, d time.Duration) error {
+			c, err := net.DialTimeout("tcp", addr, d)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		},
+		Adjtimex: func() (int, int32, int64, error) {
+			var tx unix.Timex // modes 0: read only
+			state, err := unix.Adjtimex(&tx)
+			return state, tx.Status, tx.Maxerror, err
+		},
+	}
+}
+
+// Options say what to check besides the host itself.
+type Options struct {
+	LANPort, WANPort int      // the gateway's ports, checked free (0: skip)
+	Shim             string   // libmpi5k.so path the ranks preload ("": skip)
+	Reach            []string // host:port of other sites' gateways, dialled
+	DialTimeout      time.Duration
+}
+
+// Run performs every check.
+func Run(e Env, o Options) []Result {
+	var r []Result
+	r = append(r, kernel(e))
+	r = append(r, congestion(e)...)
+	r = append(r, keepWarm(e))
+	for _, p := range []struct {
+		name string
+		port int
+	}{{"LAN port", o.LANPort}, {"WAN port", o.WANPort}} {
+		if p.port > 0 {
+			r = append(r, port(e, p.name, p.port))
+		}
+	}
+	for _, a := range o.Reach {
+		r = append(r, reach(e, a, o.DialTimeout))
+	}
+	if o.Shim != "" {
+		r = append(r, shim(o.Shim))
+	}
+	r = append(r, clock(e))
+	return r
+}
+
+func (e Env) sysctl(name string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(e.ProcSys, strings.ReplaceAll(name, ".", "/")))
+	return string(bytes.TrimSpace(b)), err
+}
+
+// TCP_RTO_MIN_US and TCP_DELACK_MAX_US came with Linux 6.15.
+func kernel(e Env) Result {
+	rel := e.Release()
+	err := e.SetTimers()
+	switch {
+	case err == nil:
+		return Result{OK, "kernel", fmt.Sprintf("Linux %s: TCP_RTO_MIN_US and TCP_DELACK_MAX_US (WAN RTO floor 10 ms, delayed ACKs 5 ms)", rel), ""}
+	case errors.Is(err, unix.ENOPROTOOPT):
+		return Result{Warn, "kernel", fmt.Sprintf("Linux %s has no TCP_RTO_MIN_US / TCP_DELACK_MAX_US: WAN sockets keep the 200 ms RTO floor, so a lone lost message waits about 200 ms more", rel),
+			"run Linux 6.15 or newer on the gateway hosts (Debian 12's 6.1 and Debian 13's 6.12 lack both options)"}
+	}
+	return Result{Fail, "kernel", fmt.Sprintf("Linux %s: setting TCP_RTO_MIN_US / TCP_DELACK_MAX_US: %v", rel, err), "report this kernel's answer as a bug of mpi5k"}
+}
+
+func congestion(e Env) []Result {
+	avail, _ := e.sysctl("net.ipv4.tcp_available_congestion_control")
+	allowed, _ := e.sysctl("net.ipv4.tcp_allowed_congestion_control")
+	capAdmin, capErr := hasCap(e.Status, unix.CAP_NET_ADMIN)
+	var r []Result
+	denied := false
+	for _, c := range []struct{ cc, role, why string }{
+		{"bbr", "bulk WAN links", "without it the bulk links run the system's default (CUBIC kept 63 % of the WAN's rate in the lab where BBR kept 97-101 %)"},
+		{"cubic", "express link", "without it the express link runs the bulk links' BBR, which paces messages at the rate of earlier small ones"},
+	} {
+		err := e.SetCC(c.cc)
+		switch {
+		case err == nil:
+			r = append(r, Result{OK, "cc " + c.cc, fmt.Sprintf("%s can run %s (available: %s; allowed without CAP_NET_ADMIN: %s)", c.role, c.cc, avail, allowed), ""})
+		case errors.Is(err, unix.EPERM):
+			denied = true
+			r = append(r, Result{Warn, "cc " + c.cc, fmt.Sprintf("%s cannot run %s in this process: not in net.ipv4.tcp_allowed_congestion_control (%s) and no CAP_NET_ADMIN; %s", c.role, c.cc, allowed, c.why),
+				fmt.Sprintf("sysctl -w net.ipv4.tcp_allowed_congestion_control=%q, or run the gateway as the mpi5k-gateway service, whose unit grants CAP_NET_ADMIN", strings.TrimSpace(allowed+" "+c.cc))})
+		case errors.Is(err, unix.ENOENT):
+			r = append(r, Result{Warn, "cc " + c.cc, fmt.Sprintf("%s cannot run %s: the kernel does not offer it (available: %s); %s", c.role, c.cc, avail, c.why),
+				"modprobe tcp_" + c.cc + " (and list it in /etc/modules-load.d/ to keep it)"})
+		default:
+			r = append(r, Result{Warn, "cc " + c.cc, err.Error(), "see the error"})
+		}
+	}
+	capLine := Result{OK, "capabilities", "CAP_NET_ADMIN: any available congestion control can be set", ""}
+	switch {
+	case capErr != nil:
+		capLine = Result{Warn, "capabilities", "cannot read this process's capabilities: " + capErr.Error(), "check that /proc is mounted"}
+	case !capAdmin && denied:
+		capLine = Result{Warn, "capabilities", fmt.Sprintf("no CAP_NET_ADMIN: congestion controls are limited to %q (see the cc lines)", allowed), "the cc lines' fix"}
+	case !capAdmin:
+		capLine = Result{OK, "capabilities", fmt.Sprintf("no CAP_NET_ADMIN, not needed: the congestion controls mpi5k uses are allowed (%s)", allowed), ""}
+	}
+	return append(r, capLine)
+}
+
+// hasCap reads the effective capability set of /proc/<pid>/status.
+func hasCap(statusPath string, c int) (bool, error) {
+	b, err := os.ReadFile(statusPath)
+	if err != nil {
+		return false, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+			mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				return false, fmt.Errorf("%s: CapEff %q: %w", statusPath, v, err)
+			}
+			return mask&(1<<uint(c)) != 0, nil
+		}
+	}
+	return false, fmt.Errorf("%s: no CapEff line", statusPath)
+}
+
+func keepWarm(e Env) Result {
+	v, err := e.sysctl("net.ipv4.tcp_slow_start_after_idle")
+	switch {
+	case err != nil:
+		return Result{Warn, "keep warm", "reading net.ipv4.tcp_slow_start_after_idle: " + err.Error(), "check that /proc/sys is mounted"}
+	case v == "0":
+		return Result{OK, "keep warm", "net.ipv4.tcp_slow_start_after_idle is 0: the CUBIC express link keeps its window across pauses", ""}
+	}
+	return Result{Warn, "keep warm", "net.ipv4.tcp_slow_start_after_idle is " + v + ": the CUBIC express link restarts from 10 segments after every pause longer than its RTO (a 64 KiB message after a pause: 3 round trips instead of 1)",
+		gateway.KeepWarmFix + "; or run every WAN link on BBR (--wan-express-cc bbr), which Linux never restarts"}
+}
+
+func port(e Env, name string, p int) Result {
+	addr := ":" + strconv.Itoa(p)
+	err := e.Listen(addr)
+	switch {
+	case err == nil:
+		return Result{OK, name, fmt.Sprintf("TCP %d is free", p), ""}
+	case errors.Is(err, unix.EADDRINUSE):
+		return Result{Fail, name, fmt.Sprintf("TCP %d is in use by another process", p), fmt.Sprintf("stop what listens there (ss -ltnp 'sport = :%d') or choose another port (mpi5k run --lan-port/--wan-port, the site map's lan=/wan=)", p)}
+	case errors.Is(err, unix.EACCES):
+		return Result{Fail, name, fmt.Sprintf("TCP %d: %v", p, err), "ports below 1024 need CAP_NET_BIND_SERVICE: choose a port of 1024 or above"}
+	}
+	return Result{Fail, name, fmt.Sprintf("TCP %d: %v", p, err), "see the error"}
+}
+
+func reach(e Env, addr string, d time.Duration) Result {
+	if d <= 0 {
+		d = 3 * time.Second
+	}
+	err := e.Dial(addr, d)
+	switch {
+	case err == nil:
+		return Result{OK, "reach " + addr, "connected: a gateway (or something) listens there", ""}
+	case errors.Is(err, unix.ECONNREFUSED):
+		return Result{OK, "reach " + addr, "the host answers; nothing listens on the port yet (no gateway running)", ""}
+	}
+	return Result{Fail, "reach " + addr, "cannot connect: " + err.Error(), "open the WAN port between the gateway hosts (firewall), or give the gateway a WAN address the other sites can route to (the site map's wan=)"}
+}
+
+func shim(path string) Result {
+	f, err := os.Open(path)
+	if err != nil {
+		return Result{Fail, "shim", err.Error(), "install libmpi5k.so at the same path on every rank host (make install, or the mpi5k package), or point mpi5k run --preload at it"}
+	}
+	defer f.Close()
+	var hdr [18]byte
+	if _, err := io.ReadFull(f, hdr[:]); err != nil || string(hdr[:4]) != "\x7fELF" || hdr[16] != 3 { // ET_DYN
+		return Result{Fail, "shim", path + " is not an ELF shared library", "rebuild it (make) and install it again"}
+	}
+	return Result{OK, "shim", path + " is a shared library", ""}
+}
+
+// Kernel time status: STA_UNSYNC set means no time daemon disciplines the
+// clock, and trace timestamps of different hosts drift apart.
+func clock(e Env) Result {
+	state, status, maxerr, err := e.Adjtimex()
+	if err != nil {
+		return Result{Warn, "clock", "adjtimex: " + err.Error(), "check the time daemon (chronyc tracking, timedatectl)"}
+	}
+	if state == unix.TIME_ERROR || status&unix.STA_UNSYNC != 0 {
+		return Result{Warn, "clock", "the kernel clock is not synchronised: traces of different hosts (mpi5k trace) are merged by their timestamps",
+			"run a time daemon on every host (apt-get install chrony)"}
+	}
+	return Result{OK, "clock", fmt.Sprintf("synchronised, maximum error %s", time.Duration(maxerr)*time.Microsecond), ""}
+}
+
+// Write prints results one a line, a fix under each that has one, and
+// says whether any failed.
+func Write(w io.Writer, host string, rs []Result) (failed bool) {
+	for _, r := range rs {
+		prefix := ""
+		if host != "" {
+			prefix = host + ": "
+		}
+		fmt.Fprintf(w, "%s%-4s %-13s %s\n", prefix, r.Status, r.Check, r.Detail)
+		if r.Fix != "" {
+			fmt.Fprintf(w, "%s     %-13s fix: %s\n", prefix, "", r.Fix)
+		}
+		failed = failed || r.Status == Fail
+	}
+	return failed
+}
