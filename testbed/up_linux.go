@@ -187,6 +187,13 @@ func (l *Lab) buildHost(rh *netlink.Handle, h *hostPlan, bridgeIdx int) error {
 	if cc := l.st.Config.HostCC; cc != "" {
 		sysctls = append(sysctls, [2]string{"net/ipv4/tcp_congestion_control", cc})
 	}
+	if h.Kind == kindGateway {
+		// A gateway host is set up as the mpi5k-gateway service unit sets
+		// up a site's gateway host (dist/): the CUBIC express link keeps its
+		// window across an MPI job's pauses. The gateways themselves change
+		// no host setting; the lab's node hosts keep the kernel's 1.
+		sysctls = append(sysctls, [2]string{"net/ipv4/tcp_slow_start_after_idle", "0"})
+	}
 	if err := writeSysctls(hpath, sysctls); err != nil {
 		return err
 	}
