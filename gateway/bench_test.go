@@ -56,6 +56,12 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if spec := os.Getenv("MPI5K_SCALE_DST"); spec != "" {
+		os.Exit(scaleDstChild(spec))
+	}
+	if spec := os.Getenv("MPI5K_SCALE_CLIENTS"); spec != "" {
+		os.Exit(scaleClientChild(spec))
+	}
 	if addr := os.Getenv("MPI5K_ECHO_CHILD"); addr != "" {
 		serveEchoProc(netip.MustParseAddrPort(addr))
 		os.Exit(0)
@@ -132,6 +138,10 @@ func childGateway(spec string) int {
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	cfg.NoPollThread = os.Getenv("MPI5K_GW_NOPOLL") != ""
 	cfg.NoQuietRuntime = os.Getenv("MPI5K_GW_RTWAKES") != ""
+	cfg.NoPrime = os.Getenv("MPI5K_GW_NOPRIME") != ""
+	if v := os.Getenv("MPI5K_GW_MEMSTATS"); v != "" {
+		childMemStats(v)
+	}
 	if v := os.Getenv("MPI5K_GW_CHUNK"); v != "" {
 		cfg.Chunk, _ = units.Size(v)
 	}
