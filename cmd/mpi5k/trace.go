@@ -55,7 +55,7 @@ func traceMain(args []string) int {
 		conn = fs.String("conn", "", "connection id as in the report (default: the busiest WAN connection)")
 	case "advise":
 		out = fs.StringP("output", "o", "-", "host file to write (- = standard output; the summary goes to standard error)")
-		format = fs.String("format", trace.FormatMachinefile, "host file format: machinefile (one host per line in rank order: mpiexec -f) or rankfile (Open MPI: mpirun --rankfile)")
+		format = fs.String("format", trace.FormatMachinefile, "host file format: machinefile (one host per line in rank order: mpiexec -f FILE, or Open MPI's mpirun --hostfile FILE --mca rmaps seq) or rankfile (Open MPI: mpirun --rankfile FILE)")
 	default:
 		fmt.Fprintf(os.Stderr, "mpi5k trace: unknown subcommand %q\n%s", sub, traceUsage)
 		return 2
