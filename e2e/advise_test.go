@@ -32,17 +32,10 @@ func TestTraceAdviseLab(t *testing.T) {
 	}
 	l := labUp(t, testbed.Config{Nodes: 2, RTT: 10 * time.Millisecond, WANRate: 200e6})
 	tmp := t.TempDir()
-	sites := filepath.Join(tmp, "sites")
-	var sb strings.Builder
+	sites := traceSitesFile(t, l)
 	gws := map[string]bool{}
 	for _, s := range l.Sites() {
-		for _, h := range l.Hosts(s, true) {
-			sb.WriteString(l.Addr(h).String() + " " + s + "\n")
-		}
 		gws[l.Addr("gw."+s).String()] = true
-	}
-	if err := os.WriteFile(sites, []byte(sb.String()), 0o644); err != nil {
-		t.Fatal(err)
 	}
 	// wanBytes: TCP bytes between the gateways, both directions, during run.
 	run := func(name string, placement ...string) (uint64, string) {
