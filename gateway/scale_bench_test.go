@@ -135,7 +135,7 @@ func childMemStats(file string) {
 // scalePeerGW runs one peer gateway in this process with its own two-site
 // map (hub and itself): the peers are the hub's load, not what is measured.
 func scalePeerGW(b *testing.B, m *sitemap.Map, site string) (*Gateway, context.CancelFunc, chan struct{}) {
-	g, err := New(Config{Map: m, Site: site, NoPrime: true,
+	g, err := New(Config{Map: m, Site: site, NoPrime: true, DrainTimeout: 100 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
 	if err != nil {
 		b.Fatal(err)
@@ -208,7 +208,7 @@ func BenchmarkScaleHub(b *testing.B) {
 	if err := hub.Start(); err != nil {
 		b.Fatal(err)
 	}
-	defer func() { hub.Process.Signal(syscall.SIGTERM); hub.Wait() }()
+	defer func() { hub.Process.Kill(); hub.Wait() }() // measured: no drain needed
 	for i := 0; ; i++ { // listening: the LAN port answers
 		if c, err := net.Dial("tcp", hubLAN.String()); err == nil {
 			c.Close()
@@ -249,11 +249,7 @@ func BenchmarkScaleHub(b *testing.B) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	var stops []func()
-	defer func() {
-		for _, s := range stops {
-			s()
-		}
-	}()
+	defer func() { stopAll(stops) }()
 	t0 := time.Now()
 	for k := 1; k <= peers; k++ {
 		_, cancel, done := scalePeerGW(b, peerMaps[k], fmt.Sprintf("p%d", k))
@@ -335,6 +331,17 @@ func BenchmarkScaleHub(b *testing.B) {
 		100*cpuLinks.Seconds()/idle.Seconds(), cpuStreams, nStreams)
 }
 
+// stopAll stops in-process gateways concurrently: one after another, each
+// one's drain would add up (254 x 10 s with the default DrainTimeout).
+func stopAll(stops []func()) {
+	var wg sync.WaitGroup
+	for _, s := range stops {
+		wg.Add(1)
+		go func() { defer wg.Done(); s() }()
+	}
+	wg.Wait()
+}
+
 func mib(v uint64) float64 { return float64(v) / (1 << 20) }
 
 // BenchmarkRejoin64: 64 gateways in one process form a full mesh (2016
@@ -362,12 +369,13 @@ func BenchmarkRejoin64(b *testing.B) {
 		gws[k], cancels[k], dones[k] = scalePeerGW(b, m, fmt.Sprintf("s%d", k))
 	}
 	defer func() {
+		var stops []func()
 		for k := 1; k <= sites; k++ {
 			if cancels[k] != nil {
-				cancels[k]()
-				<-dones[k]
+				stops = append(stops, func() { cancels[k](); <-dones[k] })
 			}
 		}
+		stopAll(stops)
 	}()
 	meshUp := func(limit time.Duration) time.Duration {
 		t0 := time.Now()
