@@ -209,7 +209,7 @@ func BenchmarkScaleHub(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer func() { hub.Process.Kill(); hub.Wait() }() // measured: no drain needed
-	for i := 0; ; i++ { // listening: the LAN port answers
+	for i := 0; ; i++ {                               // listening: the LAN port answers
 		if c, err := net.Dial("tcp", hubLAN.String()); err == nil {
 			c.Close()
 			break
@@ -350,7 +350,8 @@ func mib(v uint64) float64 { return float64(v) / (1 << 20) }
 // of the mesh is up again, and how long the mesh took to form at first.
 func BenchmarkRejoin64(b *testing.B) {
 	const sites = 64
-	raiseNoFile(b, 4*sites*sites+10000)
+	// Two links per site pair, both ends in this process, plus listeners.
+	raiseNoFile(b, 2*2*sites*(sites-1)+1000)
 	bl := sitemap.NewBuilder()
 	for k := 1; k <= sites; k++ {
 		ip := netip.AddrFrom4([4]byte{127, 21, byte(k), 1})
