@@ -266,16 +266,7 @@ func TestTraceMPILab(t *testing.T) {
 		}
 	}
 	l := labUp(t, testbed.Config{Nodes: 2, RTT: 20 * time.Millisecond, WANRate: 200e6})
-	sites := filepath.Join(t.TempDir(), "sites")
-	var sb strings.Builder
-	for _, s := range l.Sites() {
-		for _, h := range l.Hosts(s, true) {
-			sb.WriteString(l.Addr(h).String() + " " + s + "\n")
-		}
-	}
-	if err := os.WriteFile(sites, []byte(sb.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	sites := traceSitesFile(t, l)
 	pingpong := map[string]string{}
 	cases := []struct {
 		name    string
@@ -398,6 +389,23 @@ func TestTraceMPILab(t *testing.T) {
 			}
 		})
 	}
+}
+
+// traceSitesFile writes the "<address> <site>" file of mpi5k run --sites
+// for every host of the lab, gateways included.
+func traceSitesFile(t *testing.T, l *testbed.Lab) string {
+	t.Helper()
+	sites := filepath.Join(t.TempDir(), "sites")
+	var sb strings.Builder
+	for _, s := range l.Sites() {
+		for _, h := range l.Hosts(s, true) {
+			sb.WriteString(l.Addr(h).String() + " " + s + "\n")
+		}
+	}
+	if err := os.WriteFile(sites, []byte(sb.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return sites
 }
 
 var lastLinesRe = regexp.MustCompile(`\n+$`)

@@ -55,6 +55,12 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if spec := os.Getenv("MPI5K_SCALE_DST"); spec != "" {
+		os.Exit(scaleDstChild(spec))
+	}
+	if spec := os.Getenv("MPI5K_SCALE_CLIENTS"); spec != "" {
+		os.Exit(scaleClientChild(spec))
+	}
 	if addr := os.Getenv("MPI5K_ECHO_CHILD"); addr != "" {
 		serveEchoProc(netip.MustParseAddrPort(addr))
 		os.Exit(0)
@@ -138,6 +144,9 @@ func childGateway(spec string) int {
 		return 2
 	}
 	cfg.ReadyFile = f[2]
+	if v := os.Getenv("MPI5K_GW_MEMSTATS"); v != "" {
+		childMemStats(v)
+	}
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	g, err := New(cfg)
 	if err != nil {

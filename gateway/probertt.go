@@ -81,6 +81,7 @@ var guardIdleEvery = 250 * time.Millisecond
 type probeGuard struct {
 	mu    sync.Mutex
 	links map[*relay.Link]*guardLink
+	live  linkSet
 	// msgs: when each peer site's express link last sent (the bytes it had
 	// sent then). While messages cross, queue control caps the bulk links
 	// and a bulk link's bytes are MPI messages' tails: no holds then.
@@ -147,8 +148,9 @@ func (pg *probeGuard) tick(links []*relay.Link) (busy bool) {
 	if pg.links == nil {
 		pg.links = map[*relay.Link]*guardLink{}
 	}
+	pg.live.reset(links)
 	for l, gl := range pg.links {
-		if gl.listed && !containsLink(links, l) {
+		if gl.listed && !pg.live.has(l) {
 			delete(pg.links, l)
 		}
 	}

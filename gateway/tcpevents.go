@@ -21,11 +21,12 @@ const wanSampleEvery = 100 * time.Millisecond
 // the same counters the shim records for application sockets in trace
 // mode (docs/tracing.md), exported by metrics.
 type wanEvents struct {
-	mu  sync.Mutex
-	t   map[*relay.Link]*tcpinfo.Tracker
-	raw tcpinfo.Raw
-	in  tcpinfo.Info
-	bbr tcpinfo.BBR
+	mu   sync.Mutex
+	t    map[*relay.Link]*tcpinfo.Tracker
+	live linkSet
+	raw  tcpinfo.Raw
+	in   tcpinfo.Info
+	bbr  tcpinfo.BBR
 }
 
 // sampleWAN samples every WAN link until the gateway stops.
@@ -61,8 +62,9 @@ func (w *wanEvents) sample(links []*relay.Link) {
 	}
 	// Forget links that were replaced; their counters restart with the
 	// new link (a Prometheus counter reset).
+	w.live.reset(links)
 	for l := range w.t {
-		if !containsLink(links, l) {
+		if !w.live.has(l) {
 			delete(w.t, l)
 		}
 	}
@@ -130,13 +132,26 @@ func (w *wanEvents) last(l *relay.Link) (tcpinfo.Info, bool) {
 	return tcpinfo.Info{}, false
 }
 
-func containsLink(ls []*relay.Link, l *relay.Link) bool {
-	for _, x := range ls {
-		if x == l {
-			return true
-		}
+// linkSet answers "is l among the gateway's links" in constant time: the
+// sampler and the PROBE_RTT guard ask it for each link they track, and a
+// scan of the list made each of their rounds quadratic (15 % of a hub's
+// idle CPU with 508 links, BenchmarkScaleHub). The map is kept and
+// cleared, not rebuilt, so a round allocates nothing.
+type linkSet struct{ m map[*relay.Link]struct{} }
+
+func (s *linkSet) reset(ls []*relay.Link) {
+	if s.m == nil {
+		s.m = make(map[*relay.Link]struct{}, len(ls))
 	}
-	return false
+	clear(s.m)
+	for _, l := range ls {
+		s.m[l] = struct{}{}
+	}
+}
+
+func (s *linkSet) has(l *relay.Link) bool {
+	_, ok := s.m[l]
+	return ok
 }
 
 // counters returns what was derived for l so far, and its last BBR

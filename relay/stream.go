@@ -38,9 +38,13 @@ type Stream struct {
 
 	// The reading side's state, which the poller thread uses while the
 	// application is quiet (see poller.go); owned by pumpOut otherwise.
-	w         *waiter
-	next      *[]byte   // buffer for the next read, with a token and credit for it
-	nextAt    time.Time // when next was prepared (the burst clock)
+	w *waiter
+	// nextN > 0: a token and credit for a read of up to nextN bytes are
+	// held. The buffer is taken from the pool only around the read itself,
+	// so a quiet stream waiting for its application holds none (a 128 KiB
+	// chunk per idle stream otherwise).
+	nextN     int
+	nextAt    time.Time // when nextN was granted (the burst clock)
 	hotErr    error     // a read's end of file or error, which the poller leaves to pumpOut
 	hotExit   bool      // the poller ended the pump's work
 	streaming bool      // the last read filled its buffer: wait in Go's poller
@@ -462,27 +466,31 @@ func (s *Stream) expressBudget(n int, rtt time.Duration, now time.Time) bool {
 func (s *Stream) pumpOut(conn Conn) {
 	defer s.w.close()
 	for {
-		if s.next == nil && !s.acquire() {
+		if s.nextN == 0 && !s.acquire() {
 			return
 		}
-		p, t0 := s.next, s.nextAt
+		p, t0 := getBuf(s.nextN), s.nextAt
 		k, err := 0, errWouldBlock
 		switch {
 		case s.hotErr != nil:
 			err, s.hotErr = s.hotErr, nil
 		case s.w != nil && !s.streaming:
 			k, err = s.w.read(*p)
-			if err == errWouldBlock && s.w.wait() {
-				if s.hotExit {
-					return
+			if err == errWouldBlock {
+				putBuf(p) // nothing to read: wait without a buffer
+				if s.w.wait() {
+					if s.hotExit {
+						return
+					}
+					continue
 				}
-				continue
+				p = getBuf(s.nextN)
 			}
 		}
 		if err == errWouldBlock {
 			k, err = conn.Read(*p)
 		}
-		s.next = nil
+		s.nextN = 0
 		// A read that fills the buffer means the application streams, and
 		// it streams on until it pauses (burstGap): its next bytes are due
 		// at once, and waiting in Go's poller costs one wake-up where the
@@ -522,7 +530,7 @@ func (s *Stream) acquire() bool {
 	if ended {
 		return false
 	}
-	s.next, s.nextAt = getBuf(n), time.Now()
+	s.nextN, s.nextAt = n, time.Now()
 	return true
 }
 
@@ -541,7 +549,7 @@ func (s *Stream) tryAcquire() bool {
 	}
 	n := int(min(int64(s.l.chunk), s.credit))
 	s.mu.Unlock()
-	s.next, s.nextAt = getBuf(n), time.Now()
+	s.nextN, s.nextAt = n, time.Now()
 	return true
 }
 
@@ -551,16 +559,18 @@ func (s *Stream) tryAcquire() bool {
 // wait for a token or credit, and when a read fills the buffer (the
 // application is streaming: that is pumpOut's work).
 func (s *Stream) outStep() bool {
-	p := s.next
+	p := getBuf(s.nextN)
 	k, err := s.w.read(*p)
 	if err == errWouldBlock {
+		putBuf(p)
 		return true
 	}
 	if err != nil {
+		putBuf(p)
 		s.hotErr = err // no bytes come with it
 		return false
 	}
-	s.next = nil
+	s.nextN = 0
 	full := k == len(*p) // p belongs to the link once forwarded
 	if !s.forward(p, k, nil, s.nextAt, time.Now(), sendTry) {
 		s.hotExit = true

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -46,6 +47,7 @@ func startTrace(dir string) error {
 		Host:   host,
 		SiteID: c.local.ID,
 		Site:   c.local.Name,
+		Rank:   launcherRank(),
 	}
 	// Written under a temporary name and renamed once the header is in:
 	// a process that exits during this start-up (it runs concurrently with
@@ -72,6 +74,25 @@ func startTrace(dir string) error {
 	startSampling(fd)
 	go flushLoop()
 	return nil
+}
+
+// rankVars are where launchers put the MPI rank: Open MPI, MPICH/Hydra
+// (PMI), PMIx launchers (PRRTE, srun --mpi=pmix), Slurm.
+var rankVars = []string{"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"}
+
+// launcherRank is the process's MPI rank from its launcher's environment,
+// -1 when no launcher said (or said something that is not a rank).
+func launcherRank() int32 {
+	for _, v := range rankVars {
+		if s := os.Getenv(v); s != "" {
+			if r, err := strconv.Atoi(s); err == nil && r >= 0 && r < trace.MaxRank {
+				return int32(r)
+			}
+			logf(levelWarn, "%s=%q is not a rank; the trace records none", v, s)
+			return -1
+		}
+	}
+	return -1
 }
 
 // anchor pairs CLOCK_MONOTONIC (the records' clock) with the wall clock, read

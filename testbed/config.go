@@ -37,6 +37,10 @@ type Config struct {
 	// it, so it decides what "without gateways" means: a cluster's nodes
 	// usually run a loss-based TCP, this project's machines default to bbr.
 	HostCC string
+	// Pairs sets the WAN of site pairs apart from the lab-wide RTT,
+	// Jitter, WANRate, Loss and Queue (a distance matrix, ParseMatrix);
+	// pairs not listed take the lab-wide values.
+	Pairs []PairLink
 }
 
 // DefaultName is the lab name used when none is given.
@@ -124,7 +128,7 @@ func (c *Config) Normalize() error {
 	if c.Queue < 2*c.MTU {
 		return fmt.Errorf("queue: %d bytes cannot hold two %d-byte packets", c.Queue, c.MTU)
 	}
-	return nil
+	return c.normalizePairs()
 }
 
 // HostTCP names the lab hosts' default congestion control for reports:

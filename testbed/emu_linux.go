@@ -32,7 +32,15 @@ const maxFlows = 4096
 // emuReq / emuResp is the control protocol on /run/mpi5k/<lab>/emu.sock:
 // one JSON request line, one JSON response line.
 type emuReq struct {
-	Op     string        `json:"op"` // ping, stats, set
+	Op  string   `json:"op"` // ping, stats, set
+	Set []emuSet `json:"set,omitempty"`
+}
+
+// emuSet changes both directions between sites A and B; empty names change
+// every link. Later entries override earlier ones.
+type emuSet struct {
+	A      string        `json:"a,omitempty"`
+	B      string        `json:"b,omitempty"`
 	OneWay time.Duration `json:"oneway_ns,omitempty"`
 	Jitter time.Duration `json:"jitter_ns,omitempty"`
 	Loss   float64       `json:"loss,omitempty"`
@@ -77,10 +85,10 @@ func (l *Lab) Stats() (Stats, error) {
 	return *resp.Stats, nil
 }
 
-// setEmu changes the WAN's one-way delay (as applied, path cost
-// already subtracted), jitter and loss on the fly.
-func (l *Lab) setEmu(oneway, jitter time.Duration, loss float64) error {
-	_, err := emuRequest(l.dir, emuReq{Op: "set", OneWay: oneway, Jitter: jitter, Loss: loss})
+// setEmu changes one-way delays (as applied, path cost already
+// subtracted), jitter and loss on the fly.
+func (l *Lab) setEmu(set ...emuSet) error {
+	_, err := emuRequest(l.dir, emuReq{Op: "set", Set: set})
 	return err
 }
 
@@ -604,14 +612,22 @@ func RunEmulator(name string) error {
 	// later when it has been idle), which showed up as packets written
 	// milliseconds late. One P per thread plus spares removes that wait.
 	runtime.GOMAXPROCS(2*nsites*(nsites-1) + 4)
-	params := &emuParams{rate: c.WANRate, queue: c.Queue}
-	if st.Ready { // restarted daemon: keep the calibrated delay
-		params.oneway.Store(int64(st.OneWay))
-		params.jitter.Store(int64(c.Jitter))
-		params.loss.Store(math.Float64bits(c.Loss))
-	} else {
-		// Calibration first (Up measures the path, then sets the rest).
-		params.oneway.Store(int64(c.RTT / 2))
+	// One parameter set per site pair, shared by its two directions.
+	params := map[[2]int]*emuParams{}
+	for i := 1; i <= nsites; i++ {
+		for j := i + 1; j <= nsites; j++ {
+			pl := c.Pair(c.Sites[i-1], c.Sites[j-1])
+			p := &emuParams{rate: pl.Rate, queue: pl.Queue}
+			if st.Ready { // restarted daemon: keep the calibrated delay
+				p.oneway.Store(int64(pairOneWay(pl.RTT, st.PathCost)))
+				p.jitter.Store(int64(pl.Jitter))
+				p.loss.Store(math.Float64bits(pl.Loss))
+			} else {
+				// Calibration first (Up measures the path, then sets the rest).
+				p.oneway.Store(int64(pl.RTT / 2))
+			}
+			params[[2]int{i, j}], params[[2]int{j, i}] = p, p
+		}
 	}
 	clk := newClock()
 	seed := uint64(time.Now().UnixNano())
@@ -621,7 +637,7 @@ func RunEmulator(name string) error {
 			if i == j {
 				continue
 			}
-			lk, err := newLink(c.Sites[i-1], c.Sites[j-1], fds[[2]int{i, j}], fds[[2]int{j, i}], params, c.MTU, clk, seed+uint64(i*64+j))
+			lk, err := newLink(c.Sites[i-1], c.Sites[j-1], fds[[2]int{i, j}], fds[[2]int{j, i}], params[[2]int{i, j}], c.MTU, clk, seed+uint64(i*64+j))
 			if err != nil {
 				return err
 			}
@@ -651,11 +667,11 @@ func RunEmulator(name string) error {
 		if err != nil {
 			return err
 		}
-		go serveControl(conn, name, links, params)
+		go serveControl(conn, name, links)
 	}
 }
 
-func serveControl(conn net.Conn, name string, links []*link, p *emuParams) {
+func serveControl(conn net.Conn, name string, links []*link) {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 	var req emuReq
@@ -672,15 +688,36 @@ func serveControl(conn net.Conn, name string, links []*link, p *emuParams) {
 		}
 		resp.Stats = s
 	case "set":
-		if req.OneWay < 0 || req.Jitter < 0 || req.Loss < 0 || req.Loss > 1 {
-			resp.Error = "set: out of range"
-			break
-		}
-		p.oneway.Store(int64(req.OneWay))
-		p.jitter.Store(int64(req.Jitter))
-		p.loss.Store(math.Float64bits(req.Loss))
+		resp.Error = applySet(links, req.Set)
 	default:
 		resp.Error = "unknown op " + strconv.Quote(req.Op)
 	}
 	_ = json.NewEncoder(conn).Encode(&resp)
+}
+
+// applySet checks every entry, then applies them in order; it returns an
+// error text naming the bad entry, and changes nothing then.
+func applySet(links []*link, set []emuSet) string {
+	for _, e := range set {
+		if e.OneWay < 0 || e.Jitter < 0 || e.Loss < 0 || e.Loss > 1 || math.IsNaN(e.Loss) {
+			return fmt.Sprintf("set %s-%s: out of range", e.A, e.B)
+		}
+		found := e.A == "" && e.B == ""
+		for _, l := range links {
+			found = found || (l.from == e.A && l.to == e.B)
+		}
+		if !found {
+			return fmt.Sprintf("set: no link between sites %q and %q", e.A, e.B)
+		}
+	}
+	for _, e := range set {
+		for _, l := range links {
+			if e.A == "" && e.B == "" || (l.from == e.A && l.to == e.B) || (l.from == e.B && l.to == e.A) {
+				l.params.oneway.Store(int64(e.OneWay))
+				l.params.jitter.Store(int64(e.Jitter))
+				l.params.loss.Store(math.Float64bits(e.Loss))
+			}
+		}
+	}
+	return ""
 }

@@ -46,7 +46,7 @@ func (l *Lab) PingAddr(ctx context.Context, from string, dst netip.Addr, count i
 	var rtts []time.Duration
 	buf := make([]byte, 1500)
 	msg := make([]byte, 64)
-	timeout := time.Second + 3*l.st.Config.RTT
+	timeout := time.Second + 3*l.st.Config.MaxRTT()
 	for seq := 0; seq < count; seq++ {
 		if err := ctx.Err(); err != nil {
 			return rtts, err
@@ -126,7 +126,7 @@ const calibrationGap = 10 * time.Millisecond
 // delay to RTT/2 minus half of that, so ping RTT matches --rtt.
 func (l *Lab) calibrate(ctx context.Context) error {
 	c := &l.st.Config
-	if err := l.setEmu(calibrationDelay, 0, 0); err != nil {
+	if err := l.setEmu(emuSet{OneWay: calibrationDelay}); err != nil {
 		return fmt.Errorf("calibrate: %w", err)
 	}
 	a, b := l.Hosts(c.Sites[0], true)[0], l.Hosts(c.Sites[1], true)[0]
@@ -150,13 +150,21 @@ func (l *Lab) calibrate(ctx context.Context) error {
 	if cost < 0 {
 		cost = 0
 	}
-	oneway := c.RTT/2 - cost/2
-	if oneway < 0 {
-		oneway = 0
-	}
+	// Every pair crosses the same router and TUNs: one path cost for all.
+	oneway := pairOneWay(c.RTT, cost)
 	l.st.PathCost, l.st.OneWay = cost, oneway
-	if err := l.setEmu(oneway, c.Jitter, c.Loss); err != nil {
+	set := []emuSet{{OneWay: oneway, Jitter: c.Jitter, Loss: c.Loss}}
+	for _, p := range c.Pairs {
+		set = append(set, emuSet{A: p.A, B: p.B, OneWay: pairOneWay(p.RTT, cost), Jitter: p.Jitter, Loss: p.Loss})
+	}
+	if err := l.setEmu(set...); err != nil {
 		return fmt.Errorf("calibrate: %w", err)
 	}
 	return nil
+}
+
+// pairOneWay is the one-way delay that makes a pair's ping RTT match rtt
+// on a path that itself costs cost per round trip.
+func pairOneWay(rtt, cost time.Duration) time.Duration {
+	return max(0, rtt/2-cost/2)
 }

@@ -99,10 +99,43 @@ func fmtDur(d time.Duration) string {
 	return fmt.Sprintf("%.3fms", float64(d)/1e6)
 }
 
-// WriteText prints stats for people: one block per direction, flows sorted by
-// bytes.
+// WritePairs prints one line per site pair: the pair's emulated WAN and
+// both directions' delivered bytes, drops and p99 lateness.
+func (s *Stats) WritePairs(w io.Writer) {
+	fmt.Fprintf(w, "%-12s %-12s %9s %9s %8s %12s %12s %7s %7s %9s\n",
+		"site a", "site b", "one-way", "rate", "loss", "a->b bytes", "b->a bytes", "drops", "retrans", "late p99")
+	done := map[[2]string]bool{}
+	for _, ab := range s.Links {
+		// Each pair once, in the emulator's order (the lab's site order).
+		if done[[2]string{ab.To, ab.From}] {
+			continue
+		}
+		done[[2]string{ab.From, ab.To}] = true
+		ba := s.Link(ab.To, ab.From)
+		if ba == nil {
+			ba = &LinkStats{}
+		}
+		rate := "unlimited"
+		if ab.Rate > 0 {
+			rate = fmt.Sprintf("%gM", float64(ab.Rate)/1e6)
+		}
+		var retrans uint64
+		for _, l := range []*LinkStats{&ab, ba} {
+			for _, f := range l.Flows {
+				retrans += f.Retrans
+			}
+		}
+		fmt.Fprintf(w, "%-12s %-12s %9s %9s %7.3f%% %12d %12d %7d %7d %9s\n",
+			ab.From, ab.To, fmtDur(ab.OneWay), rate, ab.Loss*100, ab.DeliveredBytes, ba.DeliveredBytes,
+			ab.QueueDrops+ab.RandomDrops+ba.QueueDrops+ba.RandomDrops, retrans, fmtDur(max(ab.Late.P99, ba.Late.P99)))
+	}
+}
+
+// WriteText prints stats for people: the per-pair table, then one block per
+// direction, flows sorted by bytes.
 func (s *Stats) WriteText(w io.Writer) {
-	fmt.Fprintf(w, "lab %s\n", s.Lab)
+	fmt.Fprintf(w, "lab %s\n\n", s.Lab)
+	s.WritePairs(w)
 	for _, l := range s.Links {
 		rate := "unlimited"
 		if l.Rate > 0 {

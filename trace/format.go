@@ -25,6 +25,9 @@ const (
 	maxSite    = 32
 )
 
+// MaxRank bounds the ranks a header can hold (three bytes, 0 = none).
+const MaxRank = 1<<24 - 1
+
 // Errors returned by the decoders; compare with errors.Is.
 var (
 	ErrMagic   = errors.New("trace: not an mpi5k trace file")
@@ -37,9 +40,14 @@ type Header struct {
 	Wall   int64  // wall clock (Unix ns) read together with Mono
 	Mono   uint64 // CLOCK_MONOTONIC ns at the anchor
 	PID    uint32
-	SiteID uint8  // 0 when the site was unknown
-	Host   string // at most 56 bytes
-	Site   string // at most 32 bytes
+	SiteID uint8 // 0 when the site was unknown
+	// Rank is the process's MPI rank in MPI_COMM_WORLD as its launcher
+	// announced it (OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK,
+	// SLURM_PROCID), -1 when none did. Stored as rank+1 in the three bytes
+	// after the site id, so files written before it read as -1.
+	Rank int32
+	Host string // at most 56 bytes
+	Site string // at most 32 bytes
 }
 
 // Encode appends the 128-byte header to b. Longer names are truncated.
@@ -53,6 +61,10 @@ func (h *Header) Encode(b []byte) []byte {
 	binary.LittleEndian.PutUint64(p[24:], h.Mono)
 	binary.LittleEndian.PutUint32(p[32:], h.PID)
 	p[36] = h.SiteID
+	if h.Rank >= 0 && h.Rank < MaxRank {
+		r := uint32(h.Rank) + 1
+		p[37], p[38], p[39] = byte(r), byte(r>>8), byte(r>>16)
+	}
 	copy(p[40:40+maxHost], h.Host)
 	copy(p[96:96+maxSite], h.Site)
 	return append(b, p[:]...)
@@ -77,6 +89,7 @@ func DecodeHeader(b []byte) (Header, error) {
 	h.Mono = binary.LittleEndian.Uint64(b[24:])
 	h.PID = binary.LittleEndian.Uint32(b[32:])
 	h.SiteID = b[36]
+	h.Rank = int32(uint32(b[37])|uint32(b[38])<<8|uint32(b[39])<<16) - 1
 	h.Host = cstr(b[40 : 40+maxHost])
 	h.Site = cstr(b[96 : 96+maxSite])
 	return h, nil

@@ -24,6 +24,7 @@ type Proc struct {
 	Host    string `json:"host"`
 	PID     uint32 `json:"pid"`
 	Site    string `json:"site"`
+	Rank    int32  `json:"rank"` // MPI rank, -1 unknown
 	Records int    `json:"records"`
 	Lost    uint64 `json:"lost_records"` // dropped by the shim's ring (KindLost)
 	// Truncated: the file ended inside a record (the process died).
@@ -150,7 +151,7 @@ func loadFile(path string) (*Proc, []*Conn, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", path, err)
 	}
-	p := &Proc{File: filepath.Base(path), Host: r.Header.Host, PID: r.Header.PID, Site: r.Header.Site, hdr: r.Header}
+	p := &Proc{File: filepath.Base(path), Host: r.Header.Host, PID: r.Header.PID, Site: r.Header.Site, Rank: r.Header.Rank, hdr: r.Header}
 	if p.Host == "" {
 		p.Host = fmt.Sprintf("pid%d", p.PID)
 	}

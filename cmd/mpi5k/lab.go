@@ -25,11 +25,11 @@ const labUsage = `usage: mpi5k lab <subcommand> [--name L] [flags]
 
   up      build a lab:  --sites 2|lyon,rennes --nodes 2 --rtt 20ms --wan-rate 200mbit
           [--lan-rate 1gbit] [--loss 0.1%] [--jitter 1ms] [--queue 1bdp|BYTES] [--mtu 1500]
-          [--gateway-nics 1|2]
+          [--gateway-nics 1|2] [--matrix FILE (per-pair rtt/rate/loss; sets the sites)]
   exec    run a command inside a lab host:  mpi5k lab exec HOST -- CMD ARGS...
   hosts   list host names:  [--site S] [--gateways]
   cross   competing iperf3 TCP flows:  --from S1 --to S2 [--flows 1] [--duration 60s] | --stop
-  stats   WAN counters per direction  [--json]
+  stats   WAN counters per pair and direction  [--json] [--pairs: the per-pair table only]
   down    remove everything the lab made (idempotent)
 
 Every subcommand takes --name L (default mpi5k).
@@ -165,6 +165,7 @@ func labUp(args []string) error {
 	mtu := fs.Int("mtu", 1500, "MTU of every lab link")
 	gwNICs := fs.Int("gateway-nics", 1, "gateway interfaces: 1 (LAN) or 2 (LAN + WAN leg)")
 	hostCC := fs.String("host-cc", "system", "default TCP congestion control of the lab's hosts, e.g. reno (loss-based, as a classic cluster node); system keeps the machine's")
+	matrix := fs.String("matrix", "", "distance matrix file: per-pair rtt, rate, loss, jitter, queue (testbed/README.md); its sites replace --sites, its pairs override the flags")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -172,6 +173,9 @@ func labUp(args []string) error {
 	c, err := func() (testbed.Config, error) {
 		c := testbed.Config{Name: *name, Nodes: *nodes, RTT: *rtt, Jitter: *jitter, MTU: *mtu, GatewayNICs: *gwNICs, HostCC: *hostCC}
 		var err error
+		if *matrix != "" && fs.Changed("sites") {
+			return c, fmt.Errorf("--sites and --matrix both given: the matrix file names the sites (drop --sites, or list the sites on the file's `sites` line)")
+		}
 		if c.Sites, err = testbed.ParseSites(*sites); err != nil {
 			return c, err
 		}
@@ -199,6 +203,17 @@ func labUp(args []string) error {
 		if c.Queue, err = testbed.ParseQueue(*queue, c.WANRate, c.RTT, c.MTU); err != nil {
 			return c, err
 		}
+		if *matrix != "" {
+			def := testbed.PairLink{RTT: c.RTT, Jitter: c.Jitter, Rate: c.WANRate, Loss: c.Loss}
+			if fs.Changed("queue") {
+				def.Queue = c.Queue // else each pair gets 1 BDP of its own
+			}
+			m, err := testbed.ParseMatrixFile(*matrix, def)
+			if err != nil {
+				return c, err
+			}
+			c.Sites, c.Pairs = m.Sites, m.Pairs
+		}
 		// The rest of the checks, before anything is built; Normalize
 		// names the field as the flag is named.
 		if err := c.Normalize(); err != nil {
@@ -216,9 +231,19 @@ func labUp(args []string) error {
 		return err
 	}
 	cfg := l.Config()
-	fmt.Printf("lab %s up: %d sites x %d nodes, rtt %v (path cost %v measured, one-way delay set %v), wan %s, queue %d B, loss %g%%, host tcp %s\n",
-		l.Name(), len(cfg.Sites), cfg.Nodes, cfg.RTT, l.PathCost().Round(time.Microsecond),
+	rttText := cfg.RTT.String()
+	if len(cfg.Pairs) > 0 {
+		rttText = "per pair, unlisted " + rttText
+	}
+	fmt.Printf("lab %s up: %d sites x %d nodes, rtt %s (path cost %v measured, one-way delay set %v), wan %s, queue %d B, loss %g%%, host tcp %s\n",
+		l.Name(), len(cfg.Sites), cfg.Nodes, rttText, l.PathCost().Round(time.Microsecond),
 		l.OneWayDelay().Round(time.Microsecond), rateString(cfg.WANRate), cfg.Queue, cfg.Loss*100, cfg.HostTCP())
+	if len(cfg.Pairs) > 0 {
+		fmt.Printf("per-pair WAN (%d pairs from %s):\n", len(cfg.Pairs), *matrix)
+		for _, p := range cfg.Pairs {
+			fmt.Printf("  %-12s %-12s rtt %-8v wan %-16s loss %g%%  jitter %v  queue %d B\n", p.A, p.B, p.RTT, rateString(p.Rate), p.Loss*100, p.Jitter, p.Queue)
+		}
+	}
 	fmt.Printf("site map: %s\nhosts: mpi5k lab hosts --name %s --gateways\n", l.SiteMapPath(), l.Name())
 	return nil
 }
@@ -310,6 +335,7 @@ func labCross(args []string) error {
 func labStats(args []string) error {
 	fs, name := labFlags("stats")
 	asJSON := fs.Bool("json", false, "print JSON")
+	pairsOnly := fs.Bool("pairs", false, "print only the per-pair table")
 	l, err := parseOpen(fs, name, args)
 	if err != nil {
 		return err
@@ -322,6 +348,10 @@ func labStats(args []string) error {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(&s)
+	}
+	if *pairsOnly {
+		s.WritePairs(os.Stdout)
+		return nil
 	}
 	s.WriteText(os.Stdout)
 	return nil

@@ -17,12 +17,13 @@ import (
 )
 
 func init() {
-	register("trace", "analyse a traced run: report, graph, timeline (docs/tracing.md)", traceMain)
+	register("trace", "analyse a traced run: report, graph, timeline, advise (docs/tracing.md)", traceMain)
 }
 
 const traceUsage = `usage: mpi5k trace report DIR [--json] [--map FILE]
        mpi5k trace graph DIR -o comm.svg|comm.png|comm.dot [--map FILE]
        mpi5k trace timeline DIR [--conn ID] -o t.png|t.svg [--map FILE]
+       mpi5k trace advise DIR [--format machinefile|rankfile] [-o hosts] [--map FILE]
 
 DIR holds the <host>.<pid>.trace files of a run traced with
 'mpi5k run --trace DIR' or MPI5K_TRACE=DIR (docs/tracing.md).
@@ -47,6 +48,7 @@ func traceMain(args []string) int {
 		asJSON *bool
 		out    *string
 		conn   *string
+		format *string
 	)
 	switch sub {
 	case "report":
@@ -56,6 +58,9 @@ func traceMain(args []string) int {
 	case "timeline":
 		out = fs.StringP("output", "o", "", "output file: .png or .svg")
 		conn = fs.String("conn", "", "connection id as in the report (default: the busiest WAN connection)")
+	case "advise":
+		out = fs.StringP("output", "o", "-", "host file to write (- = standard output; the summary goes to standard error)")
+		format = fs.String("format", trace.FormatMachinefile, "host file format: machinefile (one host per line in rank order: mpiexec -f FILE, or Open MPI's mpirun --hostfile FILE --mca rmaps seq) or rankfile (Open MPI: mpirun --rankfile FILE)")
 	default:
 		fmt.Fprintf(os.Stderr, "mpi5k trace: unknown subcommand %q (want report, graph or timeline)\nRun 'mpi5k trace --help' for usage.\n", sub)
 		return cli.ExitUsage
@@ -113,6 +118,28 @@ func traceMain(args []string) int {
 			}
 		}
 		if err := os.WriteFile(*out, data, 0o644); err != nil {
+			return fail(err)
+		}
+	case "advise":
+		g, err := trace.NewRankGraph(tr)
+		if err != nil {
+			return fail(err)
+		}
+		a := trace.Advise(g)
+		var hf bytes.Buffer
+		if err := a.WriteHostFile(&hf, *format); err != nil {
+			return fail(fmt.Errorf("--format: %w", err))
+		}
+		summary := os.Stderr
+		if *out != "-" {
+			summary = os.Stdout
+			if err := os.WriteFile(*out, hf.Bytes(), 0o644); err != nil {
+				return fail(err)
+			}
+		} else if _, err := os.Stdout.Write(hf.Bytes()); err != nil {
+			return fail(err)
+		}
+		if err := a.WriteText(summary); err != nil {
 			return fail(err)
 		}
 	case "timeline":
