@@ -71,7 +71,7 @@ func TestFlagsRefuse(t *testing.T) {
 		{[]string{"--wan-conns", "64"}, `invalid argument "64" for "--wan-conns" flag: bulk WAN connections 64 out of range 1..63`},
 		{[]string{"--window", "2GiB"}, `invalid argument "2GiB" for "--window" flag: size 2GiB out of range 1..1GiB`},
 		{[]string{"--wan-queue", "soon"}, `invalid argument "soon" for "--wan-queue" flag: bad duration "soon"`},
-		{[]string{"--wan-cc", "no-such-cc"}, `invalid argument "no-such-cc" for "--wan-cc" flag: congestion control "no-such-cc" is not available`},
+		{[]string{"--wan-cc", "no-such-cc"}, `invalid argument "no-such-cc" for "--wan-cc" flag: congestion control "no-such-cc": not offered by this kernel`},
 		{[]string{"--wan-prime=maybe"}, `invalid argument "maybe" for "--wan-prime" flag`},
 	} {
 		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -81,7 +82,7 @@ func TestCommandLines(t *testing.T) {
 		{[]string{"mpi5k-gateway"}, 2, []string{"--map FILE and --site NAME are required", hint}, ""},
 		{append(gw, "--wan-conns", "0"), 2, []string{`invalid argument "0" for "--wan-conns" flag: bulk WAN connections 0 out of range 1..63`, hint}, ""},
 		{append(gw, "--wan-conns", "-3"), 2, []string{`invalid argument "-3" for "--wan-conns"`, "out of range 1..63", hint}, ""},
-		{append(gw, "--wan-cc", "bogus"), 2, []string{`invalid argument "bogus" for "--wan-cc" flag: congestion control "bogus" is not available`, "net.ipv4.tcp_available_congestion_control", hint}, ""},
+		{append(gw, "--wan-cc", "bogus"), 2, []string{`invalid argument "bogus" for "--wan-cc" flag: congestion control "bogus": not offered by this kernel`, "net.ipv4.tcp_available_congestion_control", hint}, ""},
 		{append(gw, "--metrics", ":65537"), 2, []string{`--metrics ":65537": port 65537 out of range 1..65535`, hint}, ""},
 		{append(gw, "--window", "0"), 2, []string{`invalid argument "0" for "--window" flag: size 0 out of range 1..1GiB`, hint}, ""},
 		{append(gw, "--log-level", "loud"), 2, []string{`invalid argument "loud" for "--log-level" flag: want debug, info, warn, error`, hint}, ""},
@@ -159,7 +160,10 @@ func TestCommandLines(t *testing.T) {
 			if tc.stdout != "" && !strings.Contains(stdout.String(), tc.stdout) {
 				t.Errorf("%s: stdout lacks %q:\n%s", name, tc.stdout, stdout.String())
 			}
-			if tc.status == 0 && tc.stdout != "" && stderr.Len() > 0 {
+			// A successful run prints nothing on stderr but the placement
+			// note (these dry runs put each site's gateway on its rank host).
+			rest := regexp.MustCompile(`(?m)^mpi5k: gateways share hosts with ranks .*\n`).ReplaceAllString(stderr.String(), "")
+			if tc.status == 0 && tc.stdout != "" && rest != "" {
 				t.Errorf("%s: stderr not empty: %s", name, stderr.String())
 			}
 		})
@@ -232,7 +236,7 @@ func TestGatewayCCNotAllowed(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
 		t.Fatalf("as nobody, --wan-cc %s: %v, want exit status 2\n%s", cc, err, stderr.String())
 	}
-	want := fmt.Sprintf(`invalid argument %q for "--wan-cc" flag: congestion control %q is not allowed for non-root users: net.ipv4.tcp_allowed_congestion_control is %q; add it as root`,
+	want := fmt.Sprintf(`invalid argument %q for "--wan-cc" flag: congestion control %q: operation not permitted: net.ipv4.tcp_allowed_congestion_control is %q and this process lacks CAP_NET_ADMIN; fix: allow it on this host`,
 		cc, cc, strings.Join(allowed, " "))
 	if !strings.Contains(stderr.String(), want) {
 		t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
