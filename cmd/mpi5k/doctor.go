@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/mpi5k/mpi5k/doctor"
+	"github.com/mpi5k/mpi5k/internal/cli"
 	"github.com/mpi5k/mpi5k/wrap"
 	"github.com/spf13/pflag"
 )
@@ -25,42 +26,30 @@ func init() {
 
 func doctorMain(args []string) int {
 	fs := pflag.NewFlagSet("mpi5k doctor", pflag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: mpi5k doctor [flags] [HOSTS...]\n\nWithout HOSTS, checks this host. With HOSTS, runs mpi5k doctor on each\nthrough --launcher and prints each host's report; every host then also\ndials the others' --wan-port (give the gateway hosts, or --reach-wan=false).\n\n")
-		fs.PrintDefaults()
-	}
 	self, _ := os.Executable()
 	bindir := filepath.Dir(self)
 	launcher := fs.String("launcher", "ssh", "command that runs a command on a host, e.g. oarsh")
 	remote := fs.String("mpi5k", self, "path of mpi5k on HOSTS")
-	lanPort := fs.Int("lan-port", 5000, "gateway port for its site's ranks, checked free (0: skip)")
-	wanPort := fs.Int("wan-port", 5001, "gateway port for peer gateways, checked free (0: skip)")
+	lanPort, wanPort := 5000, 5001
+	fs.Var(cli.IntRange{P: &lanPort, Min: 0, Max: 65535, What: "port"}, "lan-port", "gateway port for its site's ranks, checked free (0: skip)")
+	fs.Var(cli.IntRange{P: &wanPort, Min: 0, Max: 65535, What: "port"}, "wan-port", "gateway port for peer gateways, checked free (0: skip)")
 	preload := fs.String("preload", shimPath(bindir), "path of libmpi5k.so on the rank hosts (\"\": skip)")
 	reach := fs.StringArray("reach", nil, "HOST:PORT of another site's gateway to connect to (repeatable)")
 	reachWAN := fs.Bool("reach-wan", true, "with HOSTS: each host connects to the other HOSTS' --wan-port")
 	timeout := fs.Duration("timeout", 3*time.Second, "connect timeout of a reach check")
 	local := fs.Bool("local", false, "check this host only (what each of HOSTS runs)")
-	if err := fs.Parse(args); err != nil {
-		if err == pflag.ErrHelp {
-			return 0
-		}
-		return 2
+	c := cli.Command{Name: "mpi5k doctor", Stdout: os.Stdout, Stderr: os.Stderr, Help: func(w io.Writer) {
+		fmt.Fprint(w, "usage: mpi5k doctor [flags] [HOSTS...]\n\nWithout HOSTS, checks this host. With HOSTS, runs mpi5k doctor on each\nthrough --launcher and prints each host's report; every host then also\ndials the others' --wan-port (give the gateway hosts, or --reach-wan=false).\n\nflags:\n",
+			fs.FlagUsages(), "exit status: 0 every check passed or warned, 1 a check failed, 2 bad command line\n")
+	}}
+	if code, done := c.Parse(fs, args); done {
+		return code
 	}
-	for _, p := range []struct {
-		name string
-		v    int
-	}{{"--lan-port", *lanPort}, {"--wan-port", *wanPort}} {
-		if p.v < 0 || p.v > 65535 {
-			fmt.Fprintf(os.Stderr, "mpi5k doctor: %s %d: want 0..65535\n", p.name, p.v)
-			return 2
-		}
-	}
-	opts := doctor.Options{LANPort: *lanPort, WANPort: *wanPort, Shim: *preload, Reach: *reach, DialTimeout: *timeout}
+	opts := doctor.Options{LANPort: lanPort, WANPort: wanPort, Shim: *preload, Reach: *reach, DialTimeout: *timeout}
 	hosts := fs.Args()
 	if *local || len(hosts) == 0 {
 		if *local && len(hosts) > 0 {
-			fmt.Fprintf(os.Stderr, "mpi5k doctor: --local takes no HOSTS (got %q)\n", hosts)
-			return 2
+			return c.Usagef("--local takes no HOSTS (got %q)", hosts)
 		}
 		if doctor.Write(os.Stdout, "", doctor.Run(doctor.Local(), opts)) {
 			return 1
@@ -69,8 +58,7 @@ func doctorMain(args []string) int {
 	}
 	lw := strings.Fields(*launcher)
 	if len(lw) == 0 {
-		fmt.Fprintln(os.Stderr, "mpi5k doctor: --launcher is empty")
-		return 2
+		return c.Usagef("--launcher is empty")
 	}
 	// Every host at once; each report is printed whole, in HOSTS order.
 	reports := make([]string, len(hosts))
@@ -78,15 +66,15 @@ func doctorMain(args []string) int {
 	var wg sync.WaitGroup
 	for i, h := range hosts {
 		cmd := []string{*remote, "doctor", "--local",
-			"--lan-port", strconv.Itoa(*lanPort), "--wan-port", strconv.Itoa(*wanPort),
+			"--lan-port", strconv.Itoa(lanPort), "--wan-port", strconv.Itoa(wanPort),
 			"--preload", *preload, "--timeout", timeout.String()}
 		for _, r := range *reach {
 			cmd = append(cmd, "--reach", r)
 		}
-		if *reachWAN && *wanPort > 0 {
+		if *reachWAN && wanPort > 0 {
 			for _, o := range hosts {
 				if o != h {
-					cmd = append(cmd, "--reach", net.JoinHostPort(o, strconv.Itoa(*wanPort)))
+					cmd = append(cmd, "--reach", net.JoinHostPort(o, strconv.Itoa(wanPort)))
 				}
 			}
 		}
