@@ -175,11 +175,22 @@ func ccError(cc string, err error) error {
 			"fix: allow it on this host (sysctl -w net.ipv4.tcp_allowed_congestion_control=%q), run with CAP_NET_ADMIN (the mpi5k-gateway service unit grants it), or pick an allowed one",
 			cc, err, allowed, strings.TrimSpace(allowed+" "+cc))
 	case errors.Is(err, unix.ENOENT):
-		return fmt.Errorf("congestion control %q: not offered by this kernel (net.ipv4.tcp_available_congestion_control is %q); fix: modprobe tcp_%s, or pick an available one",
-			cc, availableCC(), cc)
+		return errnoError{fmt.Sprintf("congestion control %q: not offered by this kernel (net.ipv4.tcp_available_congestion_control is %q); fix: modprobe tcp_%s, or pick an available one",
+			cc, availableCC(), cc), err}
 	}
 	return fmt.Errorf("congestion control %q: %w (available: %s)", cc, err, availableCC())
 }
+
+// errnoError is an explanation that stands in for the errno it keeps, so
+// callers (the gateway's fallbacks, mpi5k doctor) still tell the cases
+// apart with errors.Is.
+type errnoError struct {
+	msg   string
+	errno error
+}
+
+func (e errnoError) Error() string { return e.msg }
+func (e errnoError) Unwrap() error { return e.errno }
 
 // linuxCCs are the congestion controls Linux ships as modules.
 var linuxCCs = []string{"bbr", "bic", "cdg", "cubic", "dctcp", "highspeed", "htcp", "hybla", "illinois",

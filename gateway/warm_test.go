@@ -107,4 +107,7 @@ func TestCCErrorNotAllowed(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `tcp_available_congestion_control is "reno bbr cubic"`) || !strings.Contains(err.Error(), "modprobe tcp_vegas") {
 		t.Errorf("unknown CC: %v", err)
 	}
+	if !errors.Is(err, unix.ENOENT) {
+		t.Errorf("error %v does not wrap ENOENT", err)
+	}
 }
