@@ -60,7 +60,6 @@ type gateway struct {
 	logPath string
 	done    chan struct{}
 	waitErr error
-	last    string // last /metrics scrape
 }
 
 func (g *gateway) start(dir string) error {

@@ -1,5 +1,5 @@
 package wrap
 
-// ShellQuote quotes s as one word for the remote shell through which ssh
-// and oarsh run a command.
-func ShellQuote(s string) string { return shellQuote(s) }
+// ShellJoin quotes argv as one command line for the remote shell through
+// which ssh and oarsh run a command.
+func ShellJoin(argv []string) string { return shellJoin(argv) }

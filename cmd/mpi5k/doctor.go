@@ -79,10 +79,7 @@ func doctorMain(args []string) int {
 			}
 		}
 		// The launcher hands one command line to the host's shell.
-		for i, a := range cmd {
-			cmd[i] = wrap.ShellQuote(a)
-		}
-		argv := append(append([]string(nil), lw...), h, strings.Join(cmd, " "))
+		argv := append(append([]string(nil), lw...), h, wrap.ShellJoin(cmd))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
