@@ -172,7 +172,7 @@ func (c *Config) Validate() error {
 	if c.ExpressMax < 0 || c.ExpressMax > chunk {
 		return fmt.Errorf("--express-max %s out of range 0..%s (the chunk, --chunk)", units.FormatSize(c.ExpressMax), units.FormatSize(chunk))
 	}
-	return nil
+	return c.checkLimits()
 }
 
 const (

@@ -201,9 +201,7 @@ func New(cfg Config) (*Gateway, error) {
 		// a latency-bound message of up to 64 KiB is one small burst.
 		cfg.ExpressMax = min(68<<10, cfg.Chunk)
 	}
-	if err := cfg.fillLimits(len(cfg.Map.Sites()) - 1); err != nil {
-		return nil, err
-	}
+	cfg.fillLimits(len(cfg.Map.Sites()) - 1)
 	g := &Gateway{cfg: cfg, site: site, log: cfg.Logger.With("site", site.Name),
 		peers: map[uint8]*peer{}, readyc: make(chan struct{}), stopped: make(chan struct{})}
 	g.guard.kick = make(chan struct{}, 1)

@@ -11,16 +11,7 @@ import (
 // limit: each LAN connection and each stream into this site holds one
 // descriptor, and a gateway that runs out of them fails every accept and
 // connect, the well-behaved ones too.
-func (c *Config) fillLimits(npeers int) error {
-	for _, v := range []struct {
-		name string
-		n    int64
-	}{{"MaxLANConns", int64(c.MaxLANConns)}, {"MaxPendingLAN", int64(c.MaxPendingLAN)}, {"MaxSourceStreams", int64(c.MaxSourceStreams)},
-		{"MaxPeerStreams", int64(c.MaxPeerStreams)}, {"MaxPendingWAN", int64(c.MaxPendingWAN)}, {"MaxEarly", c.MaxEarly}, {"MaxControl", int64(c.MaxControl)}} {
-		if v.n < 0 {
-			return fmt.Errorf("gateway: limit %s is %d: it must be positive (0 takes the default, docs/limits.md)", v.name, v.n)
-		}
-	}
+func (c *Config) fillLimits(npeers int) {
 	files := 1 << 16 // if the limit cannot be read
 	var rl unix.Rlimit
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) == nil && rl.Cur < 1<<30 {
@@ -50,6 +41,19 @@ func (c *Config) fillLimits(npeers int) error {
 	}
 	if c.MaxControl == 0 {
 		c.MaxControl = 1 << 16
+	}
+}
+
+// checkLimits refuses a negative limit (Validate).
+func (c *Config) checkLimits() error {
+	for _, v := range []struct {
+		name string
+		n    int64
+	}{{"MaxLANConns", int64(c.MaxLANConns)}, {"MaxPendingLAN", int64(c.MaxPendingLAN)}, {"MaxSourceStreams", int64(c.MaxSourceStreams)},
+		{"MaxPeerStreams", int64(c.MaxPeerStreams)}, {"MaxPendingWAN", int64(c.MaxPendingWAN)}, {"MaxEarly", c.MaxEarly}, {"MaxControl", int64(c.MaxControl)}} {
+		if v.n < 0 {
+			return fmt.Errorf("limit %s is %d: it must be positive (0 takes the default, docs/limits.md)", v.name, v.n)
+		}
 	}
 	return nil
 }
