@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -56,4 +57,13 @@ func (c *Config) checkLimits() error {
 		}
 	}
 	return nil
+}
+
+// takeSlot counts one more user of a limit of max, unless it is full.
+func takeSlot(n *atomic.Int64, max int) bool {
+	if n.Add(1) > int64(max) {
+		n.Add(-1)
+		return false
+	}
+	return true
 }

@@ -404,8 +404,7 @@ func (g *Gateway) checkHello(h header.Hello, p *peer, i int) error {
 func (g *Gateway) serveWAN() {
 	defer g.wg.Done()
 	acceptEach(g, "wan", g.wanLn.AcceptTCP, func(c *net.TCPConn) {
-		if g.wanPending.Add(1) > int64(g.cfg.MaxPendingWAN) {
-			g.wanPending.Add(-1)
+		if !takeSlot(&g.wanPending, g.cfg.MaxPendingWAN) {
 			g.refused("wan_pending", "WAN connection refused: too many WAN connections in their HELLO exchange",
 				"remote", c.RemoteAddr().String(), "limit", g.cfg.MaxPendingWAN)
 			g.m.wanRefused.Inc()

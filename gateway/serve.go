@@ -20,13 +20,11 @@ import (
 func (g *Gateway) serveLAN() {
 	defer g.wg.Done()
 	acceptEach(g, "lan", g.lanLn.Accept, func(c LANConn) {
-		if g.lanConns.Add(1) > int64(g.cfg.MaxLANConns) {
-			g.lanConns.Add(-1)
+		if !takeSlot(&g.lanConns, g.cfg.MaxLANConns) {
 			g.refuseLAN(c, "lan_conns", "too many LAN connections", "limit", g.cfg.MaxLANConns)
 			return
 		}
-		if g.lanPending.Add(1) > int64(g.cfg.MaxPendingLAN) {
-			g.lanPending.Add(-1)
+		if !takeSlot(&g.lanPending, g.cfg.MaxPendingLAN) {
 			g.lanConns.Add(-1)
 			g.refuseLAN(c, "lan_pending", "too many LAN connections waiting for their first frame", "limit", g.cfg.MaxPendingLAN)
 			return
@@ -206,8 +204,7 @@ func (g *Gateway) openFromWAN(s *relay.Stream, o *header.Open) {
 		return
 	}
 	p := g.peers[peerID]
-	if p.streamsIn.Add(1) > int64(g.cfg.MaxPeerStreams) {
-		p.streamsIn.Add(-1)
+	if !takeSlot(&p.streamsIn, g.cfg.MaxPeerStreams) {
 		g.refused("peer_streams", "WAN OPEN refused: the peer site has too many streams open into this site",
 			"peer", psite.Name, "limit", g.cfg.MaxPeerStreams)
 		s.Refuse(header.CodeLimit)
