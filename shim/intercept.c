@@ -27,7 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "shim.h"
+#include "internal.h"
 #include "_cgo_export.h"
 
 // ---- real libc functions --------------------------------------------------
@@ -84,11 +84,6 @@ static void resolve(void) {
 }
 
 #define REAL(n) (__builtin_expect(real_##n != NULL, 1) ? real_##n : (resolve(), real_##n))
-#define likely(x) __builtin_expect(!!(x), 1)
-#define unlikely(x) __builtin_expect(!!(x), 0)
-#define LOAD(p) __atomic_load_n(p, __ATOMIC_ACQUIRE)
-#define LOADR(p) __atomic_load_n(p, __ATOMIC_RELAXED)
-#define STORE(p, v) __atomic_store_n(p, v, __ATOMIC_RELEASE)
 
 // ---- process state --------------------------------------------------------
 
@@ -246,60 +241,18 @@ static int cfg_active(void) {
 	return c == 1;
 }
 
-// ---- tracing: lock-free ring, drained by a Go goroutine -------------------
+// ---- tracing: records into the ring (ring.c) -------------------------------
 
-#define RING_N (1u << 16)
-#define RING_MASK (RING_N - 1)
-struct ring {
-	uint64_t head __attribute__((aligned(64)));
-	uint64_t tail __attribute__((aligned(64)));
-	uint64_t lost, lost_reported, written;
-	uint64_t seq[RING_N];
-	struct mpi5k_rec rec[RING_N];
-};
-static struct ring *g_ring;
-static int g_trace_fd = -1;
-static pthread_mutex_t g_flush_mu = PTHREAD_MUTEX_INITIALIZER;
 static __thread uint32_t t_tid __attribute__((tls_model("initial-exec")));
-
-static inline uint64_t now_ns(void) {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static inline uint32_t tid(void) {
 	if (unlikely(t_tid == 0)) t_tid = (uint32_t)syscall(SYS_gettid);
 	return t_tid;
 }
 
-// ring_claim reserves a slot (Vyukov's bounded queue, producer side) or
-// returns NULL and counts a loss when the flusher is behind.
-static struct mpi5k_rec *ring_claim(uint64_t *posp) {
-	struct ring *r = g_ring;
-	uint64_t pos = LOADR(&r->head);
-	for (;;) {
-		uint64_t seq = LOAD(&r->seq[pos & RING_MASK]);
-		int64_t d = (int64_t)(seq - pos);
-		if (d == 0) {
-			if (__atomic_compare_exchange_n(&r->head, &pos, pos + 1, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-				break;
-		} else if (d < 0) {
-			__atomic_fetch_add(&r->lost, 1, __ATOMIC_RELAXED);
-			return NULL;
-		} else {
-			pos = LOADR(&r->head);
-		}
-	}
-	*posp = pos;
-	return &r->rec[pos & RING_MASK];
-}
-
-static inline void ring_commit(uint64_t pos) { STORE(&g_ring->seq[pos & RING_MASK], pos + 1); }
-
 static void trace_call(int fd, int fn, uint64_t t0, int64_t ret, uint64_t req, int err) {
-	uint64_t pos, t1 = now_ns();
-	struct mpi5k_rec *rc = ring_claim(&pos);
+	uint64_t pos, t1 = mpi5k_now_ns();
+	struct mpi5k_rec *rc = mpi5k_ring_claim(&pos);
 	if (!rc) return;
 	uint64_t d = t1 - t0;
 	rc->t = t0;
@@ -314,7 +267,7 @@ static void trace_call(int fd, int fn, uint64_t t0, int64_t ret, uint64_t req, i
 	rc->err = ret < 0 ? err : 0;
 	rc->resv0 = 0;
 	memset(rc->resv1, 0, sizeof rc->resv1);
-	ring_commit(pos);
+	mpi5k_ring_commit(pos);
 }
 
 static void ep_to_tep(const struct mpi5k_ep *e, struct mpi5k_trace_ep *t) {
@@ -329,7 +282,7 @@ static void ep_to_tep(const struct mpi5k_ep *e, struct mpi5k_trace_ep *t) {
 // Only once Go opened the trace file: the runtime is up then, so the hook
 // never enters Go from a constructor (golang/go#43836).
 static void sample_hook(int fd, int open) {
-	if (LOAD(&g_trace_fd) < 0) return;
+	if (!mpi5k_trace_open()) return;
 	int e = errno;
 	if (open) mpi5kGoSampleOpen(fd);
 	else mpi5kGoSampleClose(fd);
@@ -344,19 +297,21 @@ static void trace_conn(int fd, int fn, const struct mpi5k_ep *peer) {
 	if (getsockname(fd, (struct sockaddr *)&ss, &l) != 0 || !mpi5k_sockaddr_to_ep((struct sockaddr *)&ss, l, &local))
 		memset(&local, 0, sizeof local);
 	errno = e;
+	struct mpi5k_conn_rec c = {
+	    .t = mpi5k_now_ns(),
+	    .tid = tid(),
+	    .fd = fd,
+	    .kind = 2,
+	    .fn = (uint8_t)fn,
+	    .flags = fd_ok(fd) ? (LOADR(&g_flags[fd]) & (MPI5K_F_RELAYED | MPI5K_F_TRUEPEER)) : 0,
+	};
+	ep_to_tep(&local, &c.local);
+	ep_to_tep(peer, &c.peer);
 	uint64_t pos;
-	struct mpi5k_rec *rc = ring_claim(&pos);
+	struct mpi5k_rec *rc = mpi5k_ring_claim(&pos);
 	if (!rc) return;
-	memset(rc, 0, sizeof *rc);
-	rc->t = now_ns();
-	rc->tid = tid();
-	rc->fd = fd;
-	rc->kind = 2;
-	rc->fn = (uint8_t)fn;
-	rc->flags = fd_ok(fd) ? (LOADR(&g_flags[fd]) & (MPI5K_F_RELAYED | MPI5K_F_TRUEPEER)) : 0;
-	ep_to_tep(&local, (struct mpi5k_trace_ep *)((char *)rc + 24));
-	ep_to_tep(peer, (struct mpi5k_trace_ep *)((char *)rc + 44));
-	ring_commit(pos);
+	memcpy(rc, &c, sizeof c);
+	mpi5k_ring_commit(pos);
 	sample_hook(fd, 1);
 }
 
@@ -379,74 +334,6 @@ static inline int traced(int fd) {
 	return f & MPI5K_F_TCP;
 }
 
-void mpi5k_set_trace_fd(int fd) { STORE(&g_trace_fd, fd); }
-
-// mpi5k_sleep_ms lets the Go flusher sleep without a Go timer: the first Go
-// timer starts the runtime's netpoller, an epoll fd and an eventfd that would
-// appear among the host's fds.
-void mpi5k_sleep_ms(int ms) {
-	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-		;
-}
-
-void mpi5k_trace_stats(uint64_t *written, uint64_t *lost) {
-	*written = g_ring ? LOADR(&g_ring->written) : 0;
-	*lost = g_ring ? LOADR(&g_ring->lost) : 0;
-}
-
-static int write_all(int fd, const void *p, size_t n) {
-	const char *b = p;
-	while (n > 0) {
-		ssize_t w = REAL(write)(fd, b, n);
-		if (w < 0) {
-			if (errno == EINTR) continue;
-			return -1;
-		}
-		b += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
-
-// mpi5k_trace_flush writes every committed record to the trace file. Called
-// by the Go flusher goroutine and by the destructor at exit. Returns the
-// number of records written.
-int mpi5k_trace_flush(void) {
-	struct ring *r = g_ring;
-	int fd = LOAD(&g_trace_fd), total = 0, e = errno;
-	if (r == NULL || fd < 0) return 0;
-	static struct mpi5k_rec buf[256];
-	pthread_mutex_lock(&g_flush_mu);
-	for (;;) {
-		int n = 0;
-		uint64_t lost = LOADR(&r->lost);
-		if (lost != r->lost_reported) {
-			memset(&buf[n], 0, sizeof buf[n]);
-			buf[n].t = now_ns();
-			buf[n].kind = 3;
-			buf[n].fd = -1;
-			buf[n].ret = (int64_t)(lost - r->lost_reported);
-			r->lost_reported = lost;
-			n++;
-		}
-		while (n < 256) {
-			uint64_t pos = r->tail;
-			if (LOAD(&r->seq[pos & RING_MASK]) != pos + 1) break;
-			buf[n++] = r->rec[pos & RING_MASK];
-			STORE(&r->seq[pos & RING_MASK], pos + RING_N);
-			r->tail = pos + 1;
-		}
-		if (n == 0) break;
-		if (write_all(fd, buf, sizeof buf[0] * (size_t)n) != 0) break;
-		total += n;
-		__atomic_fetch_add(&r->written, (uint64_t)n, __ATOMIC_RELAXED);
-	}
-	pthread_mutex_unlock(&g_flush_mu);
-	errno = e;
-	return total;
-}
-
 // ---- fork ---------------------------------------------------------------
 
 // A child forked without exec has only the forking thread; Go's scheduler
@@ -459,59 +346,11 @@ int mpi5k_trace_flush(void) {
 static void atfork_child(void) {
 	STORE(&g_go_ok, 0);
 	STORE(&g_tracing, 0);
-	int fd = LOAD(&g_trace_fd);
-	STORE(&g_trace_fd, -1);
+	int fd = mpi5k_trace_detach();
 	if (fd >= 0) REAL(close)(fd);
 }
 
 // ---- start-up checks ------------------------------------------------------
-
-static int note_is_go(const char *p, size_t n) {
-	// ELF notes: namesz, descsz, type, name (padded to 4), desc (padded to 4).
-	size_t off = 0;
-	while (off + 12 <= n) {
-		uint32_t namesz, descsz, type;
-		memcpy(&namesz, p + off, 4);
-		memcpy(&descsz, p + off + 4, 4);
-		memcpy(&type, p + off + 8, 4);
-		const char *name = p + off + 12;
-		// Go's linker writes a "Go" note of type 4 (the build id) into every
-		// binary and shared object it links.
-		if (type == 4 && (namesz == 3 || namesz == 4) && off + 12 + namesz <= n && !memcmp(name, "Go", 3)) return 1;
-		off += 12 + ((namesz + 3) & ~3u) + ((descsz + 3) & ~3u);
-	}
-	return 0;
-}
-
-static uintptr_t g_self_base;
-
-static int phdr_cb(struct dl_phdr_info *info, size_t size, void *data) {
-	(void)size;
-	if (info->dlpi_addr == g_self_base) return 0;
-	for (int i = 0; i < info->dlpi_phnum; i++) {
-		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-		if (ph->p_type == PT_NOTE &&
-		    note_is_go((const char *)(info->dlpi_addr + ph->p_vaddr), ph->p_memsz)) {
-			*(int *)data = 1;
-			return 1;
-		}
-	}
-	return 0;
-}
-
-// other_go_runtime reports whether any loaded object other than this library
-// was built by Go: two Go runtimes in one process fight over signals and
-// threads, so the shim then stays passive.
-static int other_go_runtime(void) {
-	Dl_info di;
-	if (dladdr((void *)&other_go_runtime, &di) && di.dli_fbase) {
-		// dlpi_addr is the load bias; for a shared object it equals the base.
-		g_self_base = (uintptr_t)di.dli_fbase;
-	}
-	int found = 0;
-	dl_iterate_phdr(phdr_cb, &found);
-	return found;
-}
 
 // fix_godebug adds asyncpreemptoff=1 to an existing GODEBUG variable in
 // place. Go's runtime in a c-shared library reads the environment from the
@@ -546,7 +385,7 @@ __attribute__((constructor(101))) static void mpi5k_ctor(void) {
 	STORE(&g_go_ok, 1);
 	if (getauxval(AT_SECURE)) return; // setuid/setgid: never act
 	// Another Go runtime's GODEBUG is not ours to change.
-	if (other_go_runtime()) return;
+	if (mpi5k_other_go_runtime()) return;
 	// Even a passive shim starts a Go runtime, whose preemption signals
 	// (seen at start-up) must not reach the host.
 	fix_godebug();
@@ -559,18 +398,11 @@ __attribute__((constructor(101))) static void mpi5k_ctor(void) {
 	if (f == MAP_FAILED || p == MAP_FAILED) return;
 	g_peer = p;
 	const char *tr = getenv("MPI5K_TRACE");
-	if (tr && *tr) {
-		void *r = mmap(NULL, sizeof(struct ring), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		if (r != MAP_FAILED) {
-			g_ring = r;
-			for (uint64_t i = 0; i < RING_N; i++) g_ring->seq[i] = i;
-			g_trace_wanted = 1;
-		}
-	}
+	if (tr && *tr && mpi5k_ring_init()) g_trace_wanted = 1;
 	pthread_atfork(NULL, NULL, atfork_child);
 	g_flags = f;
 	g_enabled = 1;
-	if (g_ring) STORE(&g_tracing, 1);
+	if (g_trace_wanted) STORE(&g_tracing, 1);
 }
 
 __attribute__((destructor)) static void mpi5k_dtor(void) {
@@ -607,7 +439,7 @@ int connect(int fd, const struct sockaddr *sa, socklen_t len) {
 			return -1;
 		}
 		int e = errno;
-		uint64_t t0 = now_ns();
+		uint64_t t0 = mpi5k_now_ns();
 		int r = mpi5kGoConnect(fd, (struct sockaddr *)sa, len);
 		if (r == MPI5K_RELAYED || r == MPI5K_RELAYED_NB) {
 			struct mpi5k_ep dst;
@@ -637,7 +469,7 @@ int connect(int fd, const struct sockaddr *sa, socklen_t len) {
 	}
 	if (likely(!LOADR(&g_tracing))) return REAL(connect)(fd, sa, len);
 	fd_clear(fd); // connect on a reused fd number: classify again
-	uint64_t t0 = now_ns();
+	uint64_t t0 = mpi5k_now_ns();
 	int r = REAL(connect)(fd, sa, len);
 	int e = errno;
 	if (traced(fd)) {
@@ -656,7 +488,7 @@ static int do_accept(int fd, struct sockaddr *addr, socklen_t *lenp, int flags, 
 	}
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof ss;
-	uint64_t t0 = now_ns();
+	uint64_t t0 = mpi5k_now_ns();
 	int nfd = fn == FN_ACCEPT ? REAL(accept)(fd, (struct sockaddr *)&ss, &sl)
 	                          : REAL(accept4)(fd, (struct sockaddr *)&ss, &sl, flags);
 	int e = errno;
@@ -735,7 +567,7 @@ int close(int fd) {
 	if (f && LOADR(&g_tracing) && (f & MPI5K_F_TCP)) {
 		sample_hook(fd, 0);
 		fd_clear(fd);
-		uint64_t t0 = now_ns();
+		uint64_t t0 = mpi5k_now_ns();
 		int r = REAL(close)(fd);
 		int e = errno;
 		trace_call(fd, FN_CLOSE, t0, r, 0, e);
@@ -823,7 +655,7 @@ void closefrom(int lowfd) {
 #define TRACED(fd, fn, req, call)                                                                  \
 	do {                                                                                       \
 		if (likely(!LOADR(&g_tracing)) || !traced(fd)) return call;                        \
-		uint64_t t0 = now_ns();                                                            \
+		uint64_t t0 = mpi5k_now_ns();                                                            \
 		ssize_t r = call;                                                                  \
 		int e = errno;                                                                     \
 		trace_call(fd, fn, t0, r, req, e);                                                 \

@@ -19,8 +19,8 @@ struct mpi5k_ep {
 
 // Trace record, 64 bytes, little-endian, mirrored by trace/format.go.
 // kind 1 (call):  fields as named.
-// kind 2 (conn):  ret..end hold the local and true peer endpoints as
-//                 struct mpi5k_trace_ep (20 bytes each) at offsets 24 and 44.
+// kind 2 (conn):  the same 24-byte head, then the local and true peer
+//                 endpoints (struct mpi5k_conn_rec).
 // kind 3 (lost):  ret = number of records dropped because the ring was full.
 struct mpi5k_rec {
 	uint64_t t;     // CLOCK_MONOTONIC ns at the start of the call
@@ -43,6 +43,25 @@ struct mpi5k_trace_ep {
 	uint16_t port;
 	uint8_t addr[16];
 };
+
+// A kind-2 record: the head of struct mpi5k_rec, then two endpoints where
+// ret..resv1 sit in a call record.
+struct mpi5k_conn_rec {
+	uint64_t t;
+	uint32_t dur;
+	uint32_t tid;
+	int32_t fd;
+	uint8_t kind;
+	uint8_t fn;
+	uint16_t flags;
+	struct mpi5k_trace_ep local; // offset 24
+	struct mpi5k_trace_ep peer;  // offset 44
+};
+
+_Static_assert(sizeof(struct mpi5k_rec) == 64, "trace record is 64 bytes (trace/format.go)");
+_Static_assert(sizeof(struct mpi5k_conn_rec) == 64, "conn record is 64 bytes (trace/format.go)");
+_Static_assert(__builtin_offsetof(struct mpi5k_conn_rec, local) == 24, "local endpoint at 24");
+_Static_assert(__builtin_offsetof(struct mpi5k_conn_rec, peer) == 44, "peer endpoint at 44");
 
 // Results of mpi5kGoConnect.
 #define MPI5K_PASS 1          // not for us: call the real connect
