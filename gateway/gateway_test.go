@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -160,90 +159,12 @@ func lanOpen(gw netip.AddrPort, src netip.Addr, dst netip.AddrPort) (*net.TCPCon
 	return tc, nil
 }
 
-// cpuWork gates the tests' own CPU-heavy steps (generating and hashing
-// data): the streams stay concurrent, but at most two goroutines burn CPU at
-// once, so the gateways sharing this process are not starved for seconds by
-// 2000 runnable goroutines (Go time-slices them 10 ms at a time).
-var cpuWork = make(chan struct{}, 2)
-
-func sumServer(c *net.TCPConn) {
-	defer c.Close()
-	h := sha256.New()
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := c.Read(buf)
-		cpuWork <- struct{}{}
-		h.Write(buf[:n])
-		<-cpuWork
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return
-		}
-	}
-	c.Write(h.Sum(nil))
-}
-
-// streamSize draws a size in 0..max: log-uniform by default, so the sizes
-// cover every order of magnitude up to max while the total stays small
-// enough for two shared cores; uniform with MPI5K_FULL=1.
-func streamSize(r *rand.Rand, max int) int {
-	if os.Getenv("MPI5K_FULL") != "" {
-		return r.IntN(max + 1)
-	}
-	return int(math.Exp(r.Float64()*math.Log(float64(max)+1))) - 1
-}
-
-// fill writes pseudo-random bytes (8 at a time: cheap enough to push
-// gigabytes).
-func fill(r *rand.Rand, b []byte) {
-	i := 0
-	for ; i+8 <= len(b); i += 8 {
-		v := r.Uint64()
-		b[i], b[i+1], b[i+2], b[i+3], b[i+4], b[i+5], b[i+6], b[i+7] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24), byte(v>>32), byte(v>>40), byte(v>>48), byte(v>>56)
-	}
-	for ; i < len(b); i++ {
-		b[i] = byte(r.Uint32())
-	}
-}
-
-// sendAndCheck sends size random bytes on c, half-closes, and checks the
-// SHA-256 the destination sends back.
-func sendAndCheck(c *net.TCPConn, r *rand.Rand, size int) error {
-	h := sha256.New()
-	buf := make([]byte, 64<<10)
-	for left := size; left > 0; {
-		k := min(left, len(buf))
-		cpuWork <- struct{}{}
-		fill(r, buf[:k])
-		h.Write(buf[:k])
-		<-cpuWork
-		if _, err := c.Write(buf[:k]); err != nil {
-			return fmt.Errorf("write after %d of %d bytes: %w", size-left, size, err)
-		}
-		left -= k
-	}
-	if err := c.CloseWrite(); err != nil {
-		return err
-	}
-	c.SetReadDeadline(time.Now().Add(90 * time.Second))
-	got, err := io.ReadAll(c)
-	if err != nil {
-		return fmt.Errorf("reading checksum: %w", err)
-	}
-	if !bytes.Equal(got, h.Sum(nil)) {
-		return fmt.Errorf("checksum mismatch for %d bytes: got %x", size, got)
-	}
-	return nil
-}
-
 // TestThousandStreams: 1000 concurrent streams of random sizes 0..8 MiB
 // through two gateways, end-to-end SHA-256 per stream: nothing lost or
 // corrupted. (Under -race the sizes are capped at 1 MiB.)
 func TestThousandStreams(t *testing.T) {
 	_, a, _ := startPair(t, nil)
-	dst := testnet.Serve(t, nodeB, sumServer)
+	dst := testnet.Serve(t, nodeB, testnet.SumServer)
 	maxSize := 8 << 20
 	if raceEnabled {
 		maxSize = 1 << 20
@@ -259,14 +180,14 @@ func TestThousandStreams(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			r := rand.New(rand.NewPCG(42, uint64(i)))
-			size := streamSize(r, maxSize)
+			size := testnet.StreamSize(r, maxSize)
 			c, err := lanOpen(a.LANAddr(), nodeA, dst)
 			if err != nil {
 				errs <- err
 				return
 			}
 			defer c.Close()
-			if err := sendAndCheck(c, r, size); err != nil {
+			if err := testnet.SendAndCheck(c, r, size); err != nil {
 				errs <- fmt.Errorf("stream %d: %w", i, err)
 				return
 			}
@@ -307,12 +228,12 @@ func TestSmallMessageAllocs(t *testing.T) {
 func TestHalfCloseAndReset(t *testing.T) {
 	_, a, _ := startPair(t, nil)
 	// Half-close: the server answers only after our EOF.
-	dst := testnet.Serve(t, nodeB, sumServer)
+	dst := testnet.Serve(t, nodeB, testnet.SumServer)
 	c, err := lanOpen(a.LANAddr(), nodeA, dst)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sendAndCheck(c, rand.New(rand.NewPCG(1, 1)), 300<<10); err != nil {
+	if err := testnet.SendAndCheck(c, rand.New(rand.NewPCG(1, 1)), 300<<10); err != nil {
 		t.Fatal(err)
 	}
 	c.Close()
@@ -393,7 +314,7 @@ func expectReset(t *testing.T, c *net.TCPConn, what string) {
 // TestPolicy: the gateway is never an open relay.
 func TestPolicy(t *testing.T) {
 	_, a, b := startPair(t, nil)
-	dst := testnet.Serve(t, nodeB, sumServer)
+	dst := testnet.Serve(t, nodeB, testnet.SumServer)
 	// A node of another site may not use gateway a.
 	c, err := lanOpen(a.LANAddr(), nodeB, dst)
 	refused(t, c, err, "LAN connection from outside the site")
@@ -546,13 +467,13 @@ func TestLinkLossAndReform(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Logf("streams failed on both sites in %v, mesh re-formed in %v", failed.Round(time.Microsecond), time.Since(start).Round(time.Millisecond))
-	sum := testnet.Serve(t, nodeB, sumServer)
+	sum := testnet.Serve(t, nodeB, testnet.SumServer)
 	c, err := lanOpen(a.LANAddr(), nodeA, sum)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := sendAndCheck(c, rand.New(rand.NewPCG(5, 5)), 100<<10); err != nil {
+	if err := testnet.SendAndCheck(c, rand.New(rand.NewPCG(5, 5)), 100<<10); err != nil {
 		t.Fatalf("after re-forming: %v", err)
 	}
 }
@@ -590,7 +511,7 @@ func TestWANConns(t *testing.T) {
 // its bytes arrive intact, and the express link carries no bulk frame.
 func TestStriping(t *testing.T) {
 	_, a, _ := startPair(t, func(c *Config) { c.WANConns = 3 })
-	sum := testnet.Serve(t, nodeB, sumServer)
+	sum := testnet.Serve(t, nodeB, testnet.SumServer)
 	c, err := lanOpen(a.LANAddr(), nodeA, sum)
 	if err != nil {
 		t.Fatal(err)
@@ -599,7 +520,7 @@ func TestStriping(t *testing.T) {
 	// One write of data made beforehand, as a rank sends a large message:
 	// the gateway's reads never wait for it, so it is one burst.
 	data := make([]byte, 24<<20)
-	fill(rand.New(rand.NewPCG(7, 7)), data)
+	testnet.Fill(rand.New(rand.NewPCG(7, 7)), data)
 	want := sha256.Sum256(data)
 	start := time.Now()
 	if _, err := c.Write(data); err != nil {

@@ -181,7 +181,7 @@ func TestLoopRefused(t *testing.T) {
 	}
 
 	// A source port the node does not own.
-	dst := testnet.Serve(t, nodeB, sumServer)
+	dst := testnet.Serve(t, nodeB, testnet.SumServer)
 	c, err = lanOpenAs(a.LANAddr(), netip.AddrPortFrom(nodeA, 0), netip.AddrPortFrom(nodeA, 22), dst)
 	refused(t, c, err, "OPEN naming a foreign source port")
 

@@ -22,12 +22,12 @@ func TestKilledGatewayResets(t *testing.T) {
 			cp := startChildren(t)
 			// A graceful stream first: the linger 0 the gateway keeps on
 			// LAN sockets must not cut a stream that really ended.
-			dst := testnet.Serve(t, nodeB, sumServer)
+			dst := testnet.Serve(t, nodeB, testnet.SumServer)
 			c, err := lanOpen(cp.lan("a"), nodeA, dst)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := sendAndCheck(c, rand.New(rand.NewPCG(2, 2)), 1<<20); err != nil {
+			if err := testnet.SendAndCheck(c, rand.New(rand.NewPCG(2, 2)), 1<<20); err != nil {
 				t.Fatalf("graceful stream: %v", err)
 			}
 			c.Close()

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -127,22 +128,12 @@ func openVia(t testing.TB, l *Link, dst netip.AddrPort) (*net.TCPConn, *Stream) 
 // loopback is where the tests' destinations listen.
 var loopback = netip.MustParseAddr("127.0.0.1")
 
-// sumServer reads everything, then writes the SHA-256 of it and closes.
-func sumServer(c *net.TCPConn) {
-	defer c.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, c); err != nil {
-		return
-	}
-	c.Write(h.Sum(nil))
-}
-
 // sumStream opens, over a new pair with cfg, a stream from app to a
-// sumServer, and returns n bytes of a pattern to send on it.
+// testnet.SumServer, and returns n bytes of a pattern to send on it.
 func sumStream(t *testing.T, cfg Config, n int) (a *Link, app *net.TCPConn, s *Stream, data []byte) {
 	t.Helper()
 	a, _ = pair(t, cfg)
-	app, s = openVia(t, a, testnet.Serve(t, loopback, sumServer))
+	app, s = openVia(t, a, testnet.Serve(t, loopback, testnet.SumServer))
 	t.Cleanup(func() { app.Close() })
 	data = make([]byte, n)
 	for i := range data {
@@ -186,7 +177,7 @@ func TestBulkInline(t *testing.T) {
 	}
 }
 
-// wantSum half-closes app, whose far end is a sumServer, and checks the
+// wantSum half-closes app, whose far end is a testnet.SumServer, and checks the
 // SHA-256 it answers against data.
 func wantSum(t *testing.T, app *net.TCPConn, data []byte) {
 	t.Helper()
@@ -284,14 +275,13 @@ func TestRefused(t *testing.T) {
 // with end-to-end checksums (the gateway test does the 1000-stream version).
 func TestManyStreams(t *testing.T) {
 	a, _ := pair(t, Config{Chunk: 32 << 10, Window: 128 << 10})
-	dst := testnet.Serve(t, loopback, sumServer)
+	dst := testnet.Serve(t, loopback, testnet.SumServer)
 	runStreams(t, a, dst, 200, 1<<20, 1)
 }
 
 func runStreams(t testing.TB, l *Link, dst netip.AddrPort, n, maxSize int, seed uint64) int64 {
 	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var total int64
+	var total atomic.Int64
 	errs := make(chan error, n)
 	for i := range n {
 		wg.Add(1)
@@ -301,30 +291,11 @@ func runStreams(t testing.TB, l *Link, dst netip.AddrPort, n, maxSize int, seed 
 			size := r.IntN(maxSize + 1)
 			app, st := openVia(t, l, dst)
 			defer app.Close()
-			h := sha256.New()
-			buf := make([]byte, 64<<10)
-			for left := size; left > 0; {
-				k := min(left, len(buf))
-				for j := range buf[:k] {
-					buf[j] = byte(r.Uint32())
-				}
-				h.Write(buf[:k])
-				if _, err := app.Write(buf[:k]); err != nil {
-					errs <- err
-					return
-				}
-				left -= k
-			}
-			app.CloseWrite()
-			app.SetReadDeadline(time.Now().Add(60 * time.Second))
-			got, err := io.ReadAll(app)
-			if err != nil || !bytes.Equal(got, h.Sum(nil)) {
-				errs <- fmt.Errorf("stream %d of %d bytes: checksum %x, read error %v, stream code %v, link err %v", i, size, got, err, st.Code(), l.Err())
+			if err := testnet.SendAndCheck(app, r, size); err != nil {
+				errs <- fmt.Errorf("stream %d: %w (stream code %v, link err %v)", i, err, st.Code(), l.Err())
 				return
 			}
-			mu.Lock()
-			total += int64(size)
-			mu.Unlock()
+			total.Add(int64(size))
 		}()
 	}
 	wg.Wait()
@@ -332,7 +303,7 @@ func runStreams(t testing.TB, l *Link, dst netip.AddrPort, n, maxSize int, seed 
 	for err := range errs {
 		t.Fatal(err)
 	}
-	return total
+	return total.Load()
 }
 
 // TestStalledReceiver: a destination that never reads stalls only its own
@@ -351,7 +322,7 @@ func TestStalledReceiver(t *testing.T) {
 		n, _ := io.Copy(app, io.LimitReader(zeroReader{}, 64<<20))
 		wrote <- n
 	}()
-	dst := testnet.Serve(t, loopback, sumServer)
+	dst := testnet.Serve(t, loopback, testnet.SumServer)
 	runStreams(t, a, dst, 20, 4<<20, 2)
 	n := <-wrote
 	// The stuck stream got as far as the kernel buffers plus one window.

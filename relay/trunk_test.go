@@ -146,7 +146,7 @@ func TestTrunkStripesAndReorders(t *testing.T) {
 // three bulk links and an express link.
 func TestTrunkManyStreams(t *testing.T) {
 	_, _, as, _ := trunkPair(t, Config{Chunk: 32 << 10, Window: 128 << 10}, 3, true)
-	dst := testnet.Serve(t, loopback, sumServer)
+	dst := testnet.Serve(t, loopback, testnet.SumServer)
 	runStreams(t, as[1], dst, 100, 1<<20, 3)
 }
 

@@ -1,5 +1,6 @@
 // Package testnet holds network helpers shared by the tests of several
-// packages (relay, gateway). It is imported by tests only.
+// packages (relay, gateway): listeners, echo and checksummed streams. It is
+// imported by tests only.
 package testnet
 
 import (
