@@ -17,7 +17,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/mpi5k/mpi5k/gateway"
+	"github.com/mpi5k/mpi5k/tuning"
 	"golang.org/x/sys/unix"
 )
 
@@ -64,8 +64,8 @@ func Local() Env {
 			}
 			return unix.ByteSliceToString(u.Release[:])
 		},
-		SetCC:     gateway.CheckCC,
-		SetTimers: gateway.CheckTimers,
+		SetCC:     tuning.CheckCC,
+		SetTimers: tuning.CheckTimers,
 		Listen: func(addr string) error {
 			l, err := net.Listen("tcp", addr)
 			if err == nil {
@@ -203,7 +203,7 @@ func keepWarm(e Env) Result {
 		return Result{OK, "keep warm", "net.ipv4.tcp_slow_start_after_idle is 0: the CUBIC express link keeps its window across pauses", ""}
 	}
 	return Result{Warn, "keep warm", "net.ipv4.tcp_slow_start_after_idle is " + v + ": the CUBIC express link restarts from 10 segments after every pause longer than its RTO (a 64 KiB message after a pause: 3 round trips instead of 1)",
-		gateway.KeepWarmFix + "; or run every WAN link on BBR (--wan-express-cc bbr), which Linux never restarts"}
+		tuning.KeepWarmFix + "; or run every WAN link on BBR (--wan-express-cc bbr), which Linux never restarts"}
 }
 
 func port(e Env, name string, p int) Result {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/mpi5k/mpi5k/header"
 	"github.com/mpi5k/mpi5k/sitemap"
+	"github.com/mpi5k/mpi5k/tuning"
 	"github.com/mpi5k/mpi5k/units"
 )
 
@@ -18,8 +19,8 @@ type Config struct {
 	Map  *sitemap.Map
 	Site string // this gateway's site
 
-	LAN SockOpts // options of LAN sockets
-	WAN SockOpts // options of WAN sockets (NotSentLowat defaults to 128 KiB, CC to bbr when available)
+	LAN tuning.SockOpts // options of LAN sockets
+	WAN tuning.SockOpts // options of WAN sockets (NotSentLowat defaults to 128 KiB, CC to bbr when available)
 
 	Chunk    int    // DATA chunk (default 128 KiB)
 	Window   uint32 // per-stream receive window (default 4 MiB)
@@ -57,20 +58,20 @@ type Config struct {
 	// pair must agree.
 	Renew bool
 	// ProbeRTTGuard idles a busy BBR bulk link across its min_rtt filter's
-	// expiry (probertt.go), which BBR then takes as a restart from idle
+	// expiry (tuning.ProbeGuard), which BBR then takes as a restart from idle
 	// instead of a dip into PROBE_RTT (cwnd 4 for 200 ms every 10 s of
 	// bulk).
 	ProbeRTTGuard bool
 	// Prime fills a new BBR WAN link with PAD frames until BBR leaves
 	// STARTUP, since BBR paces app-limited messages at the rate of earlier
 	// ones and grows a low estimate by only 25 % per eight round trips (see
-	// prime.go). CUBIC and Reno links are never primed.
+	// tuning.Prime). CUBIC and Reno links are never primed.
 	Prime bool
 	// KeepWarm checks net.ipv4.tcp_slow_start_after_idle in the gateway's
 	// network namespace if any WAN socket runs a CC other than BBR, and
 	// warns with the fix when it is not 0: a CUBIC express link then
 	// restarts from 10 segments after every pause longer than its RTO (see
-	// warm.go). The gateway never writes it; the service unit does, and
+	// tuning.WarmState). The gateway never writes it; the service unit does, and
 	// restores it on every stop.
 	KeepWarm bool
 	// PollThread waits for idle sockets on the relay's poller thread,
@@ -82,7 +83,7 @@ type Config struct {
 	// arriving message wakes one thread, not two.
 	QuietRuntime bool
 
-	ReadyFile   string // written once every WAN link is up and primed (prime.go)
+	ReadyFile   string // written once every WAN link is up and primed (tuning.Prime)
 	MetricsAddr string // HTTP listener for /metrics and /ready ("" = none)
 
 	DialTimeout  time.Duration // LAN connect to a destination (default 10 s)
@@ -133,7 +134,7 @@ type Config struct {
 // `mpi5k run`'s gateways. Map, Site and Logger are the caller's.
 func DefaultConfig() Config {
 	return Config{
-		WAN:   SockOpts{NotSentLowat: 128 << 10, RTOMin: 10 * time.Millisecond, DelackMax: 5 * time.Millisecond},
+		WAN:   tuning.SockOpts{NotSentLowat: 128 << 10, RTOMin: 10 * time.Millisecond, DelackMax: 5 * time.Millisecond},
 		Chunk: 128 << 10, Window: 4 << 20, WANConns: 1,
 		Express: true, Renew: true, ProbeRTTGuard: true, Prime: true, KeepWarm: true,
 		PollThread: true, QuietRuntime: true, WANQueue: time.Millisecond,

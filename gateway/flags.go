@@ -7,6 +7,7 @@ import (
 
 	"github.com/mpi5k/mpi5k/header"
 	"github.com/mpi5k/mpi5k/internal/cli"
+	"github.com/mpi5k/mpi5k/tuning"
 )
 
 // Flags declares the gateway's settings on a command line, once:
@@ -27,9 +28,9 @@ type Flags struct {
 func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
 	f := &Flags{cfg: DefaultConfig(), fs: fs}
 	f.window = int(f.cfg.Window)
-	checkCC := CheckCC
+	checkCC := tuning.CheckCC
 	if remote {
-		checkCC = CheckCCName
+		checkCC = tuning.CheckCCName
 	}
 	c := &f.cfg
 	cc := func(p *string) pflag.Value { return cli.Checked{P: p, Check: checkCC} }

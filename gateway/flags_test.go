@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mpi5k/mpi5k/tuning"
 	"github.com/spf13/pflag"
 )
 
@@ -105,8 +106,8 @@ func TestFlagsSmallChunk(t *testing.T) {
 // wrapper refuses only names Linux does not have.
 func TestCheckCCName(t *testing.T) {
 	for cc, ok := range map[string]bool{"": true, "cubic": true, "bbr": true, "htcp": true, "bogus": false, "BBR": false} {
-		if err := CheckCCName(cc); (err == nil) != ok {
-			t.Errorf("CheckCCName(%q) = %v", cc, err)
+		if err := tuning.CheckCCName(cc); (err == nil) != ok {
+			t.Errorf("tuning.CheckCCName(%q) = %v", cc, err)
 		}
 	}
 }

@@ -19,21 +19,13 @@
 //   - limits.go: the caps on streams, connections and pending handshakes
 //     (docs/limits.md).
 //   - lan.go: the LAN transport interface.
-//   - sockopt.go: WAN and LAN socket tuning: congestion control (CUBIC on
-//     the express link, BBR on the bulk links), TCP_NOTSENT_LOWAT, pacing,
-//     the RTO floor and delayed-ACK ceiling (bench/figures/wantimers).
-//   - warm.go: tcp_slow_start_after_idle off in the gateway's namespace
-//     while it runs, so CUBIC links keep their window across pauses
-//     (bench/figures/warm).
-//   - prime.go: PAD filler on each new BBR link until BBR has measured the
-//     path (bench/figures/prime).
-//   - probertt.go: the PROBE_RTT guard, which holds a busy BBR bulk link
-//     across its min_rtt expiry instead of letting it dip (bench/figures/bulk).
 //   - tcpevents.go, metrics.go: TCP_INFO sampling of the WAN links and the
 //     /metrics and /ready endpoints.
 //
 // The multiplexing itself (streams, trunks, queue control, the poller
-// thread) is package relay.
+// thread) is package relay; the WAN tuning policies the gateway applies to
+// its sockets and links (socket options, congestion control, priming, the
+// PROBE_RTT guard, keeping links warm) are package tuning.
 package gateway
 
 import (
@@ -53,6 +45,7 @@ import (
 	"github.com/mpi5k/mpi5k/internal/ratelog"
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/sitemap"
+	"github.com/mpi5k/mpi5k/tuning"
 )
 
 // Gateway is one site's gateway.
@@ -70,11 +63,11 @@ type Gateway struct {
 	peersMu sync.Mutex // guards peer.links and readiness
 	ready   bool
 	readyc  chan struct{}
-	priming int // links being primed (prime.go); readiness waits for them
+	priming int // links being primed (tuning.Prime); readiness waits for them
 
 	records  peerTable
 	m        *metrics
-	guard    probeGuard
+	guard    *tuning.ProbeGuard
 	draining atomic.Bool // SIGTERM: refuse new streams from peers
 
 	// Limits (Config.Max*): what is in use, and the refusal log.
@@ -123,7 +116,7 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.WAN.NotSentLowat == 0 {
 		cfg.WAN.NotSentLowat = 128 << 10
 	}
-	if err := cfg.WAN.checkTimers(); errors.Is(err, unix.ENOPROTOOPT) {
+	if err := cfg.WAN.CheckTimers(); errors.Is(err, unix.ENOPROTOOPT) {
 		cfg.Logger.Warn("this kernel has no TCP_RTO_MIN_US / TCP_DELACK_MAX_US (Linux 6.15 or newer has them): WAN sockets keep the 200 ms RTO floor, and a lone lost message waits about 200 ms more",
 			"wan_rto_min", cfg.WAN.RTOMin, "wan_delack_max", cfg.WAN.DelackMax)
 		cfg.WAN.RTOMin, cfg.WAN.DelackMax = 0, 0
@@ -141,7 +134,7 @@ func New(cfg Config) (*Gateway, error) {
 		// wait less) and, unlike CUBIC, kept the aggregated link near line
 		// rate in the lab with TCP_NOTSENT_LOWAT (200 Mbit/s, 20 ms:
 		// 97-101 % of direct vs 63 % with CUBIC on shared cores).
-		if err := CheckCC("bbr"); err == nil {
+		if err := tuning.CheckCC("bbr"); err == nil {
 			cfg.WAN.CC = "bbr"
 		} else if errors.Is(err, unix.EPERM) {
 			cfg.Logger.Warn("WAN sockets keep the system's default congestion control instead of BBR", "err", err)
@@ -158,14 +151,14 @@ func New(cfg Config) (*Gateway, error) {
 		// not app-limited, a message's retransmission, replaces it: 196 ->
 		// 2.6 Mbit/s after one loss at 0.1 %, then ~23 (64 KiB ping-pong 62
 		// ms where CUBIC with renewal takes 26; bench/figures/bbrexpress).
-		if err := CheckCC("cubic"); err == nil {
+		if err := tuning.CheckCC("cubic"); err == nil {
 			cfg.ExpressCC = "cubic"
 		} else if errors.Is(err, unix.EPERM) {
 			cfg.Logger.Warn("the express link runs "+cfg.WAN.CC+" instead of CUBIC", "err", err)
 		}
 	}
 	for _, cc := range []string{cfg.LAN.CC, cfg.WAN.CC, cfg.ExpressCC} {
-		if err := CheckCC(cc); err != nil {
+		if err := tuning.CheckCC(cc); err != nil {
 			return nil, fmt.Errorf("gateway: %w", err)
 		}
 	}
@@ -204,7 +197,7 @@ func New(cfg Config) (*Gateway, error) {
 	cfg.fillLimits(len(cfg.Map.Sites()) - 1)
 	g := &Gateway{cfg: cfg, site: site, log: cfg.Logger.With("site", site.Name),
 		peers: map[uint8]*peer{}, readyc: make(chan struct{}), stopped: make(chan struct{})}
-	g.guard.kick = make(chan struct{}, 1)
+	g.guard = tuning.NewProbeGuard()
 	g.sources.m = map[netip.Addr]int{}
 	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, ExpressMax: cfg.ExpressMax,
 		PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log,
@@ -232,7 +225,7 @@ func New(cfg Config) (*Gateway, error) {
 	if g.lanLn, err = g.lan.Listen(site.LAN); err != nil {
 		return nil, fmt.Errorf("gateway: LAN listener %v: %w", site.LAN, err)
 	}
-	lc := net.ListenConfig{Control: g.wanCreate().control(nil)}
+	lc := net.ListenConfig{Control: g.wanCreate().Control(nil)}
 	wl, err := lc.Listen(context.Background(), "tcp", site.WAN.String())
 	if err != nil {
 		g.lanLn.Close()
@@ -263,17 +256,17 @@ func (g *Gateway) Run(ctx context.Context) error {
 		go srv.Serve(ln)
 	}
 	keepWarmState := "not checked (--wan-keep-warm=false)"
-	if g.cfg.KeepWarm && !g.cfg.restartsAfterIdle() {
+	if g.cfg.KeepWarm && !tuning.RestartsAfterIdle(g.cfg.WAN.CC, g.cfg.ExpressCC, g.cfg.Express) {
 		keepWarmState = "not needed: every WAN socket runs BBR, which Linux never restarts after idle"
 	} else if g.cfg.KeepWarm {
-		warm, state, err := warmState()
+		warm, state, err := tuning.WarmState()
 		switch {
 		case err != nil:
 			g.log.Warn("cannot tell whether the WAN links stay warm", "err", err)
 			keepWarmState = "unknown"
 		case !warm:
 			g.log.Warn("the CUBIC express link will restart from 10 segments after every pause longer than its RTO: net.ipv4.tcp_slow_start_after_idle is not 0 on this host, and the gateway changes no host setting",
-				"fix", KeepWarmFix)
+				"fix", tuning.KeepWarmFix)
 			keepWarmState = state
 		default:
 			keepWarmState = state
@@ -290,7 +283,10 @@ func (g *Gateway) Run(ctx context.Context) error {
 	go g.sampleWAN()
 	if g.cfg.ProbeRTTGuard {
 		g.wg.Add(1)
-		go g.guardProbeRTT()
+		go func() {
+			defer g.wg.Done()
+			g.guard.Run(g.ctx, g.allLinks)
+		}()
 	}
 	for _, p := range g.peers {
 		if p.dialer {

@@ -25,6 +25,7 @@ import (
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/sitemap"
 	"github.com/mpi5k/mpi5k/tcpinfo"
+	"github.com/mpi5k/mpi5k/tuning"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 )
@@ -747,7 +748,7 @@ func TestDrainAndReadyFile(t *testing.T) {
 }
 
 func TestConfigErrors(t *testing.T) {
-	if err := CheckCC("no-such-cc"); err == nil || !strings.Contains(err.Error(), "not offered by this kernel") {
+	if err := tuning.CheckCC("no-such-cc"); err == nil || !strings.Contains(err.Error(), "not offered by this kernel") {
 		t.Errorf("CheckCC: %v", err)
 	}
 	if _, err := New(Config{Map: testMap(t), Site: "nowhere"}); err == nil {
@@ -765,7 +766,7 @@ func TestConfigErrors(t *testing.T) {
 // of both sides (dialed and accepted), and values the kernel rejects or
 // negative ones fail New with the flag named.
 func TestWANTimers(t *testing.T) {
-	if err := (SockOpts{RTOMin: 10 * time.Millisecond}).checkTimers(); errors.Is(err, unix.ENOPROTOOPT) {
+	if err := (tuning.SockOpts{RTOMin: 10 * time.Millisecond}).CheckTimers(); errors.Is(err, unix.ENOPROTOOPT) {
 		t.Skip("kernel without TCP_RTO_MIN_US")
 	}
 	_, a, b := startPair(t, func(c *Config) {
@@ -781,8 +782,8 @@ func TestWANTimers(t *testing.T) {
 			}
 			var rto, delack int
 			rc.Control(func(fd uintptr) {
-				rto, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, tcpRTOMinUS)
-				delack, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, tcpDelackMaxUS)
+				rto, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, tuning.TCPRTOMinUS)
+				delack, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, tuning.TCPDelackMaxUS)
 			})
 			// The kernel rounds up to clock ticks (4 ms at HZ=250).
 			if rto < 10000 || rto > 20000 || delack < 5000 || delack > 16000 {
@@ -798,7 +799,7 @@ func TestWANTimers(t *testing.T) {
 		rto, delack time.Duration
 		want        string
 	}{{-time.Millisecond, 0, "--wan-rto-min -1ms out of range 0..200ms"}, {time.Millisecond, 0, "at most 200 ms"}, {0, time.Second, "--wan-delack-max 1s"}} {
-		_, err := New(Config{Map: m, Site: "a", WAN: SockOpts{RTOMin: c.rto, DelackMax: c.delack}})
+		_, err := New(Config{Map: m, Site: "a", WAN: tuning.SockOpts{RTOMin: c.rto, DelackMax: c.delack}})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("rto-min %v delack-max %v: error %v, want one with %q", c.rto, c.delack, err, c.want)
 		}
@@ -926,7 +927,7 @@ func TestExpressCold(t *testing.T) {
 // BBR WAN link with PAD frames (and no CUBIC one), in both directions;
 // --wan-prime=false sends none.
 func TestPrime(t *testing.T) {
-	if CheckCC("bbr") != nil {
+	if tuning.CheckCC("bbr") != nil {
 		t.Skip("no bbr congestion control on this kernel")
 	}
 	for _, tc := range []struct {

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpi5k/mpi5k/relay"
+	"github.com/mpi5k/mpi5k/tuning"
 )
 
 // The LAN side is an interface so that a second LAN transport (MX-style
@@ -42,7 +43,7 @@ type LANTransport interface {
 
 // TCPTransport is the kernel TCP LAN transport.
 type TCPTransport struct {
-	Opts SockOpts
+	Opts tuning.SockOpts
 }
 
 type tcpLANConn struct {
@@ -70,12 +71,12 @@ func unmapAP(ap netip.AddrPort) netip.AddrPort {
 
 type tcpListener struct {
 	ln   *net.TCPListener
-	opts SockOpts
+	opts tuning.SockOpts
 }
 
 // Listen opens a TCP listener with the LAN socket options.
 func (t *TCPTransport) Listen(addr netip.AddrPort) (LANListener, error) {
-	lc := net.ListenConfig{Control: t.Opts.control(nil)}
+	lc := net.ListenConfig{Control: t.Opts.Control(nil)}
 	ln, err := lc.Listen(context.Background(), "tcp", addr.String())
 	if err != nil {
 		return nil, err
@@ -90,7 +91,7 @@ func (l *tcpListener) Accept() (LANConn, error) {
 	}
 	// Congestion control is not inherited from the listener on every
 	// kernel; set it (and NODELAY) again.
-	if err := l.opts.applyConn(c); err != nil {
+	if err := l.opts.ApplyConn(c); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -105,7 +106,7 @@ func (l *tcpListener) Close() error { return l.ln.Close() }
 
 // Dial binds to local:0, reports the bound endpoint, then connects.
 func (t *TCPTransport) Dial(ctx context.Context, local netip.Addr, dst netip.AddrPort, bound func(netip.AddrPort)) (LANConn, error) {
-	d := net.Dialer{Control: t.Opts.control(func(fd int) error {
+	d := net.Dialer{Control: t.Opts.Control(func(fd int) error {
 		// Bind here rather than with Dialer.LocalAddr: Control runs before
 		// connect, so the record exists before the destination can accept.
 		var sa unix.Sockaddr

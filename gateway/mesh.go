@@ -14,6 +14,7 @@ import (
 	"github.com/mpi5k/mpi5k/header"
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/sitemap"
+	"github.com/mpi5k/mpi5k/tuning"
 )
 
 // peer is another site and our links to it.
@@ -32,7 +33,7 @@ type peer struct {
 	// a working one (unix ns).
 	renewAccepted atomic.Int64
 	// primeMu: one link of the pair primes at a time, so each measures
-	// the path's rate rather than a share of it (prime.go).
+	// the path's rate rather than a share of it (tuning.Prime).
 	primeMu sync.Mutex
 }
 
@@ -166,7 +167,7 @@ func (g *Gateway) hello(i int) header.Hello {
 // kernel's pacing on whatever it switches to (sk_pacing_status), which
 // spreads every small burst over most of an RTT, so the express link must
 // never have been BBR.
-func (g *Gateway) wanCreate() SockOpts {
+func (g *Gateway) wanCreate() tuning.SockOpts {
 	o := g.cfg.WAN
 	if g.cfg.ExpressCC != "" && o.CC != "" {
 		o.CC = g.cfg.ExpressCC
@@ -185,16 +186,16 @@ func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello, since
 	var err error
 	switch {
 	case x && g.cfg.WAN.MaxPacingRate > 0:
-		err = tuneLink(c, true, "")
+		err = tuning.TuneLink(c, true, "")
 	case !x && g.cfg.ExpressCC != "" && g.cfg.ExpressCC != g.cfg.WAN.CC:
-		err = tuneLink(c, false, g.cfg.WAN.CC)
+		err = tuning.TuneLink(c, false, g.cfg.WAN.CC)
 	}
 	if err != nil {
 		g.log.Warn("WAN link: socket options not set", "peer", p.site.Name, "link", i, "express", x, "err", err)
 	}
 	l := p.trunk.Add(c, g.rcfg, ph, i, x)
 	if !x && g.cfg.ProbeRTTGuard {
-		g.guard.begin(l, since) // before setLink publishes l to the guard
+		g.guard.Begin(l, since) // before setLink publishes l to the guard
 	}
 	g.setLink(p, i, l, g.cfg.Prime)
 	if g.cfg.Prime {
@@ -203,11 +204,11 @@ func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello, since
 	return l
 }
 
-// primeLink primes link l (see prime.go), after any other link of p's, and
+// primeLink primes link l (tuning.Prime), after any other link of p's, and
 // logs what it did.
 func (g *Gateway) primeLink(p *peer, i int, express bool, l *relay.Link) {
 	p.primeMu.Lock()
-	r := prime(l, express, primeMaxTime)
+	r := tuning.Prime(l, express, tuning.PrimeMaxTime)
 	p.primeMu.Unlock()
 	g.peersMu.Lock()
 	g.priming--
@@ -218,18 +219,18 @@ func (g *Gateway) primeLink(p *peer, i int, express bool, l *relay.Link) {
 	}
 	log := g.log.With("peer", p.site.Name, "link", i, "express", express)
 	switch {
-	case r.skipped != "":
-		log.Debug("WAN link not primed", "why", r.skipped)
-	case r.err != nil:
-		log.Debug("WAN link priming ended with the link", "err", r.err, "pad_bytes", r.bytes)
-	case r.took >= primeMaxTime:
-		log.Warn("WAN link priming gave up after its time limit", "bbr_mode", r.mode.String(), "estimate_settled", r.primed,
-			"pad_bytes", r.bytes, "took", r.took.Round(time.Millisecond), "bbr_bw_bps", 8*r.bw)
+	case r.Skipped != "":
+		log.Debug("WAN link not primed", "why", r.Skipped)
+	case r.Err != nil:
+		log.Debug("WAN link priming ended with the link", "err", r.Err, "pad_bytes", r.Bytes)
+	case r.Took >= tuning.PrimeMaxTime:
+		log.Warn("WAN link priming gave up after its time limit", "bbr_mode", r.Mode.String(), "estimate_settled", r.Primed,
+			"pad_bytes", r.Bytes, "took", r.Took.Round(time.Millisecond), "bbr_bw_bps", 8*r.BW)
 	default:
 		// Not settled: the filler limit, reached first on a path of tiny
 		// BDP, where the estimate is far above any message's needs.
-		log.Info("WAN link primed", "bbr_mode", r.mode.String(), "estimate_settled", r.primed,
-			"pad_bytes", r.bytes, "took", r.took.Round(time.Millisecond), "bbr_bw_bps", 8*r.bw)
+		log.Info("WAN link primed", "bbr_mode", r.Mode.String(), "estimate_settled", r.Primed,
+			"pad_bytes", r.Bytes, "took", r.Took.Round(time.Millisecond), "bbr_bw_bps", 8*r.BW)
 	}
 }
 
@@ -364,7 +365,7 @@ func (g *Gateway) checkExpress() {
 }
 
 func (g *Gateway) dialOnce(p *peer, i int) (*relay.Link, error) {
-	d := net.Dialer{Timeout: 5 * time.Second, Control: g.wanCreate().control(nil),
+	d := net.Dialer{Timeout: 5 * time.Second, Control: g.wanCreate().Control(nil),
 		LocalAddr: &net.TCPAddr{IP: g.site.WAN.Addr().AsSlice()}} // the acceptor checks our source address
 	since := time.Now()
 	c, err := d.DialContext(g.ctx, "tcp", p.site.WAN.String())

@@ -8,6 +8,7 @@ import (
 
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/tcpinfo"
+	"github.com/mpi5k/mpi5k/tuning"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -37,7 +38,7 @@ type metrics struct {
 	renewals                                  *prometheus.Desc
 	peerStreams, early                        *prometheus.Desc
 	probeRTTs, probeRTTTime, bbrBW, bbrMinRTT *prometheus.Desc
-	// The PROBE_RTT guard (probertt.go).
+	// The PROBE_RTT guard (tuning.ProbeGuard).
 	holds, skips, held *prometheus.Desc
 }
 
@@ -78,7 +79,7 @@ func newMetrics(g *Gateway) *metrics {
 	m.polled = d("mpi5k_wan_frames_poll_thread_total", "Frames the relay's poller thread forwarded (small messages of quiet streams; see mpi5k_wan_frames_total).", "dir")
 	m.partial = d("mpi5k_wan_poll_thread_partial_writes_total", "Frames the poller thread wrote of which the socket took only part.")
 	m.inline = d("mpi5k_wan_frames_inline_total", "Frames a stream wrote itself because the link was idle, without a hand-off to the link's writer (see mpi5k_wan_frames_total).")
-	m.pad = d("mpi5k_wan_pad_bytes_total", "PAD (filler) payload bytes on the WAN link: priming of a new BBR link (prime.go).", "dir")
+	m.pad = d("mpi5k_wan_pad_bytes_total", "PAD (filler) payload bytes on the WAN link: priming of a new BBR link (tuning.Prime).", "dir")
 	m.writes = d("mpi5k_wan_writes_total", "writev calls on the WAN socket (frames/writes = batching).")
 	m.stalls = d("mpi5k_window_stalls_total", "Times a stream waited for credit from the peer.")
 	m.streams = d("mpi5k_open_streams", "Streams open on the link.")
@@ -172,7 +173,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		c(m.peerClamp, prometheus.GaugeValue, float64(st.PeerClamp.Load()))
 		c(m.queue, prometheus.GaugeValue, float64(st.QueueDelay.Load())/1e9)
 		c(m.lifts, prometheus.CounterValue, float64(st.ClampLifts.Load()))
-		if ti, err := TCPInfo(r.l.Conn()); err == nil {
+		if ti, err := tuning.TCPInfo(r.l.Conn()); err == nil {
 			c(m.cwnd, prometheus.GaugeValue, float64(ti.Snd_cwnd))
 			if ti.Snd_ssthresh < tcpinfo.InfiniteSsthresh {
 				c(m.ssthresh, prometheus.GaugeValue, float64(ti.Snd_ssthresh))
@@ -195,7 +196,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 				c(m.bbrMinRTT, prometheus.GaugeValue, b.MinRTT.Seconds())
 			}
 		}
-		if holds, skips, held, ok := m.g.guard.counters(r.l); ok {
+		if holds, skips, held, ok := m.g.guard.Counters(r.l); ok {
 			c(m.holds, prometheus.CounterValue, float64(holds))
 			c(m.skips, prometheus.CounterValue, float64(skips))
 			c(m.held, prometheus.CounterValue, held.Seconds())

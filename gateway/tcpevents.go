@@ -1,13 +1,12 @@
 package gateway
 
 import (
-	"errors"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/tcpinfo"
+	"github.com/mpi5k/mpi5k/tuning"
 )
 
 // wanSampleEvery is how often the WAN sockets' TCP_INFO is sampled for
@@ -23,7 +22,7 @@ const wanSampleEvery = 100 * time.Millisecond
 type wanEvents struct {
 	mu   sync.Mutex
 	t    map[*relay.Link]*tcpinfo.Tracker
-	live linkSet
+	live tuning.LinkSet
 	raw  tcpinfo.Raw
 	in   tcpinfo.Info
 	bbr  tcpinfo.BBR
@@ -62,9 +61,9 @@ func (w *wanEvents) sample(links []*relay.Link) {
 	}
 	// Forget links that were replaced; their counters restart with the
 	// new link (a Prometheus counter reset).
-	w.live.reset(links)
+	w.live.Reset(links)
 	for l := range w.t {
-		if !w.live.has(l) {
+		if !w.live.Has(l) {
 			delete(w.t, l)
 		}
 	}
@@ -77,7 +76,7 @@ func (w *wanEvents) sample(links []*relay.Link) {
 		// BBR's PROBE_RTT dips (cwnd 4 for >= 200 ms every 10 s of
 		// continuous sending) cost a bulk link about 2.5 % of its rate;
 		// the counter tells such a run from a loss-limited one.
-		haveBBR, err := readWANSocket(l, &tr.CongestionControl, &w.raw, &w.in, &w.bbr)
+		haveBBR, err := tuning.ReadLinkSocket(l, &tr.CongestionControl, &w.raw, &w.in, &w.bbr)
 		if err != nil {
 			continue
 		}
@@ -92,35 +91,6 @@ func (w *wanEvents) sample(links []*relay.Link) {
 	}
 }
 
-// readWANSocket reads, in one Control of l's socket, its TCP_INFO into in
-// (raw is scratch) and, if it runs BBR, BBR's model into b (haveBBR). *cc
-// caches the socket's congestion control; an empty one is read first.
-func readWANSocket(l *relay.Link, cc *string, raw *tcpinfo.Raw, in *tcpinfo.Info, b *tcpinfo.BBR) (haveBBR bool, err error) {
-	sc, ok := l.Conn().(syscall.Conn)
-	if !ok {
-		return false, errors.New("gateway: WAN link without a socket")
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false, err
-	}
-	cerr := rc.Control(func(fd uintptr) {
-		if err = tcpinfo.Read(int(fd), raw, in); err != nil {
-			return
-		}
-		if *cc == "" {
-			*cc, _ = tcpinfo.CongestionControl(int(fd))
-		}
-		if *cc == "bbr" {
-			haveBBR, _ = tcpinfo.ReadBBR(int(fd), b)
-		}
-	})
-	if cerr != nil {
-		return false, cerr
-	}
-	return haveBBR, err
-}
-
 // last returns the latest TCP_INFO sample of l, if it has one.
 func (w *wanEvents) last(l *relay.Link) (tcpinfo.Info, bool) {
 	w.mu.Lock()
@@ -130,28 +100,6 @@ func (w *wanEvents) last(l *relay.Link) (tcpinfo.Info, bool) {
 		return in, ok
 	}
 	return tcpinfo.Info{}, false
-}
-
-// linkSet answers "is l among the gateway's links" in constant time: the
-// sampler and the PROBE_RTT guard ask it for each link they track, and a
-// scan of the list made each of their rounds quadratic (15 % of a hub's
-// idle CPU with 508 links, BenchmarkScaleHub). The map is kept and
-// cleared, not rebuilt, so a round allocates nothing.
-type linkSet struct{ m map[*relay.Link]struct{} }
-
-func (s *linkSet) reset(ls []*relay.Link) {
-	if s.m == nil {
-		s.m = make(map[*relay.Link]struct{}, len(ls))
-	}
-	clear(s.m)
-	for _, l := range ls {
-		s.m[l] = struct{}{}
-	}
-}
-
-func (s *linkSet) has(l *relay.Link) bool {
-	_, ok := s.m[l]
-	return ok
 }
 
 // counters returns what was derived for l so far, and its last BBR

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/mpi5k/mpi5k/internal/testnet"
+	"github.com/mpi5k/mpi5k/tuning"
 )
 
 // TestWANEventMetrics: the WAN sockets are sampled periodically and the
@@ -40,7 +41,7 @@ func TestWANEventMetrics(t *testing.T) {
 // PROBE_RTT counters and the PROBE_RTT guard's; the express link (CUBIC)
 // exports none.
 func TestWANBBRMetrics(t *testing.T) {
-	if err := CheckCC("bbr"); err != nil {
+	if err := tuning.CheckCC("bbr"); err != nil {
 		t.Skip(err)
 	}
 	_, a, b := startPair(t, func(c *Config) { c.WAN.CC, c.ExpressCC = "bbr", "cubic" })

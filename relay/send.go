@@ -258,7 +258,7 @@ var ErrNoPad = errors.New("relay: the peer does not take PAD frames")
 // returns how many) behind everything queued, as bulk, and returns once it
 // is on the socket, or with the link's error if the link closes first.
 // Small frames sent meanwhile go ahead of it. A gateway pads a new link to
-// let its congestion control measure the path (gateway/prime.go).
+// let its congestion control measure the path (tuning.Prime).
 func (l *Link) Pad(n int) (int, error) {
 	if l.peer.Features&header.FeaturePad == 0 {
 		return 0, ErrNoPad

@@ -1,6 +1,7 @@
-package gateway
+package tuning
 
 import (
+	"context"
 	"sync"
 	"time"
 
@@ -65,7 +66,7 @@ type guardLink struct {
 	// before this time; zero when nothing is being verified.
 	verifyBy time.Time
 
-	// Counters, read by metrics; like the rest, under probeGuard.mu.
+	// Counters, read by metrics; like the rest, under ProbeGuard.mu.
 	holds, skips uint64
 	held         time.Duration
 }
@@ -73,15 +74,16 @@ type guardLink struct {
 // guardIdleEvery is the sampling period while no bulk BBR link is busy: a
 // quiet link's BBR state cannot change until it sends, and its next frame
 // wakes the guard (relay.Link.WatchSend), so the slow period only tracks
-// express traffic (guardMsgWindow) and links that went away. A variable for
-// tests.
-var guardIdleEvery = 250 * time.Millisecond
+// express traffic (guardMsgWindow) and links that went away.
+const guardIdleEvery = 250 * time.Millisecond
 
-// probeGuard holds the guard's per-link state.
-type probeGuard struct {
-	mu    sync.Mutex
-	links map[*relay.Link]*guardLink
-	live  linkSet
+// ProbeGuard is the PROBE_RTT guard of one gateway: Begin registers each new
+// bulk link, Run samples them all until its context ends.
+type ProbeGuard struct {
+	mu        sync.Mutex
+	idleEvery time.Duration // guardIdleEvery unless a test set it
+	links     map[*relay.Link]*guardLink
+	live      LinkSet
 	// msgs: when each peer site's express link last sent (the bytes it had
 	// sent then). While messages cross, queue control caps the bulk links
 	// and a bulk link's bytes are MPI messages' tails: no holds then.
@@ -96,6 +98,27 @@ type probeGuard struct {
 	ticks, busy uint64
 }
 
+// NewProbeGuard returns a guard with no links.
+func NewProbeGuard() *ProbeGuard {
+	return &ProbeGuard{idleEvery: guardIdleEvery, kick: make(chan struct{}, 1)}
+}
+
+// SetIdleEvery changes the sampling period while every link is quiet
+// (tests: only a link's next frame can then wake the guard).
+func (pg *ProbeGuard) SetIdleEvery(d time.Duration) {
+	pg.mu.Lock()
+	pg.idleEvery = d
+	pg.mu.Unlock()
+}
+
+// Samples returns how many times the guard sampled the links, and how many
+// of those found a bulk link busy.
+func (pg *ProbeGuard) Samples() (ticks, busy uint64) {
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	return pg.ticks, pg.busy
+}
+
 type msgSeen struct {
 	sent uint64
 	at   time.Time
@@ -105,52 +128,54 @@ type msgSeen struct {
 // links count as carrying messages (relay's queue control uses 5 s too).
 const guardMsgWindow = 5 * time.Second
 
-// guardProbeRTT runs the guard on every bulk WAN link until the gateway
-// stops. It samples every guardEvery while a bulk BBR link is busy. Once
-// all are quiet it waits for the next frame one of them sends, checking
-// every guardIdleEvery: an idle gateway, or one that only carries messages
-// on the express link, was woken 200 times a second by the guard alone.
-func (g *Gateway) guardProbeRTT() {
-	defer g.wg.Done()
+// Run runs the guard on every bulk link links returns until ctx ends. It
+// samples every guardEvery while a bulk BBR link is busy. Once all are
+// quiet it waits for the next frame one of them sends, checking every
+// idleEvery: an idle gateway, or one that only carries messages on the
+// express link, was woken 200 times a second by the guard alone.
+func (pg *ProbeGuard) Run(ctx context.Context, links func() []*relay.Link) {
 	t := time.NewTimer(guardEvery)
 	defer t.Stop()
 	for {
 		select {
-		case <-g.ctx.Done():
+		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-g.guard.kick:
+		case <-pg.kick:
 		}
-		links := g.allLinks()
-		busy := g.guard.tick(links)
+		ls := links()
+		busy := pg.tick(ls)
 		if !busy {
-			for _, l := range links {
+			for _, l := range ls {
 				if !l.Express() {
-					l.WatchSend(g.guard.kick)
+					l.WatchSend(pg.kick)
 				}
 			}
 			// A frame sent between the sample and the watch.
-			busy = g.guard.tick(links)
+			busy = pg.tick(ls)
 		}
 		if busy {
 			t.Reset(guardEvery)
 		} else {
-			t.Reset(relay.OnGrid(guardIdleEvery))
+			pg.mu.Lock()
+			idle := pg.idleEvery
+			pg.mu.Unlock()
+			t.Reset(relay.OnGrid(idle))
 		}
 	}
 }
 
 // tick samples links; busy: some bulk BBR link needs sampling every
 // guardEvery (it has bytes in flight, or a hold to end or verify).
-func (pg *probeGuard) tick(links []*relay.Link) (busy bool) {
+func (pg *ProbeGuard) tick(links []*relay.Link) (busy bool) {
 	pg.mu.Lock()
 	defer pg.mu.Unlock()
 	if pg.links == nil {
 		pg.links = map[*relay.Link]*guardLink{}
 	}
-	pg.live.reset(links)
+	pg.live.Reset(links)
 	for l, gl := range pg.links {
-		if gl.listed && !pg.live.has(l) {
+		if gl.listed && !pg.live.Has(l) {
 			delete(pg.links, l)
 		}
 	}
@@ -186,7 +211,7 @@ func (pg *probeGuard) tick(links []*relay.Link) (busy bool) {
 			gl.stamp.Observe(time.Now(), &gl.last) // unchanged until now
 			continue
 		}
-		if have, err := readWANSocket(l, &gl.cc, &pg.raw, &pg.in, &pg.bbr); err != nil || !have {
+		if have, err := ReadLinkSocket(l, &gl.cc, &pg.raw, &pg.in, &pg.bbr); err != nil || !have {
 			continue
 		}
 		gl.quiet, gl.frames, gl.last = pg.in.Unacked == 0, frames, pg.bbr
@@ -269,9 +294,9 @@ func (gl *guardLink) step(l holder, now time.Time, in *tcpinfo.Info, b *tcpinfo.
 	l.Hold(end)
 }
 
-// begin registers a new bulk link l whose socket was established after
+// Begin registers a new bulk link l whose socket was established after
 // since: BBR stamped its min_rtt then.
-func (pg *probeGuard) begin(l *relay.Link, since time.Time) {
+func (pg *ProbeGuard) Begin(l *relay.Link, since time.Time) {
 	pg.mu.Lock()
 	defer pg.mu.Unlock()
 	if pg.links == nil {
@@ -289,8 +314,8 @@ func (pg *probeGuard) begin(l *relay.Link, since time.Time) {
 // holder is what the guard needs of a link (a test fakes it).
 type holder interface{ Hold(until time.Time) }
 
-// counters returns the guard's counters for l.
-func (pg *probeGuard) counters(l *relay.Link) (holds, skips uint64, held time.Duration, ok bool) {
+// Counters returns the guard's counters for l.
+func (pg *ProbeGuard) Counters(l *relay.Link) (holds, skips uint64, held time.Duration, ok bool) {
 	pg.mu.Lock()
 	defer pg.mu.Unlock()
 	gl := pg.links[l]

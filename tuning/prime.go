@@ -1,4 +1,4 @@
-package gateway
+package tuning
 
 import (
 	"time"
@@ -61,8 +61,8 @@ const (
 	// primeDrained: the queue has drained when at most this many segments
 	// are in flight.
 	primeDrained = 4
-	// primeMaxTime ends priming of a path whose rate BBR cannot settle.
-	primeMaxTime = 3 * time.Second
+	// PrimeMaxTime ends priming of a path whose rate BBR cannot settle.
+	PrimeMaxTime = 3 * time.Second
 	// primeMinBytes and primeBDPs bound the filler: STARTUP normally ends
 	// within a dozen bandwidth-delay products (on the lab it took 12-16
 	// with the estimate 35 % above the emulated rate), and a path of tiny
@@ -71,24 +71,24 @@ const (
 	primeBDPs     = 24
 )
 
-// primeResult is what priming did, for the log and the tests.
-type primeResult struct {
-	primed  bool          // the estimate stopped growing (or BBR left STARTUP)
-	skipped string        // why the link was not primed ("" if it was tried)
-	bytes   uint64        // PAD payload bytes written
-	took    time.Duration // until the queue drained, or priming gave up
-	bw      uint64        // BBR's bandwidth estimate at the end, bytes/s
-	mode    tcpinfo.BBRMode
-	err     error // the link failed or a socket read failed
+// PrimeResult is what priming did, for the log and the tests.
+type PrimeResult struct {
+	Primed  bool          // the estimate stopped growing (or BBR left STARTUP)
+	Skipped string        // why the link was not primed ("" if it was tried)
+	Bytes   uint64        // PAD payload bytes written
+	Took    time.Duration // until the queue drained, or priming gave up
+	BW      uint64        // BBR's bandwidth estimate at the end, bytes/s
+	Mode    tcpinfo.BBRMode
+	Err     error // the link failed or a socket read failed
 }
 
-// prime pads link l until its BBR has left STARTUP (or, if early, its
+// Prime pads link l until its BBR has left STARTUP (or, if early, its
 // estimate has stopped growing), then waits for the queue to drain (see
 // above), for at most maxTime. It returns at once for a link that is not
 // BBR or a peer that does not take PAD.
-func prime(l *relay.Link, early bool, maxTime time.Duration) primeResult {
+func Prime(l *relay.Link, early bool, maxTime time.Duration) PrimeResult {
 	var (
-		res     primeResult
+		res     PrimeResult
 		cc      string
 		raw     tcpinfo.Raw
 		in      tcpinfo.Info
@@ -100,21 +100,21 @@ func prime(l *relay.Link, early bool, maxTime time.Duration) primeResult {
 		poll    *time.Timer
 	)
 	for {
-		have, err := readWANSocket(l, &cc, &raw, &in, &bbr)
+		have, err := ReadLinkSocket(l, &cc, &raw, &in, &bbr)
 		now := time.Now()
-		res.took = now.Sub(t0)
+		res.Took = now.Sub(t0)
 		switch {
 		case err != nil:
-			res.err = err
+			res.Err = err
 			return res
 		case cc != "bbr":
-			res.skipped = "congestion control " + cc
+			res.Skipped = "congestion control " + cc
 			return res
 		case !have:
-			res.skipped = "no BBR state (TCP_CC_INFO)"
+			res.Skipped = "no BBR state (TCP_CC_INFO)"
 			return res
 		}
-		res.bw, res.mode = bbr.Bandwidth, bbr.Mode()
+		res.BW, res.Mode = bbr.Bandwidth, bbr.Mode()
 		if float64(bbr.Bandwidth) >= primeGrowth*float64(ref) {
 			ref, grew = bbr.Bandwidth, now
 		}
@@ -122,10 +122,10 @@ func prime(l *relay.Link, early bool, maxTime time.Duration) primeResult {
 			flat := max(primeRounds*bbr.MinRTT, primeMinFlat)
 			bdp := float64(bbr.Bandwidth) * bbr.MinRTT.Seconds()
 			switch {
-			case bbr.Bandwidth > 0 && (res.mode != tcpinfo.BBRStartup || early && now.Sub(grew) >= flat):
-				res.primed = true
+			case bbr.Bandwidth > 0 && (res.Mode != tcpinfo.BBRStartup || early && now.Sub(grew) >= flat):
+				res.Primed = true
 				padding = false
-			case res.bytes >= uint64(max(primeMinBytes, primeBDPs*bdp)) || res.took >= maxTime:
+			case res.Bytes >= uint64(max(primeMinBytes, primeBDPs*bdp)) || res.Took >= maxTime:
 				padding = false
 			}
 		}
@@ -133,16 +133,16 @@ func prime(l *relay.Link, early bool, maxTime time.Duration) primeResult {
 			n, err := l.Pad(primePad)
 			if err != nil {
 				if err == relay.ErrNoPad {
-					res.skipped = "peer takes no PAD"
+					res.Skipped = "peer takes no PAD"
 				} else {
-					res.err = err
+					res.Err = err
 				}
 				return res
 			}
-			res.bytes += uint64(n)
+			res.Bytes += uint64(n)
 			continue
 		}
-		if in.Unacked <= primeDrained || res.took >= maxTime {
+		if in.Unacked <= primeDrained || res.Took >= maxTime {
 			return res
 		}
 		if poll == nil {
@@ -154,7 +154,7 @@ func prime(l *relay.Link, early bool, maxTime time.Duration) primeResult {
 		select {
 		case <-poll.C:
 		case <-l.Done():
-			res.err = l.Err()
+			res.Err = l.Err()
 			return res
 		}
 	}

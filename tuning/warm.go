@@ -1,4 +1,4 @@
-package gateway
+package tuning
 
 import (
 	"bytes"
@@ -34,18 +34,19 @@ import (
 // mpi5k-gateway.service unit sets it to 0 before the gateway starts and
 // restores the value it found after every stop, SIGKILL and crashes
 // included (systemd runs ExecStopPost then), or an administrator sets it.
-// A gateway with Config.KeepWarm and a WAN socket that is not BBR checks
-// it and says, with the fix, when the links will not stay warm.
+// A gateway asked to keep its links warm, with a WAN socket that is not BBR,
+// checks it and says, with the fix, when the links will not stay warm.
 
-// restartsAfterIdle says whether some WAN socket of c runs a congestion
-// control that Linux restarts after idle: anything but BBR ("" is the
-// system's default, which may be CUBIC).
-func (c *Config) restartsAfterIdle() bool {
-	x := c.ExpressCC
-	if x == "" {
-		x = c.WAN.CC // wanCreate
+// RestartsAfterIdle says whether some WAN socket runs a congestion control
+// that Linux restarts after idle: anything but BBR ("" is the system's
+// default, which may be CUBIC). wanCC is the bulk links' CC; expressCC the
+// express link's ("" for the same as the bulk links), express whether there
+// is one.
+func RestartsAfterIdle(wanCC, expressCC string, express bool) bool {
+	if expressCC == "" {
+		expressCC = wanCC
 	}
-	return c.WAN.CC != "bbr" || (c.Express && x != "bbr")
+	return wanCC != "bbr" || (express && expressCC != "bbr")
 }
 
 // slowStartAfterIdle is a variable so tests can point it at a file.
@@ -54,9 +55,9 @@ var slowStartAfterIdle = "/proc/sys/net/ipv4/tcp_slow_start_after_idle"
 // KeepWarmFix is what an operator does so the express link stays warm.
 const KeepWarmFix = "run the gateway as the mpi5k-gateway service (its unit sets net.ipv4.tcp_slow_start_after_idle=0 while the gateway runs and restores it on every stop) or set it on the gateway host yourself: sysctl -w net.ipv4.tcp_slow_start_after_idle=0"
 
-// warmState reads the namespace's tcp_slow_start_after_idle: warm is true
+// WarmState reads the namespace's tcp_slow_start_after_idle: warm is true
 // when it is 0, state says what was found for the start-up log.
-func warmState() (warm bool, state string, err error) {
+func WarmState() (warm bool, state string, err error) {
 	b, err := os.ReadFile(slowStartAfterIdle)
 	if err != nil {
 		return false, "", fmt.Errorf("reading net.ipv4.tcp_slow_start_after_idle: %w", err)

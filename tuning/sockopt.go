@@ -1,4 +1,4 @@
-package gateway
+package tuning
 
 import (
 	"errors"
@@ -80,12 +80,12 @@ func (o SockOpts) apply(fd int) error {
 		}
 	}
 	if o.RTOMin > 0 {
-		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, tcpRTOMinUS, int(o.RTOMin.Microseconds())); err != nil {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, TCPRTOMinUS, int(o.RTOMin.Microseconds())); err != nil {
 			return fmt.Errorf("TCP_RTO_MIN_US: %w", err)
 		}
 	}
 	if o.DelackMax > 0 {
-		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, tcpDelackMaxUS, int(o.DelackMax.Microseconds())); err != nil {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, TCPDelackMaxUS, int(o.DelackMax.Microseconds())); err != nil {
 			return fmt.Errorf("TCP_DELACK_MAX_US: %w", err)
 		}
 	}
@@ -102,13 +102,13 @@ func (o SockOpts) apply(fd int) error {
 // (Debian 12's 6.1 answers ENOPROTOOPT, and the gateway keeps the
 // kernel's 200 ms floors there).
 const (
-	tcpRTOMinUS    = 45
-	tcpDelackMaxUS = 46
+	TCPRTOMinUS    = 45
+	TCPDelackMaxUS = 46
 )
 
-// checkTimers reports whether the kernel takes o's RTOMin and DelackMax:
+// CheckTimers reports whether the kernel takes o's RTOMin and DelackMax:
 // ENOPROTOOPT from a kernel older than these options.
-func (o SockOpts) checkTimers() error {
+func (o SockOpts) CheckTimers() error {
 	if o.RTOMin <= 0 && o.DelackMax <= 0 {
 		return nil
 	}
@@ -120,8 +120,8 @@ func (o SockOpts) checkTimers() error {
 	return SockOpts{RTOMin: o.RTOMin, DelackMax: o.DelackMax}.apply(fd)
 }
 
-// control returns a net.Dialer/ListenConfig Control function applying o.
-func (o SockOpts) control(extra func(fd int) error) func(network, address string, c syscall.RawConn) error {
+// Control returns a net.Dialer/ListenConfig Control function applying o.
+func (o SockOpts) Control(extra func(fd int) error) func(network, address string, c syscall.RawConn) error {
 	return func(network, address string, c syscall.RawConn) error {
 		var err error
 		cerr := c.Control(func(fd uintptr) {
@@ -136,14 +136,14 @@ func (o SockOpts) control(extra func(fd int) error) func(network, address string
 	}
 }
 
-// applyConn sets o on an existing connection (accepted LAN sockets, whose
+// ApplyConn sets o on an existing connection (accepted LAN sockets, whose
 // listener cannot carry every option).
-func (o SockOpts) applyConn(c *net.TCPConn) error {
+func (o SockOpts) ApplyConn(c *net.TCPConn) error {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return err
 	}
-	return o.control(nil)("tcp", "", rc)
+	return o.Control(nil)("tcp", "", rc)
 }
 
 // CheckCC reports whether this process may run congestion control cc on a
@@ -239,11 +239,11 @@ func TCPInfo(c net.Conn) (*unix.TCPInfo, error) {
 	return info, ierr
 }
 
-// tuneLink adjusts a WAN socket after the handshake, once its role is
+// TuneLink adjusts a WAN socket after the handshake, once its role is
 // known: unpace lifts the pacing cap the dialer's or listener's options set
 // on every WAN socket (the express link's small frames must not wait for a
 // pacing slot); cc, if set, switches its congestion control.
-func tuneLink(c *net.TCPConn, unpace bool, cc string) error {
+func TuneLink(c *net.TCPConn, unpace bool, cc string) error {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return err
@@ -272,5 +272,5 @@ func tuneLink(c *net.TCPConn, unpace bool, cc string) error {
 // TCP_DELACK_MAX_US at the mpi5k-gateway defaults (10 ms, 5 ms):
 // ENOPROTOOPT before Linux 6.15.
 func CheckTimers() error {
-	return SockOpts{RTOMin: 10 * time.Millisecond, DelackMax: 5 * time.Millisecond}.checkTimers()
+	return SockOpts{RTOMin: 10 * time.Millisecond, DelackMax: 5 * time.Millisecond}.CheckTimers()
 }

@@ -1,4 +1,4 @@
-package gateway
+package tuning
 
 import (
 	"errors"
@@ -32,7 +32,7 @@ func readSysctl(t *testing.T, p string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// warmState only reads: the value it finds is the value left.
+// WarmState only reads: the value it finds is the value left.
 func TestWarmStateReadsOnly(t *testing.T) {
 	for _, c := range []struct {
 		v, state string
@@ -43,7 +43,7 @@ func TestWarmStateReadsOnly(t *testing.T) {
 		{"2", "cold: tcp_slow_start_after_idle is 2", false},
 	} {
 		p := fakeSysctl(t, c.v)
-		warm, state, err := warmState()
+		warm, state, err := WarmState()
 		if err != nil || warm != c.warm || state != c.state {
 			t.Errorf("sysctl %q: warm %v state %q err %v, want %v %q", c.v, warm, state, err, c.warm, c.state)
 		}
@@ -57,7 +57,7 @@ func TestWarmStateError(t *testing.T) {
 	old := slowStartAfterIdle
 	slowStartAfterIdle = filepath.Join(t.TempDir(), "missing", "tcp_slow_start_after_idle")
 	defer func() { slowStartAfterIdle = old }()
-	if _, _, err := warmState(); err == nil || !strings.Contains(err.Error(), "net.ipv4.tcp_slow_start_after_idle") {
+	if _, _, err := WarmState(); err == nil || !strings.Contains(err.Error(), "net.ipv4.tcp_slow_start_after_idle") {
 		t.Fatalf("err %v, want one naming the sysctl", err)
 	}
 }
@@ -77,8 +77,7 @@ func TestRestartsAfterIdle(t *testing.T) {
 		{"cubic", "bbr", false, true},
 		{"", "", false, true}, // the system's default may be CUBIC
 	} {
-		cfg := Config{WAN: SockOpts{CC: c.wan}, ExpressCC: c.express, Express: !c.noExpress}
-		if got := cfg.restartsAfterIdle(); got != c.want {
+		if got := RestartsAfterIdle(c.wan, c.express, !c.noExpress); got != c.want {
 			t.Errorf("--wan-cc %q --wan-express-cc %q no express %v: restarts after idle %v, want %v", c.wan, c.express, c.noExpress, got, c.want)
 		}
 	}
