@@ -21,7 +21,7 @@ const wanSampleEvery = 100 * time.Millisecond
 // mode (docs/tracing.md), exported by metrics.
 type wanEvents struct {
 	mu   sync.Mutex
-	t    map[*relay.Link]*tcpinfo.Tracker
+	t    map[*relay.Link]*linkTrack
 	live tuning.LinkSet
 	raw  tcpinfo.Raw
 	in   tcpinfo.Info
@@ -53,11 +53,18 @@ func (g *Gateway) every(d time.Duration, f func()) {
 	}
 }
 
+// linkTrack is one link's event tracker and the frames the link had carried
+// (both ways) at its last sample.
+type linkTrack struct {
+	tcpinfo.Tracker
+	frames uint64
+}
+
 func (w *wanEvents) sample(links []*relay.Link) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.t == nil {
-		w.t = map[*relay.Link]*tcpinfo.Tracker{}
+		w.t = map[*relay.Link]*linkTrack{}
 	}
 	// Forget links that were replaced; their counters restart with the
 	// new link (a Prometheus counter reset).
@@ -71,7 +78,15 @@ func (w *wanEvents) sample(links []*relay.Link) {
 		tr := w.t[l]
 		fresh := tr == nil
 		if fresh {
-			tr = &tcpinfo.Tracker{}
+			tr = &linkTrack{}
+		}
+		// A link with nothing in flight at the last sample that has
+		// carried no frame since cannot have changed: its sample would be
+		// a syscall for nothing (most of an idle hub's sampling). Its
+		// keepalives bring it back once a PING period.
+		frames := l.Stats.FramesSent.Load() + l.Stats.FramesRecv.Load()
+		if in, _, ok := tr.Last(); ok && in.Unacked == 0 && frames == tr.frames {
+			continue
 		}
 		// BBR's PROBE_RTT dips (cwnd 4 for >= 200 ms every 10 s of
 		// continuous sending) cost a bulk link about 2.5 % of its rate;
@@ -83,6 +98,7 @@ func (w *wanEvents) sample(links []*relay.Link) {
 		if fresh {
 			w.t[l] = tr
 		}
+		tr.frames = frames
 		now := time.Now()
 		tr.Update(now, &w.in, nil)
 		if haveBBR {

@@ -21,7 +21,6 @@ func (l *Link) writeRetire(hb []byte) {
 		return
 	}
 	l.Stats.FramesSent.Add(1)
-	l.notifySent()
 	l.retireSent.Store(true)
 	l.retireDone()
 }

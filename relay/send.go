@@ -231,7 +231,9 @@ func (f *frame) payload() []byte {
 // sent does the bookkeeping once f is on the socket (or the link failed).
 func (l *Link) sent(f *frame) {
 	l.Stats.FramesSent.Add(1)
-	l.notifySent()
+	if f.isData() || f.h.Type == header.TypePad {
+		l.notifySent()
+	}
 	if f.isData() {
 		n := f.dataLen()
 		l.queued.Add(-int64(n))
@@ -374,10 +376,11 @@ func (l *Link) writeLoop() {
 // held link never looks dead to its peer.
 const MaxHold = time.Second
 
-// WatchSend arms a one-shot signal: the next frame the link sends after
-// the call makes a non-blocking send on c. A sampler that has seen the link
-// quiet (nothing sent, nothing in flight) can then sleep until it sends
-// again instead of polling it. A later call replaces the watch.
+// WatchSend arms a one-shot signal: the next DATA or PAD frame the link
+// sends after the call makes a non-blocking send on c. A sampler that has
+// seen the link quiet (nothing sent, nothing in flight) can then sleep until
+// it carries bytes again instead of polling it; keepalives and other control
+// frames do not wake it. A later call replaces the watch.
 func (l *Link) WatchSend(c chan<- struct{}) { l.sendWatch.Store(&c) }
 
 func (l *Link) notifySent() {

@@ -63,3 +63,32 @@ func TestWatchSend(t *testing.T) {
 	}
 	wantSum(t, app, data)
 }
+
+// TestWatchSendIgnoresKeepalives: PINGs and PONGs do not fire a watch, so a
+// sampler sleeping on an idle link is not woken every keepalive period.
+func TestWatchSendIgnoresKeepalives(t *testing.T) {
+	a, app, _, data := sumStream(t, Config{PingInterval: 10 * time.Millisecond}, 1000)
+	if _, err := app.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for a.Stats.BytesSent.Load() < uint64(len(data)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d bytes sent", a.Stats.BytesSent.Load(), len(data))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	c := make(chan struct{}, 1)
+	a.WatchSend(c)
+	frames := a.Stats.FramesSent.Load()
+	time.Sleep(200 * time.Millisecond)
+	if n := a.Stats.FramesSent.Load() - frames; n < 5 {
+		t.Fatalf("%d frames sent in 200 ms with keepalives every 10 ms; want PINGs", n)
+	}
+	select {
+	case <-c:
+		t.Fatal("a keepalive fired the watch")
+	default:
+	}
+	wantSum(t, app, data)
+}
