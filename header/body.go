@@ -74,6 +74,7 @@ func ParseEndpoint(b []byte) (netip.AddrPort, int, error) {
 const (
 	ExtCritical uint16 = 1 << 15
 	ExtLabel    uint16 = 1 // OPEN: source process label
+	ExtSession  uint16 = 2 // HELLO: the link's session, for WAN resume
 	MaxLabel           = 64
 )
 
@@ -132,9 +133,18 @@ const (
 	// FeaturePad: the sender discards PAD frames, which a gateway writes
 	// to give a new link's congestion control a measure of the path
 	// before messages depend on it.
-	FeaturePad    uint8 = 1 << 4
-	knownFeatures       = FeatureTrunk | FeatureExpress | FeatureClamp | FeatureRenew | FeaturePad
+	FeaturePad uint8 = 1 << 4
+	// FeatureResume: a link that breaks is resumed on a new connection
+	// without losing or repeating a byte. Both ends keep what they wrote
+	// until the peer ACKs it, and a reconnecting HELLO carries the link's
+	// session (extension ExtSession) and the bytes received so far.
+	FeatureResume uint8 = 1 << 5
+	knownFeatures       = FeatureTrunk | FeatureExpress | FeatureClamp | FeatureRenew | FeaturePad | FeatureResume
 )
+
+// sessionLen is the size of the ExtSession value: u64 session, u64 bytes
+// received, u8 flags (bit 0: resume).
+const sessionLen = 17
 
 // Hello is the body of HELLO, the first frame each side of a WAN link sends.
 type Hello struct {
@@ -145,6 +155,14 @@ type Hello struct {
 	MaxPayload uint32 // largest DATA payload the sender accepts
 	Window     uint32 // initial credit the sender grants on every new stream
 	Name       string // sender's site name, 1..255 bytes
+	// Session (extension ExtSession, with FeatureResume): a random id the
+	// sender gives the link when it starts, never 0. With Resume the HELLO
+	// asks to continue (dialer) or continues (acceptor) the link of that
+	// session on this connection, and Received is how many bytes of the
+	// link the sender has received whole: the peer resends from there.
+	Session  uint64
+	Received uint64
+	Resume   bool
 }
 
 // AppendHello appends the encoded body of h to b.
@@ -156,7 +174,17 @@ func AppendHello(b []byte, h *Hello) ([]byte, error) {
 	b = binary.BigEndian.AppendUint32(b, h.MaxPayload)
 	b = binary.BigEndian.AppendUint32(b, h.Window)
 	b = append(b, byte(len(h.Name)))
-	return append(b, h.Name...), nil
+	b = append(b, h.Name...)
+	if h.Session != 0 {
+		var v [sessionLen]byte
+		binary.BigEndian.PutUint64(v[0:8], h.Session)
+		binary.BigEndian.PutUint64(v[8:16], h.Received)
+		if h.Resume {
+			v[16] = 1
+		}
+		b = appendExt(b, ExtSession, v[:])
+	}
+	return b, nil
 }
 
 func (h *Hello) check() error {
@@ -177,6 +205,8 @@ func (h *Hello) check() error {
 		return fmt.Errorf("%w: HELLO renewal without an express link", ErrPayload)
 	case len(h.Name) == 0 || len(h.Name) > 255:
 		return fmt.Errorf("%w: HELLO name of %d bytes (want 1..255)", ErrPayload, len(h.Name))
+	case h.Session == 0 && (h.Resume || h.Received != 0):
+		return fmt.Errorf("%w: HELLO resume without a session", ErrPayload)
 	}
 	return nil
 }
@@ -198,7 +228,22 @@ func ParseHello(p []byte) (Hello, error) {
 	if err := h.check(); err != nil {
 		return h, err
 	}
-	return h, walkExt(p[helloFixed+n:], func(typ uint16, _ []byte) error { return unknownExt(typ) })
+	err := walkExt(p[helloFixed+n:], func(typ uint16, v []byte) error {
+		if typ != ExtSession {
+			return unknownExt(typ)
+		}
+		if len(v) != sessionLen || v[16]&^1 != 0 {
+			return fmt.Errorf("%w: HELLO session extension of %d bytes, flags %#02x (want %d, 0 or 1)", ErrPayload, len(v), v[len(v)-1], sessionLen)
+		}
+		h.Session = binary.BigEndian.Uint64(v[0:8])
+		h.Received = binary.BigEndian.Uint64(v[8:16])
+		h.Resume = v[16] == 1
+		if h.Session == 0 {
+			return fmt.Errorf("%w: HELLO session 0", ErrPayload)
+		}
+		return nil
+	})
+	return h, err
 }
 
 // Open is the body of OPEN.

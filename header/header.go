@@ -50,9 +50,9 @@ const (
 	TypeClamp       Type = 14 // cap on the receive window of the link's socket
 	TypeRetire      Type = 15 // the sender writes nothing more on this link
 	TypeRenew       Type = 16 // acceptor to dialer: replace this (express) link
-	// 17 is reserved for WAN resume's ACK (docs/wire-format.md).
-	TypePad Type = 18 // filler the receiver discards
-	maxType Type = TypePad
+	TypeAck         Type = 17 // bytes of the link received so far (WAN resume)
+	TypePad         Type = 18 // filler the receiver discards
+	maxType         Type = TypePad
 )
 
 var typeNames = [...]string{
@@ -61,7 +61,7 @@ var typeNames = [...]string{
 	TypeReset: "RESET", TypeWindow: "WINDOW", TypePing: "PING", TypePong: "PONG",
 	TypePeerQuery: "PEER_QUERY", TypePeerReply: "PEER_REPLY", TypeDataAt: "DATA_AT",
 	TypeClamp: "CLAMP", TypeRetire: "RETIRE", TypeRenew: "RENEW",
-	TypePad: "PAD",
+	TypeAck: "ACK", TypePad: "PAD",
 }
 
 func (t Type) String() string {
@@ -125,6 +125,7 @@ var payloadBounds = [...][2]uint32{
 	TypeClamp:       {4, 4},
 	TypeRetire:      {0, 0},
 	TypeRenew:       {0, 0},
+	TypeAck:         {8, 8},
 	TypePad:         {0, MaxPayload},
 }
 
@@ -163,7 +164,7 @@ func Decode(b []byte) (Header, error) {
 		return h, fmt.Errorf("%w: %v of %d bytes (want %d..%d)", ErrPayload, h.Type, h.Length, lo, hi)
 	}
 	switch h.Type {
-	case TypeHello, TypePing, TypePong, TypeClamp, TypeRetire, TypeRenew, TypePad:
+	case TypeHello, TypePing, TypePong, TypeClamp, TypeRetire, TypeRenew, TypeAck, TypePad:
 		if h.Stream != 0 {
 			return h, fmt.Errorf("%w: %v on stream %d (want 0)", ErrStream, h.Type, h.Stream)
 		}
@@ -251,6 +252,18 @@ func DecodeClamp(p []byte) (uint32, error) {
 	}
 	return binary.BigEndian.Uint32(p), nil
 }
+
+// DecodeAck parses the body of ACK: how many bytes of the link (frames
+// whole, headers included) the sender has received since the link began.
+func DecodeAck(p []byte) (uint64, error) {
+	if len(p) != 8 {
+		return 0, fmt.Errorf("%w: ACK body of %d bytes (want 8)", ErrPayload, len(p))
+	}
+	return binary.BigEndian.Uint64(p), nil
+}
+
+// PutU64 writes v big-endian into b[:8] (an ACK body).
+func PutU64(b []byte, v uint64) { binary.BigEndian.PutUint64(b, v) }
 
 // AppendFrame appends a header for (t, stream) and payload to b. It is a
 // convenience for control frames and tests; the relay encodes headers into

@@ -36,7 +36,8 @@ func TestDecodeRejects(t *testing.T) {
 		{"version 0", []byte{0, 5, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrVersion},
 		{"version 2", []byte{2, 5, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrVersion},
 		{"type 0", []byte{1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
-		{"type 17 (reserved)", []byte{1, 17, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
+		{"ack of 1 byte", []byte{1, 17, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, ErrPayload},
+		{"ack on a stream", enc(Header{Type: TypeAck, Stream: 5, Length: 8}), ErrStream},
 		{"type 19", []byte{1, 19, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
 		{"pad on a stream", enc(Header{Type: TypePad, Stream: 3, Length: 100}), ErrStream},
 		{"pad above MaxPayload", enc(Header{Type: TypePad, Length: MaxPayload + 1}), ErrTooLarge},
@@ -110,7 +111,7 @@ func randomHeader(r *rand.Rand) Header {
 		h.Length = 4 * r.Uint32N(2)
 	}
 	switch t {
-	case TypeHello, TypePing, TypePong, TypeClamp, TypeRetire, TypeRenew, TypePad:
+	case TypeHello, TypePing, TypePong, TypeClamp, TypeRetire, TypeRenew, TypeAck, TypePad:
 	default:
 		h.Stream = 1 + r.Uint32N(1<<31)
 	}
@@ -197,7 +198,8 @@ func TestHello(t *testing.T) {
 		{SiteID: 1, LinkCount: 1, MaxPayload: MaxPayload + 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Window: 1},
-		{SiteID: 1, LinkCount: 1, Features: 32, MaxPayload: 1, Window: 1, Name: "a"}, // undefined bit
+		{SiteID: 1, LinkCount: 1, Features: 64, MaxPayload: 1, Window: 1, Name: "a"}, // undefined bit
+		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Window: 1, Name: "a", Resume: true}, // resume without a session
 		{SiteID: 1, LinkCount: 2, Features: FeatureExpress, MaxPayload: 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, Features: FeatureTrunk | FeatureExpress, MaxPayload: 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 2, Features: FeatureTrunk | FeatureRenew, MaxPayload: 1, Window: 1, Name: "a"},
@@ -205,6 +207,30 @@ func TestHello(t *testing.T) {
 		if _, err := AppendHello(nil, &bad); !errors.Is(err, ErrPayload) {
 			t.Errorf("%+v: %v", bad, err)
 		}
+	}
+	// The session extension: resuming and fresh, and malformed.
+	for _, sh := range []Hello{
+		{SiteID: 2, LinkCount: 3, Features: FeatureTrunk | FeatureResume, MaxPayload: 1, Window: 1, Name: "lyon", Session: 1 << 60},
+		{SiteID: 2, LinkCount: 3, Features: FeatureTrunk | FeatureResume, MaxPayload: 1, Window: 1, Name: "lyon", Session: 7, Received: 1 << 40, Resume: true},
+	} {
+		sb, err := AppendHello(nil, &sh)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := ParseHello(sb); err != nil || got != sh {
+			t.Fatalf("session: got %+v %v, want %+v", got, err, sh)
+		}
+		sb[len(sb)-1] = 2 // an undefined flag
+		if _, err := ParseHello(sb); !errors.Is(err, ErrPayload) {
+			t.Fatalf("session flag 2: %v", err)
+		}
+	}
+	zero := appendExt(bytes.Clone(b), ExtSession, make([]byte, sessionLen))
+	if _, err := ParseHello(zero); !errors.Is(err, ErrPayload) {
+		t.Fatalf("session 0: %v", err)
+	}
+	if _, err := ParseHello(appendExt(bytes.Clone(b), ExtSession, make([]byte, 9))); !errors.Is(err, ErrPayload) {
+		t.Fatalf("short session: %v", err)
 	}
 	b[3] = 0x80 // an undefined feature bit
 	if _, err := ParseHello(b); !errors.Is(err, ErrPayload) {
