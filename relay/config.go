@@ -54,6 +54,14 @@ type Config struct {
 	// it; else the link logs a warning. It may run on the poller thread:
 	// it must not block.
 	Limited func(reason string, peer string, err error)
+	// ReplayMax is how many bytes of bulk a resuming link keeps for the
+	// peer's ACK (default 16 MiB); the writer waits past it. It bounds
+	// the link's rate to ReplayMax per round trip: keep it above the
+	// path's bandwidth-delay product.
+	ReplayMax int64
+	// ResumeWithin is how long a resuming link may stay down before it
+	// fails and its streams are reset (default 60 s).
+	ResumeWithin time.Duration
 }
 
 func (c *Config) fill() {
@@ -91,6 +99,12 @@ func (c *Config) fill() {
 	if c.MaxEarly <= 0 {
 		c.MaxEarly = 64 << 20
 	}
+	if c.ReplayMax <= 0 {
+		c.ReplayMax = 16 << 20
+	}
+	if c.ResumeWithin <= 0 {
+		c.ResumeWithin = time.Minute
+	}
 }
 
 // Hello returns the HELLO a side with this configuration sends.
@@ -98,6 +112,40 @@ func (c Config) Hello(site uint8, name string, index, count uint8) header.Hello 
 	c.fill()
 	return header.Hello{SiteID: site, LinkIndex: index, LinkCount: count,
 		MaxPayload: header.MaxPayload, Window: c.Window, Name: name}
+}
+
+// Answer reads the peer's HELLO first and then sends the one reply makes
+// of it, both before ctx's deadline: the accepting side of a WAN link,
+// whose answer to a resuming HELLO depends on the link it names. When
+// reply fails nothing is sent and its error is returned.
+func Answer(ctx context.Context, conn net.Conn, reply func(peer header.Hello) (header.Hello, error)) (header.Hello, error) {
+	if d, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(d)
+		defer conn.SetDeadline(time.Time{})
+	}
+	h, p, err := header.ReadOne(conn, header.MaxControl)
+	if err == nil && h.Type != header.TypeHello {
+		err = fmt.Errorf("relay: first frame is %v, want HELLO", h.Type)
+	}
+	var peer header.Hello
+	if err == nil {
+		peer, err = header.ParseHello(p)
+	}
+	if err != nil {
+		return peer, fmt.Errorf("relay: hello from %v: %w", conn.RemoteAddr(), err)
+	}
+	local, err := reply(peer)
+	if err != nil {
+		return peer, err
+	}
+	body, err := header.AppendHello(nil, &local)
+	if err == nil {
+		_, err = conn.Write(header.AppendFrame(nil, header.TypeHello, 0, body))
+	}
+	if err != nil {
+		return peer, fmt.Errorf("relay: hello to %v: %w", conn.RemoteAddr(), err)
+	}
+	return peer, nil
 }
 
 // Handshake sends our HELLO and reads the peer's, both before ctx's

@@ -108,6 +108,7 @@ type Link struct {
 	bulk1 bool
 
 	dead      atomic.Bool   // failed or closed
+	down      atomic.Bool   // broken, waiting to resume (resume.go)
 	clampErrs atomic.Uint32 // CLAMP frames the socket refused (logged once)
 	queued    atomic.Int64  // DATA bytes handed to this link and not yet written
 	homed     atomic.Int32  // streams whose OPEN used this link
@@ -126,6 +127,14 @@ type Link struct {
 	done      chan struct{}
 	onClose   []func(error)
 	closeOnce sync.Once
+	// The connection: replaced when a resuming link resumes (resume.go),
+	// under mu while nobody writes; gen counts the connections, so an
+	// error from an earlier one is told apart. broken: the current one
+	// failed and the link waits for the next.
+	gen    uint64
+	broken bool
+	rs     *resumer // nil: the link does not resume
+	remote atomic.Value
 
 	lastRecv atomic.Int64
 	// holdUntil (unix ns, 0 = none): nothing is written to the socket
@@ -147,7 +156,7 @@ type Link struct {
 	renewAsked  atomic.Int64 // when this side last sent RENEW (unix ns)
 }
 
-func newLink(conn net.Conn, cfg Config, peer header.Hello, t *Trunk, index int, express bool) *Link {
+func newLink(conn net.Conn, cfg Config, peer header.Hello, t *Trunk, index int, express bool, session uint64) *Link {
 	cfg.fill()
 	chunk := min(cfg.Chunk, int(peer.MaxPayload))
 	if t.lanes {
@@ -157,6 +166,12 @@ func newLink(conn net.Conn, cfg Config, peer header.Hello, t *Trunk, index int, 
 		chunk: max(chunk, 1), log: cfg.Logger,
 		wake: make(chan struct{}, 1), done: make(chan struct{})}
 	l.lastRecv.Store(time.Now().UnixNano())
+	if conn != nil {
+		l.remote.Store(conn.RemoteAddr())
+	}
+	if session != 0 && peer.Session != 0 && peer.Features&header.FeatureResume != 0 && t.lanes {
+		l.rs = newResumer(&l.cfg, session)
+	}
 	l.r = header.NewReader(conn, 0)
 	if !cfg.NoPoller {
 		l.w = newWaiter(conn, l.readStep, !cfg.RuntimeWakes)
@@ -166,7 +181,11 @@ func newLink(conn net.Conn, cfg Config, peer header.Hello, t *Trunk, index int, 
 
 func (l *Link) start() {
 	go l.writeLoop()
-	go l.readLoop()
+	rd := make(chan struct{})
+	if l.rs != nil {
+		l.rs.readerDone = rd
+	}
+	go l.readLoop(l.r, l.w, 0, rd)
 	go l.keepalive()
 	l.t.startQueueControl(l)
 }
@@ -180,8 +199,13 @@ func (l *Link) Express() bool { return l.express }
 // Peer is the peer's HELLO.
 func (l *Link) Peer() header.Hello { return l.peer }
 
-// Conn is the link's connection (for socket statistics).
-func (l *Link) Conn() net.Conn { return l.conn }
+// Conn is the link's current connection (for socket statistics); a link
+// that resumes moves to a new one.
+func (l *Link) Conn() net.Conn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.conn
+}
 
 // Done is closed when the link has failed or been closed.
 func (l *Link) Done() <-chan struct{} { return l.done }
@@ -248,9 +272,30 @@ func (l *Link) keepalive() {
 			return
 		case now := <-t.C:
 			t.Reset(OnGrid(l.cfg.PingInterval))
+			l.mu.Lock()
+			gen, broken := l.gen, l.broken
+			var downAt time.Time
+			if broken {
+				downAt = l.rs.downAt
+			}
+			l.mu.Unlock()
+			if broken {
+				if d := now.Sub(downAt); d > l.rs.within {
+					l.fail(fmt.Errorf("relay: link %d to %s down for %v without resuming (limit %v)", l.index, l.peer.Name, d.Round(time.Millisecond), l.rs.within))
+					return
+				}
+				continue
+			}
 			if silent := now.Sub(time.Unix(0, l.lastRecv.Load())); silent > l.cfg.DeadAfter {
-				l.fail(fmt.Errorf("relay: peer %v silent for %v", l.conn.RemoteAddr(), silent.Round(time.Millisecond)))
-				return
+				l.broke(gen, fmt.Errorf("%w for %v (from %v)", errSilent, silent.Round(time.Millisecond), l.remoteAddr()))
+				continue
+			}
+			if r := l.rs; r != nil {
+				// The tail of what arrived since the last ACK, in the
+				// PING's write.
+				if n := r.recvSeq.Load(); n != r.ackSent.Load() {
+					l.sendAck(n)
+				}
 			}
 			f := frame{h: header.Header{Type: header.TypePing, Length: 8}}
 			header.PutU32(f.ctl[:4], uint32(uint64(now.UnixNano())>>32))
@@ -273,18 +318,24 @@ func (l *Link) fail(err error) {
 		}
 		for i := l.ui; i < len(l.urgent); i++ {
 			if f := &l.urgent[i]; f.isData() {
-				putBuf(f.buf)
+				if !f.kept { // else the replay list's, freed below
+					putBuf(f.buf)
+				}
 				f.s.returnToken()
 			}
 		}
 		l.urgent, l.bulk, l.ui, l.bi, l.ctlQueued = nil, nil, 0, 0, 0
+		conn, w := l.conn, l.w
 		l.mu.Unlock()
+		if l.rs != nil {
+			l.rs.release()
+		}
 		close(l.done)
-		l.w.cancel() // before the socket closes: its number may be reused
-		if tc, ok := l.conn.(*net.TCPConn); ok {
+		w.cancel() // before the socket closes: its number may be reused
+		if tc, ok := conn.(*net.TCPConn); ok {
 			tc.SetLinger(0) // the peer learns at once, even with data queued
 		}
-		l.conn.Close()
+		conn.Close()
 		// The peer sees the same connection fail and resets the streams homed
 		// here itself; a stream homed elsewhere whose bytes crossed this link
 		// is reset explicitly on its home link (the peer may not know that
@@ -296,7 +347,7 @@ func (l *Link) fail(err error) {
 		for _, s := range crossing {
 			s.Reset(header.CodeLinkLost)
 		}
-		l.log.Info("link down", "peer", l.peer.Name, "link", l.index, "remote", l.conn.RemoteAddr().String(),
+		l.log.Info("link down", "peer", l.peer.Name, "link", l.index, "remote", l.remoteAddr(),
 			"streams_reset", len(home)+len(crossing), "err", err)
 		for _, f := range cbs {
 			f(err)

@@ -416,7 +416,7 @@ func (a *queueAgg) merge(now time.Time, ls []linkQueueSample, messages bool) que
 // queueCapped reports whether queue control caps l: a bulk link on a TCP
 // socket whose peer applies CLAMP frames, with a queue target set.
 func (l *Link) queueCapped() bool {
-	_, ok := l.conn.(syscall.Conn)
+	_, ok := l.Conn().(syscall.Conn)
 	return ok && l.cfg.QueueTarget > 0 && !l.express && l.peer.Features&header.FeatureClamp != 0
 }
 
@@ -561,7 +561,7 @@ func (t *Trunk) controlQueue(target time.Duration, log *slog.Logger) {
 		}
 		ls = ls[:0]
 		for _, l := range links {
-			if err := tcpinfo.ReadConn(l.conn.(syscall.Conn), &in); err != nil {
+			if err := tcpinfo.ReadConn(l.Conn().(syscall.Conn), &in); err != nil {
 				continue // closing: the next round finds it dead
 			}
 			ls = append(ls, linkQueueSample{key: l, srtt: in.RTT, minRTT: in.MinRTT, acked: in.BytesAcked,

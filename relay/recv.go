@@ -20,23 +20,26 @@ func readErr(err error) error {
 	return err
 }
 
-func (l *Link) readLoop() {
-	defer l.w.close()
-	r := l.r
+// readLoop reads connection gen of the link (r and w are its reader and
+// waiter) until it ends, and closes done when it returns.
+func (l *Link) readLoop(r *header.Reader, w *waiter, gen uint64, done chan struct{}) {
+	defer close(done)
+	defer w.close()
 	for {
-		if l.w != nil && !l.bulk1 && r.Buffered() == 0 && r.Remaining() == 0 {
+		if w != nil && !l.bulk1 && r.Buffered() == 0 && r.Remaining() == 0 {
 			// Nothing buffered: if the socket is empty too, the poller
 			// thread waits for it and reads while frames arrive whole.
-			_, err := r.FillFrom(l.w.read)
-			if err == errWouldBlock && l.w.wait() {
+			_, err := r.FillFrom(w.read)
+			if err == errWouldBlock && w.wait() {
 				if l.rerr != nil {
-					l.readEnd(l.rerr)
+					err, l.rerr = l.rerr, nil
+					l.readEnd(gen, err)
 					return
 				}
 				continue
 			}
 			if err != nil && err != errWouldBlock {
-				l.readEnd(err)
+				l.readEnd(gen, err)
 				return
 			}
 		}
@@ -45,7 +48,7 @@ func (l *Link) readLoop() {
 			err = l.handle(r, h)
 		}
 		if err != nil {
-			l.readEnd(err)
+			l.readEnd(gen, err)
 			return
 		}
 	}
@@ -84,8 +87,17 @@ func (l *Link) readStep() bool {
 	return r.Buffered() == 0
 }
 
-// handle processes one received frame whose header r has just read.
+// handle processes one received frame whose header r has just read; a
+// resuming link counts it once it is handled whole.
 func (l *Link) handle(r *header.Reader, h header.Header) error {
+	err := l.handleFrame(r, h)
+	if err == nil && l.rs != nil {
+		l.received(h)
+	}
+	return err
+}
+
+func (l *Link) handleFrame(r *header.Reader, h header.Header) error {
 	l.lastRecv.Store(time.Now().UnixNano())
 	l.Stats.FramesRecv.Add(1)
 	l.bulk1 = false
@@ -95,7 +107,7 @@ func (l *Link) handle(r *header.Reader, h header.Header) error {
 	}
 	if h.Type == header.TypePad {
 		if l.peer.Features&header.FeaturePad == 0 {
-			return fmt.Errorf("relay: protocol error from %v: PAD from a peer without feature PAD", l.conn.RemoteAddr())
+			return fmt.Errorf("relay: protocol error from %v: PAD from a peer without feature PAD", l.remoteAddr())
 		}
 		l.bulk1 = int(h.Length) > l.cfg.SmallFrame
 		l.Stats.PadRecv.Add(uint64(h.Length))
@@ -109,7 +121,7 @@ func (l *Link) handle(r *header.Reader, h header.Header) error {
 		if err == errPeerRetired {
 			return err
 		}
-		return fmt.Errorf("relay: protocol error from %v: %w", l.conn.RemoteAddr(), err)
+		return fmt.Errorf("relay: protocol error from %v: %w", l.remoteAddr(), err)
 	}
 	return nil
 }
@@ -152,11 +164,12 @@ func (l *Link) recvData(r *header.Reader, h header.Header) error {
 	}
 	s.used.Or(1 << l.index)
 	if !s.reserve(n) {
-		return fmt.Errorf("relay: protocol error from %v: stream %d sent %d bytes beyond its window", l.conn.RemoteAddr(), h.Stream, n)
+		return fmt.Errorf("relay: protocol error from %v: stream %d sent %d bytes beyond its window", l.remoteAddr(), h.Stream, n)
 	}
 	p := getBuf(n)
 	if err := readPayload(r, *p); err != nil {
 		putBuf(p)
+		s.unreserve(n) // the frame comes again whole if the link resumes
 		return err
 	}
 	l.Stats.BytesRecv.Add(uint64(n))
@@ -166,7 +179,7 @@ func (l *Link) recvData(r *header.Reader, h header.Header) error {
 			l.peer.Name, h.Stream, l.cfg.MaxEarly))
 		return nil
 	} else if err != nil {
-		return fmt.Errorf("relay: protocol error from %v: stream %d: %w", l.conn.RemoteAddr(), h.Stream, err)
+		return fmt.Errorf("relay: protocol error from %v: stream %d: %w", l.remoteAddr(), h.Stream, err)
 	}
 	return nil
 }
@@ -246,9 +259,18 @@ func (l *Link) dispatch(h header.Header, p []byte) error {
 		for _, b := range p {
 			t = t<<8 | int64(b)
 		}
+		if l.rs != nil && t < l.rs.resumedAt.Load() {
+			break // a PING from before a resume: its round trip spans the outage
+		}
 		if rtt := time.Now().UnixNano() - t; t != 0 && rtt > 0 { // t is 0 for flush markers
 			l.Stats.RTT.Store(rtt)
 		}
+	case header.TypeAck:
+		n, err := header.DecodeAck(p)
+		if err != nil {
+			return err
+		}
+		return l.acked(n)
 	case header.TypeRetire:
 		if !l.renewable() {
 			return fmt.Errorf("RETIRE on a link that cannot be renewed")

@@ -17,7 +17,7 @@ func (l *Link) writeRetire(hb []byte) {
 	l.mu.Unlock()
 	header.Header{Type: header.TypeRetire}.Encode(hb)
 	if _, err := l.conn.Write(hb); err != nil {
-		l.fail(fmt.Errorf("relay: write to %v: %w", l.conn.RemoteAddr(), err))
+		l.fail(fmt.Errorf("relay: write to %v: %w", l.remoteAddr(), err))
 		return
 	}
 	l.Stats.FramesSent.Add(1)
@@ -64,21 +64,24 @@ func (l *Link) retireDone() {
 	}
 	l.closeOnce.Do(func() {
 		cbs := l.closing(ErrLinkRetired)
+		if l.rs != nil {
+			l.rs.release()
+		}
 		close(l.done)
 		l.w.cancel()
 		l.conn.Close() // no linger 0: our RETIRE may still be in the socket
-		l.log.Debug("link retired", "peer", l.peer.Name, "link", l.index, "remote", l.conn.RemoteAddr().String())
+		l.log.Debug("link retired", "peer", l.peer.Name, "link", l.index, "remote", l.remoteAddr())
 		for _, f := range cbs {
 			f(ErrLinkRetired)
 		}
 	})
 }
 
-// readEnd ends the reader: at the peer's RETIRE cleanly, else by failing
-// the link.
-func (l *Link) readEnd(err error) {
+// readEnd ends the reader of connection gen: at the peer's RETIRE
+// cleanly, else as a break (a resuming link goes down) or a failure.
+func (l *Link) readEnd(gen uint64, err error) {
 	if err != errPeerRetired {
-		l.fail(readErr(err))
+		l.broke(gen, readErr(err))
 		return
 	}
 	l.peerRetired.Store(true)

@@ -20,6 +20,12 @@ type frame struct {
 	counted bool    // counted in s.bulkQueued (a lone link's ordering rule)
 	skip    int     // leading bytes already written (the rest of a partial write)
 	done    chan struct{}
+	// WAN resume (resume.go): the frame's first byte in the link, and
+	// whether it is written again after a resume (its bookkeeping was
+	// done the first time).
+	seq      uint64
+	replayed bool
+	kept     bool // on the replay list (from before its first byte is written)
 }
 
 func (f *frame) isData() bool { return f.h.Type == header.TypeData || f.h.Type == header.TypeDataAt }
@@ -113,19 +119,23 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 	if mode == sendTry && l.w == nil {
 		mode = sendQueue // no raw socket to try
 	}
-	if mode != sendQueue && !l.writing && l.ui == len(l.urgent) && l.bi == len(l.bulk) && (mode == sendInline || int(f.h.Length) <= l.cfg.SmallFrame) && !l.held() {
+	if mode != sendQueue && !l.writing && !l.broken && l.ui == len(l.urgent) && l.bi == len(l.bulk) && (mode == sendInline || int(f.h.Length) <= l.cfg.SmallFrame) && !l.held() && l.replayRoom() {
 		l.writing = true
+		conn, w, gen := l.conn, l.w, l.gen
 		l.mu.Unlock()
 		// The inline writer's frame, header and iovec live in the link
 		// (l.writing makes them its own): on the stack they would escape
 		// into the write and cost four allocations per small frame.
 		iw := &l.inline
+		if l.rs != nil {
+			l.keep(&f)
+		}
 		iw.f = f
 		iov := iw.f.appendIOV(iw.a[:0], iw.hb[:])
 		var err error
 		if mode == sendTry {
 			var n int
-			n, err = l.w.writev(iov)
+			n, err = w.writev(iov)
 			l.Stats.PollSent.Add(1)
 			if err == nil && n < f.wireLen() {
 				l.Stats.PollPartial.Add(1)
@@ -150,7 +160,7 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 			}
 		} else {
 			iw.bufs = iov
-			_, err = iw.bufs.WriteTo(l.conn)
+			_, err = iw.bufs.WriteTo(conn)
 			l.Stats.InlineSent.Add(1)
 		}
 		*iw = inlineWrite{} // pins no payload
@@ -162,11 +172,11 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 		pending := l.ui < len(l.urgent) || l.bi < len(l.bulk) || l.succ != nil
 		l.mu.Unlock()
 		if err != nil {
-			err = fmt.Errorf("relay: write to %v: %w", l.conn.RemoteAddr(), err)
+			err = fmt.Errorf("relay: write to %v: %w", l.remoteAddr(), err)
 			if mode == sendTry {
-				go l.fail(err) // fail runs callbacks; never on the poller thread
+				go l.broke(gen, err) // fail runs callbacks; never on the poller thread
 			} else {
-				l.fail(err)
+				l.broke(gen, err)
 			}
 		} else if pending {
 			kick(l.wake)
@@ -212,7 +222,7 @@ func (l *Link) overflowed() bool {
 	l.mu.Unlock()
 	if first {
 		err := fmt.Errorf("relay: peer %s (%v) leaves %d control frames unread (limit %d): it sends requests (PING, OPEN, DATA) faster than it reads the replies",
-			l.peer.Name, l.conn.RemoteAddr(), n, l.cfg.MaxControl)
+			l.peer.Name, l.remoteAddr(), n, l.cfg.MaxControl)
 		go func() { // never fail on the poller thread
 			l.limited("control_queue", err)
 			l.fail(err)
@@ -229,7 +239,14 @@ func (f *frame) payload() []byte {
 }
 
 // sent does the bookkeeping once f is on the socket (or the link failed).
+// A resuming link's replay list owns the payload (keep).
 func (l *Link) sent(f *frame) {
+	if f.replayed {
+		return // counted when first written
+	}
+	if f.kept {
+		f.buf = nil
+	}
 	l.Stats.FramesSent.Add(1)
 	if f.isData() || f.h.Type == header.TypePad {
 		l.notifySent()
@@ -294,7 +311,7 @@ func (l *Link) take(batch []frame) []frame {
 		l.urgent, l.ui = l.urgent[:0], 0
 	}
 	n := 0
-	for l.bi < len(l.bulk) && len(batch) < l.cfg.MaxBatch && (n == 0 || n+int(l.bulk[l.bi].h.Length) <= l.chunk) {
+	for l.bi < len(l.bulk) && len(batch) < l.cfg.MaxBatch && (n == 0 || n+int(l.bulk[l.bi].h.Length) <= l.chunk) && l.replayRoom() {
 		f := l.bulk[l.bi]
 		l.bulk[l.bi] = frame{}
 		l.bi++
@@ -328,7 +345,7 @@ func (l *Link) writeLoop() {
 			l.writeRetire(hdrs[:header.Size])
 			return
 		}
-		if l.writing || l.ui == len(l.urgent) && l.bi == len(l.bulk) {
+		if l.writing || l.broken || l.ui == len(l.urgent) && (l.bi == len(l.bulk) || !l.replayRoom()) {
 			l.mu.Unlock()
 			select {
 			case <-l.wake:
@@ -348,24 +365,32 @@ func (l *Link) writeLoop() {
 			continue
 		}
 		l.writing = true
+		conn, gen := l.conn, l.gen
 		batch = l.take(batch[:0])
 		l.mu.Unlock()
 
 		iov = iov[:0]
 		for i := range batch {
+			if l.rs != nil {
+				l.keep(&batch[i])
+			}
 			iov = batch[i].appendIOV(iov, hdrs[i*header.Size:(i+1)*header.Size])
 		}
 		// WriteTo consumes its receiver; keep iov's backing array for reuse.
 		w := iov
-		_, err := w.WriteTo(l.conn)
+		_, err := w.WriteTo(conn)
 		l.Stats.Writes.Add(1)
 		for i := range batch {
 			l.sent(&batch[i])
 			batch[i] = frame{}
 		}
 		if err != nil {
-			l.fail(fmt.Errorf("relay: write to %v: %w", l.conn.RemoteAddr(), err))
-			return
+			l.mu.Lock()
+			l.writing = false
+			l.mu.Unlock()
+			l.broke(gen, fmt.Errorf("relay: write to %v: %w", l.remoteAddr(), err))
+			l.mu.Lock()
+			continue
 		}
 		l.mu.Lock()
 		l.writing = false

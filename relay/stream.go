@@ -229,6 +229,9 @@ func kick(c chan struct{}) {
 }
 
 func (s *Stream) returnToken() {
+	if s == nil {
+		return // a frame written again after a resume: returned the first time
+	}
 	select {
 	case s.tokens <- struct{}{}:
 	default:
@@ -244,6 +247,14 @@ func (s *Stream) reserve(n int) bool {
 	}
 	s.recvAvail -= int64(n)
 	return true
+}
+
+// unreserve gives back the window of a DATA frame whose payload did not
+// arrive whole (its connection broke).
+func (s *Stream) unreserve(n int) {
+	s.mu.Lock()
+	s.recvAvail += int64(n)
+	s.mu.Unlock()
 }
 
 // errEarly: DATA for a stream not yet connected to its destination would

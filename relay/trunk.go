@@ -85,6 +85,13 @@ func NewLink(conn net.Conn, cfg Config, peer header.Hello, dialer bool, handler 
 	return t.Add(conn, cfg, peer, 0, false)
 }
 
+// AddResumable is Add for a link both of whose HELLOs carried a session
+// and feature RESUME: local is the session this side gave it. The link
+// then survives a broken connection (Resume).
+func (t *Trunk) AddResumable(conn net.Conn, cfg Config, peer header.Hello, index int, express bool, local uint64) *Link {
+	return t.add(conn, cfg, peer, index, express, local)
+}
+
 // Add starts multiplexing on conn as link index of the trunk after a
 // successful Handshake, replacing a failed link of that index. The express
 // link carries the messages of every stream and never homes one. An express
@@ -92,7 +99,11 @@ func NewLink(conn net.Conn, cfg Config, peer header.Hello, dialer bool, handler 
 // HELLO feature RENEW) retires: it finishes what it has queued, ends with
 // RETIRE and closes without resetting any stream.
 func (t *Trunk) Add(conn net.Conn, cfg Config, peer header.Hello, index int, express bool) *Link {
-	l := newLink(conn, cfg, peer, t, index, express)
+	return t.add(conn, cfg, peer, index, express, 0)
+}
+
+func (t *Trunk) add(conn net.Conn, cfg Config, peer header.Hello, index int, express bool, session uint64) *Link {
+	l := newLink(conn, cfg, peer, t, index, express, session)
 	t.mu.Lock()
 	for len(t.links) <= index {
 		t.links = append(t.links, nil)
@@ -104,7 +115,7 @@ func (t *Trunk) Add(conn net.Conn, cfg Config, peer header.Hello, index int, exp
 	}
 	t.mu.Unlock()
 	l.start()
-	if old != nil && old.renewable() && l.renewable() && old.retire(l) {
+	if old != nil && !old.Down() && old.renewable() && l.renewable() && old.retire(l) {
 		l.renews.Store(true)
 	}
 	return l
@@ -227,22 +238,25 @@ func (t *Trunk) pick(s *Stream, k int, now time.Time) *Link {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if s.burst <= s.l.cfg.ExpressMax && t.express >= 0 {
-		if x := t.links[t.express]; x != nil && !x.dead.Load() && s.expressBudget(k, time.Duration(x.Stats.RTT.Load()), now) {
+		if x := t.links[t.express]; x != nil && !x.dead.Load() && !x.down.Load() && s.expressBudget(k, time.Duration(x.Stats.RTT.Load()), now) {
 			return x
 		}
 	}
 	// Least bytes waiting in user space; the rotation spreads equal ones, so
 	// a stream's consecutive chunks go out on different links (striping).
+	// A link that is down (waiting to resume) only when all are.
 	var best *Link
 	var bestQ int64
+	bestDown := true
 	t.rr++
 	for i := range t.links {
 		l := t.links[(t.rr+i)%len(t.links)]
 		if l == nil || l.express || l.dead.Load() {
 			continue
 		}
-		if q := l.queued.Load(); best == nil || q < bestQ {
-			best, bestQ = l, q
+		down := l.down.Load()
+		if q := l.queued.Load(); best == nil || bestDown && !down || down == bestDown && q < bestQ {
+			best, bestQ, bestDown = l, q, down
 		}
 	}
 	if best == nil {

@@ -221,7 +221,7 @@ func TestReorder(t *testing.T) {
 	cfg := Config{Window: 1 << 20}
 	cfg.fill()
 	tr := NewTrunk(true, nil)
-	l := newLink(nil, cfg, header.Hello{Window: 1 << 20, MaxPayload: header.MaxPayload}, tr, 0, false)
+	l := newLink(nil, cfg, header.Hello{Window: 1 << 20, MaxPayload: header.MaxPayload}, tr, 0, false, 0)
 	s := newStream(l)
 	buf := func(b string) *[]byte { p := getBuf(len(b)); copy(*p, b); return p }
 	queued := func() string {
@@ -268,7 +268,7 @@ func TestReorder(t *testing.T) {
 func TestExpressBudget(t *testing.T) {
 	cfg := Config{ExpressMax: 64 << 10}
 	cfg.fill()
-	l := newLink(nil, cfg, header.Hello{Window: 1 << 20, MaxPayload: header.MaxPayload}, NewTrunk(true, nil), 0, false)
+	l := newLink(nil, cfg, header.Hello{Window: 1 << 20, MaxPayload: header.MaxPayload}, NewTrunk(true, nil), 0, false, 0)
 	s := newStream(l)
 	const rtt = 20 * time.Millisecond
 	now := time.Now()

@@ -1,0 +1,332 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/internal/testnet"
+)
+
+// resumingPair connects two trunks by bulk links plus an express link,
+// all resuming (HELLO feature RESUME with a session per link).
+func resumingPair(t testing.TB, cfg Config, bulk int) (ta, tb *Trunk, as, bs []*Link) {
+	t.Helper()
+	ta, tb = NewTrunk(true, HandlerFunc(dialHandler)), NewTrunk(false, HandlerFunc(dialHandler))
+	count := bulk + 1
+	features := header.FeatureTrunk | header.FeatureExpress | header.FeatureResume
+	for i := range count {
+		sa, sb := rand.Uint64()|1, rand.Uint64()|1
+		ca, cb, ha, hb := handshakenS(t, &cfg, i, count, features, sa, sb)
+		x := i == count-1
+		as = append(as, ta.AddResumable(ca, cfg, ha, i, x, sa))
+		bs = append(bs, tb.AddResumable(cb, cfg, hb, i, x, sb))
+	}
+	t.Cleanup(func() {
+		for i := range as {
+			as[i].Close()
+			bs[i].Close()
+		}
+	})
+	return ta, tb, as, bs
+}
+
+// handshakenS is handshaken with sessions in both HELLOs.
+func handshakenS(t testing.TB, cfg *Config, index, count int, features uint8, sa, sb uint64) (ca, cb net.Conn, ha, hb header.Hello) {
+	t.Helper()
+	return handshakenH(t, cfg, func(h *header.Hello, dialer bool) {
+		h.LinkIndex, h.LinkCount, h.Features = uint8(index), uint8(count), features
+		if dialer {
+			h.Session = sa
+		} else {
+			h.Session = sb
+		}
+	})
+}
+
+// handshakenH connects over loopback and exchanges the HELLOs that edit
+// makes of a default one (site 1 "a" dials site 2 "b").
+func handshakenH(t testing.TB, cfg *Config, edit func(h *header.Hello, dialer bool)) (ca, cb net.Conn, ha, hb header.Hello) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		acc <- c
+	}()
+	ca, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb = <-acc
+	if cb == nil {
+		t.Fatal("accept failed")
+	}
+	if cfg.PingInterval == 0 {
+		cfg.PingInterval = 5 * time.Second // as handshaken: -race can starve a reader for seconds
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	h1, h2 := cfg.Hello(1, "a", 0, 1), cfg.Hello(2, "b", 0, 1)
+	edit(&h1, true)
+	edit(&h2, false)
+	var herr error
+	done := make(chan struct{})
+	go func() {
+		hb, herr = Handshake(ctx, cb, h2)
+		close(done)
+	}()
+	ha, err = Handshake(ctx, ca, h1)
+	<-done
+	if err != nil || herr != nil {
+		t.Fatal(err, herr)
+	}
+	return ca, cb, ha, hb
+}
+
+// kill resets link l's connection, as `ss -K` or a middlebox would: both
+// ends see it fail.
+func kill(l *Link) {
+	if tc, ok := l.Conn().(*net.TCPConn); ok {
+		tc.SetLinger(0)
+		tc.Close()
+	}
+}
+
+// waitDown waits until both links are down.
+func waitDown(t testing.TB, a, b *Link) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !a.Down() || !b.Down() {
+		if time.Now().After(deadline) {
+			t.Fatalf("links not down after a kill: %v %v (errs %v %v)", a.Down(), b.Down(), a.Err(), b.Err())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// resume reconnects the down links a (dialer) and b over a new loopback
+// connection, as the gateways do.
+func resume(t testing.TB, cfg Config, a, b *Link) error {
+	t.Helper()
+	var hb1, hb2 header.Hello
+	var e1, e2 error
+	ca, cb, ha, hb := handshakenH(t, &cfg, func(h *header.Hello, dialer bool) {
+		if dialer {
+			hb1, e1 = a.ResumeHello(*h)
+			*h = hb1
+		} else {
+			hb2, e2 = b.ResumeHello(*h)
+			*h = hb2
+		}
+		h.LinkIndex, h.LinkCount = uint8(a.Index()), uint8(a.Peer().LinkCount)
+	})
+	if e1 != nil || e2 != nil {
+		ca.Close()
+		cb.Close()
+		return errors.Join(e1, e2)
+	}
+	if err := a.Resume(ca, ha); err != nil {
+		return err
+	}
+	return b.Resume(cb, hb)
+}
+
+// TestResumeLossless: checksummed streams cross a trunk whose connections
+// are reset every few milliseconds and resumed; no stream sees an error,
+// no byte is lost or repeated.
+func TestResumeLossless(t *testing.T) {
+	cfg := Config{Chunk: 32 << 10, Window: 256 << 10, ExpressMax: 4 << 10, Logger: testLogger(t)}
+	_, _, as, bs := resumingPair(t, cfg, 2)
+	dst := testnet.Serve(t, loopback, testnet.SumServer)
+	stop := make(chan struct{})
+	var kills atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r := rand.New(rand.NewPCG(3, 4))
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Duration(5+r.IntN(15)) * time.Millisecond):
+			}
+			i := r.IntN(len(as))
+			kill(as[i])
+			waitDown(t, as[i], bs[i])
+			time.Sleep(time.Duration(r.IntN(5)) * time.Millisecond)
+			if err := resume(t, cfg, as[i], bs[i]); err != nil {
+				t.Errorf("resume link %d: %v", i, err)
+				return
+			}
+			kills.Add(1)
+		}
+	}()
+	var total int64
+	for round := uint64(0); round < 10 && (round == 0 || kills.Load() < 10); round++ {
+		total += runStreams(t, as[0], dst, 100, 2<<20, 7+round)
+	}
+	close(stop)
+	wg.Wait()
+	var resumes, replayed uint64
+	for i := range as {
+		st := as[i].ResumeStats()
+		resumes += st.Resumes
+		replayed += st.Replayed + bs[i].ResumeStats().Replayed
+		if err := as[i].Err(); err != nil {
+			t.Fatalf("link %d failed: %v", i, err)
+		}
+	}
+	if kills.Load() < 10 || resumes < uint64(kills.Load()) {
+		t.Fatalf("%d kills, %d resumes: the test did not break the links", kills.Load(), resumes)
+	}
+	t.Logf("%d bytes in checksummed streams across %d resumes, %d bytes written again", total, resumes, replayed)
+}
+
+// TestResumeAcksFree: the replay list empties as the peer acknowledges,
+// and a link that carried bytes holds nothing once it is quiet.
+func TestResumeAcksFree(t *testing.T) {
+	cfg := Config{Chunk: 32 << 10, Window: 1 << 20, ReplayMax: 1 << 20, PingInterval: 20 * time.Millisecond}
+	_, _, as, bs := resumingPair(t, cfg, 1)
+	dst := testnet.Serve(t, loopback, testnet.SumServer)
+	runStreams(t, as[0], dst, 4, 8<<20, 9)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		a, b := as[0].ResumeStats(), bs[0].ResumeStats()
+		// One keepalive's PING, PONG and ACK may be in flight.
+		if a.ReplayBytes <= 64 && b.ReplayBytes <= 64 && a.Sent > 1<<20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replay lists hold %d and %d bytes after the streams ended (sent %d, acked %d)", a.ReplayBytes, b.ReplayBytes, a.Sent, a.Acked)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestResumeBounded: while a link is down and the application keeps
+// writing, the gateway holds at most the stream's window and the replay
+// list at most ReplayMax plus the small frames that bypass it.
+func TestResumeBounded(t *testing.T) {
+	const window = 512 << 10
+	cfg := Config{Chunk: 64 << 10, Window: window, ReplayMax: 256 << 10}
+	_, _, as, bs := resumingPair(t, cfg, 1)
+	dst := testnet.Serve(t, loopback, testnet.SumServer)
+	app, _ := openVia(t, as[0], dst)
+	defer app.Close()
+	kill(as[0])
+	waitDown(t, as[0], bs[0])
+	wrote := make(chan int64, 1)
+	data := make([]byte, 32<<20)
+	for i := range data {
+		data[i] = byte(i*7 + i>>11)
+	}
+	go func() {
+		app.SetWriteDeadline(time.Now().Add(time.Second))
+		n, _ := app.Write(data)
+		wrote <- int64(n)
+	}()
+	n := <-wrote
+	if n >= int64(len(data)) {
+		t.Fatalf("the application wrote all %d bytes into a down link", n)
+	}
+	if st := as[0].ResumeStats(); st.ReplayBytes > cfg.ReplayMax+int64(cfg.Chunk)+4096 {
+		t.Fatalf("replay list holds %d bytes, ReplayMax %d", st.ReplayBytes, cfg.ReplayMax)
+	}
+	if q := as[0].queued.Load(); q > window {
+		t.Fatalf("%d bytes queued on the down link, window %d", q, window)
+	}
+	if err := resume(t, cfg, as[0], bs[0]); err != nil {
+		t.Fatal(err)
+	}
+	app.SetWriteDeadline(time.Time{})
+	if _, err := app.Write(data[n:]); err != nil {
+		t.Fatal(err)
+	}
+	wantSum(t, app, data)
+}
+
+// TestResumeWithin: a link down for longer than ResumeWithin fails, and
+// its streams are reset toward their applications on both sides.
+func TestResumeWithin(t *testing.T) {
+	cfg := Config{PingInterval: 20 * time.Millisecond, ResumeWithin: 200 * time.Millisecond}
+	_, _, as, bs := resumingPair(t, cfg, 1)
+	echo := testnet.Serve(t, loopback, func(c *net.TCPConn) { io.Copy(c, c); c.Close() })
+	app, _ := openVia(t, as[0], echo)
+	defer app.Close()
+	if _, err := app.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(app, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	kill(as[0])
+	waitDown(t, as[0], bs[0])
+	select {
+	case <-as[0].Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("link still down 5 s after a 200 ms resume limit")
+	}
+	<-bs[0].Done()
+	app.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := app.Read(make([]byte, 1)); !isReset(err) {
+		t.Fatalf("application read %v, want a reset", err)
+	}
+	if _, err := bs[0].ResumeHello(header.Hello{}); err == nil {
+		t.Fatal("a failed link offered to resume")
+	}
+}
+
+// TestResumeMismatch: a peer that resumes from a byte this side never
+// wrote fails the link instead of corrupting a stream.
+func TestResumeMismatch(t *testing.T) {
+	cfg := Config{}
+	_, _, as, bs := resumingPair(t, cfg, 1)
+	kill(as[0])
+	waitDown(t, as[0], bs[0])
+	h, err := as[0].ResumeHello(as[0].Peer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Session = as[0].Session()
+	h.Received += 1 << 30
+	c1, c2 := net.Pipe()
+	defer c2.Close()
+	if err := as[0].Resume(c1, h); err == nil {
+		t.Fatal("resumed from a byte never written")
+	}
+	if as[0].Err() == nil {
+		t.Fatal("link not failed after an impossible resume")
+	}
+	wrong := h
+	wrong.Session ^= 1
+	if err := bs[0].Resume(c1, wrong); err == nil {
+		t.Fatal("resumed another session")
+	}
+}
+
+// testLogger logs the links' failures through t.
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
