@@ -91,7 +91,16 @@ type Config struct {
 	PingInterval time.Duration // WAN keepalive (default 1 s)
 	DeadAfter    time.Duration // a link silent this long is dead; also TCP_USER_TIMEOUT (default 10 × PingInterval)
 	DrainTimeout time.Duration // SIGTERM: how long streams may finish (default 10 s)
-	FirstFrame   time.Duration // how long a LAN connection may take to send OPEN/PEER_QUERY (default 10 s)
+	// ResumeWithin is how long a broken WAN link may take to resume on a
+	// new connection before the streams through it are reset (0: links do
+	// not resume; a break resets them at once). Both gateways of a pair
+	// must agree on whether links resume.
+	ResumeWithin time.Duration
+	// ReplayMax is the bulk bytes a resuming link keeps until the peer
+	// acknowledges them (0: 16 MiB): above the path's bandwidth-delay
+	// product, or it limits the link's rate.
+	ReplayMax  int
+	FirstFrame time.Duration // how long a LAN connection may take to send OPEN/PEER_QUERY (default 10 s)
 
 	Transport LANTransport // nil = kernel TCP with the LAN options
 	Logger    *slog.Logger
@@ -138,6 +147,7 @@ func DefaultConfig() Config {
 		Chunk: 128 << 10, Window: 4 << 20, WANConns: 1,
 		Express: true, Renew: true, ProbeRTTGuard: true, Prime: true, KeepWarm: true,
 		PollThread: true, QuietRuntime: true, WANQueue: time.Millisecond,
+		ResumeWithin: time.Minute,
 	}
 }
 

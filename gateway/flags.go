@@ -48,6 +48,7 @@ func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
 	add(cli.IntRange{P: &c.WANConns, Min: 1, Max: maxWANConns, What: "bulk WAN connections"}, "wan-conns",
 		"parallel bulk WAN connections per site pair, large writes striped over them (the same on every gateway)")
 	add(size(&f.window, 1, gib), "window", "per-stream receive window granted to peers (far-side memory bound: streams x window)")
+	add(cli.Duration{P: &c.ResumeWithin}, "wan-resume-within", "how long a broken WAN connection may take to resume on a new one, its streams paused, before they are reset (0: no resume, reset at once; the same on or off on every gateway)")
 	add(&cli.Rate{P: &c.WANPace}, "wan-pace", "cap each site pair's bulk WAN sending rate, e.g. 190mbit (0: no cap); a few percent below the WAN bottleneck keeps its queue empty")
 
 	// The rest: settings the measurements decided (package relay's
@@ -70,6 +71,7 @@ func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
 	addBool(&c.ProbeRTTGuard, "wan-skip-probe-rtt", "idle a busy BBR bulk link for a few ms across its min_rtt filter's expiry, so BBR restarts from idle instead of cutting cwnd to 4 for 200ms (PROBE_RTT) every 10s of bulk")
 	addBool(&c.Prime, "wan-prime", "fill each new BBR WAN link with filler until BBR has measured the path, so it does not pace messages at the rate of earlier small ones")
 	addBool(&c.KeepWarm, "wan-keep-warm", "check that TCP slow start after idle (net.ipv4.tcp_slow_start_after_idle) is off when a WAN socket is not BBR, and warn with the fix if not (the gateway changes no host setting; the service unit sets it and restores it)")
+	add(size(&c.ReplayMax, 0, gib), "wan-replay", "bulk bytes a WAN link keeps until the peer acknowledges them, to resend after a break (0: 16MiB); keep it above the WAN's bandwidth-delay product")
 	addBool(&c.PollThread, "poll-thread", "forward small messages on one event-loop thread that waits for every idle socket (false: Go's network poller)")
 	addBool(&c.QuietRuntime, "quiet-runtime", "take sockets the poll thread waits for out of Go's runtime epoll registration, so a message wakes one thread, not two")
 	cli.MarkAdvanced(fs, f.names[adv:]...)

@@ -203,6 +203,7 @@ func New(cfg Config) (*Gateway, error) {
 		PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log,
 		NoPoller: !cfg.PollThread, RuntimeWakes: !cfg.QuietRuntime, QueueTarget: cfg.WANQueue,
 		MaxControl: cfg.MaxControl, MaxEarly: cfg.MaxEarly,
+		ReplayMax: int64(cfg.ReplayMax), ResumeWithin: cfg.ResumeWithin,
 		Limited: func(reason, peer string, err error) {
 			g.refused(reason, "WAN peer hit a limit", "peer", peer, "err", err)
 		}}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/mpi5k/mpi5k/header"
@@ -85,8 +87,9 @@ func (g *Gateway) setLink(p *peer, i int, l *relay.Link, priming bool) {
 		}
 		g.peersMu.Unlock()
 		if lost && !g.draining.Load() {
-			// WAN links do not resume streams yet: each one through this
-			// link is reset (code 7), and its rank sees its connection fail.
+			// Failed for good (down longer than --wan-resume-within, the
+			// peer restarted, or no resume): each stream through it is
+			// reset (code 7), and its rank sees its connection fail.
 			g.log.Warn("WAN link lost: streams through it were reset; MPI jobs using them fail",
 				"peer", p.site.Name, "link", i, "err", err)
 		}
@@ -146,6 +149,9 @@ func (g *Gateway) isExpress(i int) bool { return g.cfg.Express && i == g.cfg.WAN
 
 func (g *Gateway) features() uint8 {
 	f := header.FeatureTrunk | header.FeatureClamp | header.FeaturePad
+	if g.cfg.ResumeWithin > 0 {
+		f |= header.FeatureResume
+	}
 	if g.cfg.Express {
 		f |= header.FeatureExpress
 		if g.cfg.Renew {
@@ -155,9 +161,14 @@ func (g *Gateway) features() uint8 {
 	return f
 }
 
+// hello is the HELLO of a new link i; a resuming link gets a fresh
+// session (never 0).
 func (g *Gateway) hello(i int) header.Hello {
 	h := g.rcfg.Hello(g.site.ID, g.site.Name, uint8(i), uint8(g.numLinks()))
 	h.Features = g.features()
+	if h.Features&header.FeatureResume != 0 {
+		h.Session = rand.Uint64() | 1
+	}
 	return h
 }
 
@@ -175,13 +186,35 @@ func (g *Gateway) wanCreate() tuning.SockOpts {
 	return o
 }
 
-// addLink joins conn to p's trunk as link i. The express link is exempt from
-// --wan-pace (it carries only messages, and they must not wait for a
-// pacing slot) and may have its own congestion control.
+// addLink joins conn to p's trunk as link i; local is the session our
+// HELLO gave it (0: none, the link does not resume).
 //
 // since is a time before the TCP connection was established: the PROBE_RTT
 // guard starts its BBR min_rtt clock there.
-func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello, since time.Time) *relay.Link {
+func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello, since time.Time, local uint64) *relay.Link {
+	x := g.isExpress(i)
+	g.tuneLink(p, i, c)
+	var l *relay.Link
+	if local != 0 && ph.Session != 0 {
+		l = p.trunk.AddResumable(c, g.rcfg, ph, i, x, local)
+	} else {
+		l = p.trunk.Add(c, g.rcfg, ph, i, x)
+	}
+	if !x && g.cfg.ProbeRTTGuard {
+		g.guard.Begin(l, since) // before setLink publishes l to the guard
+	}
+	g.setLink(p, i, l, g.cfg.Prime)
+	if g.cfg.Prime {
+		go g.primeLink(p, i, x, l)
+	}
+	return l
+}
+
+// tuneLink sets the socket options of link i that differ from the WAN
+// sockets' own. The express link is exempt from --wan-pace (it carries
+// only messages, and they must not wait for a pacing slot) and may have
+// its own congestion control.
+func (g *Gateway) tuneLink(p *peer, i int, c *net.TCPConn) {
 	x := g.isExpress(i)
 	var err error
 	switch {
@@ -193,15 +226,20 @@ func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello, since
 	if err != nil {
 		g.log.Warn("WAN link: socket options not set", "peer", p.site.Name, "link", i, "express", x, "err", err)
 	}
-	l := p.trunk.Add(c, g.rcfg, ph, i, x)
-	if !x && g.cfg.ProbeRTTGuard {
-		g.guard.Begin(l, since) // before setLink publishes l to the guard
+}
+
+// resumed moves link l of p onto the new connection c, whose HELLO
+// exchange (ph) resumed it. A resumed connection is not primed: its
+// streams are waiting, and they are what fills it.
+func (g *Gateway) resumed(p *peer, i int, l *relay.Link, c *net.TCPConn, ph header.Hello, since time.Time) error {
+	g.tuneLink(p, i, c)
+	if err := l.Resume(c, ph); err != nil {
+		return err
 	}
-	g.setLink(p, i, l, g.cfg.Prime)
-	if g.cfg.Prime {
-		go g.primeLink(p, i, x, l)
+	if !g.isExpress(i) && g.cfg.ProbeRTTGuard {
+		g.guard.Begin(l, since)
 	}
-	return l
+	return nil
 }
 
 // primeLink primes link l (tuning.Prime), after any other link of p's, and
@@ -268,6 +306,8 @@ func (g *Gateway) dialLoop(p *peer, i int) {
 		}
 		for l != nil {
 			select {
+			case <-l.Breaks():
+				l = g.resumeLoop(p, i, l, log)
 			case <-l.Done():
 				if g.draining.Load() {
 					return
@@ -365,26 +405,86 @@ func (g *Gateway) checkExpress() {
 }
 
 func (g *Gateway) dialOnce(p *peer, i int) (*relay.Link, error) {
+	h := g.hello(i)
+	c, ph, since, err := g.dialHello(p, h)
+	if err != nil {
+		return nil, err
+	}
+	return g.addLink(p, i, c, ph, since, h.Session), nil
+}
+
+// dialHello connects to p's gateway and exchanges HELLOs, ours h; since
+// is a time before the connection was established.
+func (g *Gateway) dialHello(p *peer, h header.Hello) (*net.TCPConn, header.Hello, time.Time, error) {
 	d := net.Dialer{Timeout: 5 * time.Second, Control: g.wanCreate().Control(nil),
 		LocalAddr: &net.TCPAddr{IP: g.site.WAN.Addr().AsSlice()}} // the acceptor checks our source address
 	since := time.Now()
 	c, err := d.DialContext(g.ctx, "tcp", p.site.WAN.String())
 	if err != nil {
-		return nil, err
+		return nil, header.Hello{}, since, err
 	}
 	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
 	defer cancel()
-	ph, err := relay.Handshake(ctx, c, g.hello(i))
+	ph, err := relay.Handshake(ctx, c, h)
 	if err == nil {
-		// The acceptor answers before it knows our index: only the
-		// dialer's index is meaningful.
+		// The acceptor's index is informational: only the dialer's is
+		// meaningful.
 		err = g.checkHello(ph, p, -1)
 	}
 	if err != nil {
 		c.Close()
-		return nil, err
+		return nil, ph, since, err
 	}
-	return g.addLink(p, i, c.(*net.TCPConn), ph, since), nil
+	return c.(*net.TCPConn), ph, since, nil
+}
+
+// resumeLoop reconnects link i to p, which broke, and resumes it on the
+// new connection, retrying with a short backoff until it resumes or fails
+// (down longer than --wan-resume-within). It returns the link that then
+// serves as link i: l, or a new link when the peer had no state left for
+// l (it restarted), or nil when l failed.
+func (g *Gateway) resumeLoop(p *peer, i int, l *relay.Link, log *slog.Logger) *relay.Link {
+	backoff := time.Duration(0)
+	for {
+		select {
+		case <-l.Done():
+			return nil // the dialLoop reconnects afresh
+		case <-g.ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(max(2*backoff, 20*time.Millisecond), time.Second)
+		h, err := l.ResumeHello(g.hello(i))
+		if err != nil {
+			return nil // failed meanwhile
+		}
+		c, ph, since, err := g.dialHello(p, h)
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			// The peer's host answers and no gateway listens: it has
+			// exited, and the link's state with it.
+			log.Warn("WAN link cannot resume: the peer gateway is not running; its streams are reset", "addr", p.site.WAN.String())
+			l.Close()
+			return nil
+		}
+		if err != nil {
+			log.Debug("WAN link resume: dial failed", "err", err, "retry_in", backoff)
+			g.m.wanDialFailures.Inc()
+			continue
+		}
+		if !ph.Resume || ph.Session != l.Session() {
+			// The peer no longer knows the link: its streams are lost
+			// there. Fail it here too and make the connection a new link.
+			log.Warn("WAN link could not resume: the peer gateway has no state for it (restarted?); its streams are reset")
+			l.Close()
+			return g.addLink(p, i, c, ph, since, h.Session)
+		}
+		if err := g.resumed(p, i, l, c, ph, since); err != nil {
+			c.Close()
+			log.Warn("WAN link resume failed", "err", err)
+			continue
+		}
+		return l
+	}
 }
 
 func (g *Gateway) checkHello(h header.Hello, p *peer, i int) error {
@@ -447,29 +547,43 @@ func (g *Gateway) acceptWAN(c *net.TCPConn) {
 	}
 	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
 	defer cancel()
-	ph, err := relay.Handshake(ctx, c, g.hello(0))
 	var p *peer
-	if err == nil {
+	var resume *relay.Link // the link the HELLO resumes, if any
+	var local uint64       // the session our HELLO gives a new link
+	reason := "wan_hello"
+	ph, err := relay.Answer(ctx, c, func(ph header.Hello) (header.Hello, error) {
 		for _, q := range cands {
 			if q.site.ID == ph.SiteID {
 				p = q
 			}
 		}
+		i := int(ph.LinkIndex)
 		switch {
 		case p == nil:
-			err = fmt.Errorf("HELLO claims site id %d, which does not have WAN address %v", ph.SiteID, remote.Addr())
-		case int(ph.LinkIndex) >= g.numLinks():
-			err = fmt.Errorf("link index %d with %d links per site pair", ph.LinkIndex, g.numLinks())
-		default:
-			err = g.checkHello(ph, p, int(ph.LinkIndex))
+			return header.Hello{}, fmt.Errorf("HELLO claims site id %d, which does not have WAN address %v", ph.SiteID, remote.Addr())
+		case i >= g.numLinks():
+			return header.Hello{}, fmt.Errorf("link index %d with %d links per site pair", ph.LinkIndex, g.numLinks())
 		}
-	}
-	reason := "wan_hello"
-	if err == nil {
-		if err = g.linkInUse(p, int(ph.LinkIndex)); err != nil {
+		if err := g.checkHello(ph, p, i); err != nil {
+			return header.Hello{}, err
+		}
+		if ph.Resume {
+			if l := g.resumable(p, i, ph.Session); l != nil {
+				if h, err := l.ResumeHello(g.hello(i)); err == nil {
+					resume = l
+					return h, nil
+				}
+			}
+			// Not a link we know (we restarted, or it failed for good):
+			// our answer without Resume makes it a new link on both sides.
+		} else if err := g.linkInUse(p, i); err != nil {
 			reason = "wan_link_in_use"
+			return header.Hello{}, err
 		}
-	}
+		h := g.hello(i)
+		local = h.Session
+		return h, nil
+	})
 	if err != nil {
 		g.refused(reason, "WAN connection refused", "remote", remote.String(), "err", err)
 		g.m.wanRefused.Inc()
@@ -477,10 +591,33 @@ func (g *Gateway) acceptWAN(c *net.TCPConn) {
 		c.Close()
 		return
 	}
-	// Our HELLO went out with index 0 before we knew theirs; only the
-	// dialer's index matters (the acceptor's fields are informational).
-	g.addLink(p, int(ph.LinkIndex), c, ph, since)
+	i := int(ph.LinkIndex)
+	if resume != nil {
+		if err := g.resumed(p, i, resume, c, ph, since); err != nil {
+			g.log.Warn("WAN link resume failed", "peer", p.site.Name, "link", i, "remote", remote.String(), "err", err)
+			c.SetLinger(0)
+			c.Close()
+		}
+		return
+	}
+	g.addLink(p, i, c, ph, since, local)
 	g.log.Info("WAN link up", "peer", p.site.Name, "link", ph.LinkIndex, "remote", remote.String())
+}
+
+// resumable returns p's link i if its session is session, taking down
+// its connection if this side has not yet seen it break: the dialer saw
+// it fail first, and reconnects.
+func (g *Gateway) resumable(p *peer, i int, session uint64) *relay.Link {
+	g.peersMu.Lock()
+	l := p.links[i]
+	g.peersMu.Unlock()
+	if l == nil || !l.Resumable() || l.Session() != session {
+		return nil
+	}
+	if !l.Down() {
+		l.Break(errors.New("relay: the peer resumes the link on a new connection"))
+	}
+	return l
 }
 
 // linkInUse refuses a new connection for p's link i while the link it
@@ -501,6 +638,9 @@ func (g *Gateway) linkInUse(p *peer, i int) error {
 	case <-old.Done():
 		return nil // failed: the peer reconnects
 	default:
+	}
+	if old.Down() {
+		return nil // broken, and the peer starts afresh instead of resuming it
 	}
 	if g.isExpress(i) && g.cfg.Renew {
 		now := time.Now().UnixNano()

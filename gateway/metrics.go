@@ -40,6 +40,8 @@ type metrics struct {
 	probeRTTs, probeRTTTime, bbrBW, bbrMinRTT *prometheus.Desc
 	// The PROBE_RTT guard (tuning.ProbeGuard).
 	holds, skips, held *prometheus.Desc
+	// WAN resume (relay.Link.ResumeStats).
+	down, resumes, replayed, replay *prometheus.Desc
 }
 
 func newMetrics(g *Gateway) *metrics {
@@ -83,7 +85,11 @@ func newMetrics(g *Gateway) *metrics {
 	m.writes = d("mpi5k_wan_writes_total", "writev calls on the WAN socket (frames/writes = batching).")
 	m.stalls = d("mpi5k_window_stalls_total", "Times a stream waited for credit from the peer.")
 	m.streams = d("mpi5k_open_streams", "Streams open on the link.")
-	m.up = d("mpi5k_wan_link_up", "1 while the link is up.")
+	m.up = d("mpi5k_wan_link_up", "1 while the link is up (0 while down, waiting to resume, or failed).")
+	m.down = d("mpi5k_wan_link_down_seconds", "How long the link's connection has been broken while it waits to resume (0: connected).")
+	m.resumes = d("mpi5k_wan_resumes_total", "Times the link resumed on a new connection after a break, without losing a byte.")
+	m.replayed = d("mpi5k_wan_replayed_bytes_total", "Bytes written again after resumes (what the peer had not received).")
+	m.replay = d("mpi5k_wan_replay_bytes", "Bytes the link keeps until the peer acknowledges them (limit: ReplayMax for bulk).")
 	m.rtt = d("mpi5k_wan_ping_rtt_seconds", "Last PING round trip through the link.")
 	m.clamp = d("mpi5k_wan_window_clamp_bytes", "Receive-window cap this gateway asks of the peer for the link (queue control; 0 = none).")
 	m.peerClamp = d("mpi5k_wan_peer_window_clamp_bytes", "Receive-window cap the peer asked of this gateway's socket (0 = none).")
@@ -117,7 +123,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.bytes, m.pad, m.frames, m.polled, m.partial, m.inline, m.writes, m.stalls, m.streams, m.up, m.rtt,
 		m.clamp, m.peerClamp, m.queue, m.lifts,
 		m.cwnd, m.ssthresh, m.srtt, m.retrans, m.lost, m.notsent, m.samples, m.rtxFast, m.rtxRTO, m.rtos, m.idleRst, m.renewals, m.peerStreams, m.early,
-		m.probeRTTs, m.probeRTTTime, m.bbrBW, m.bbrMinRTT, m.holds, m.skips, m.held} {
+		m.probeRTTs, m.probeRTTTime, m.bbrBW, m.bbrMinRTT, m.holds, m.skips, m.held, m.down, m.resumes, m.replayed, m.replay} {
 		ch <- d
 	}
 }
@@ -154,6 +160,16 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		st := &r.l.Stats
+		if rs := r.l.ResumeStats(); rs.Enable {
+			c(m.down, prometheus.GaugeValue, rs.DownFor.Seconds())
+			c(m.resumes, prometheus.CounterValue, float64(rs.Resumes))
+			c(m.replayed, prometheus.CounterValue, float64(rs.Replayed))
+			c(m.replay, prometheus.GaugeValue, float64(rs.ReplayBytes))
+			if rs.Down {
+				c(m.up, prometheus.GaugeValue, 0)
+				continue
+			}
+		}
 		c(m.up, prometheus.GaugeValue, 1)
 		c(m.bytes, prometheus.CounterValue, float64(st.BytesSent.Load()), "tx")
 		c(m.bytes, prometheus.CounterValue, float64(st.BytesRecv.Load()), "rx")

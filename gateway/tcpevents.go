@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"net"
 	"sync"
 	"time"
 
@@ -58,6 +59,7 @@ func (g *Gateway) every(d time.Duration, f func()) {
 type linkTrack struct {
 	tcpinfo.Tracker
 	frames uint64
+	conn   net.Conn // the socket sampled: a resumed link has a new one
 }
 
 func (w *wanEvents) sample(links []*relay.Link) {
@@ -76,9 +78,13 @@ func (w *wanEvents) sample(links []*relay.Link) {
 	}
 	for _, l := range links {
 		tr := w.t[l]
+		conn := l.Conn()
+		if tr != nil && tr.conn != conn {
+			tr = nil // resumed: a new socket's counters start again
+		}
 		fresh := tr == nil
 		if fresh {
-			tr = &linkTrack{}
+			tr = &linkTrack{conn: conn}
 		}
 		// A link with nothing in flight at the last sample that has
 		// carried no frame since cannot have changed: its sample would be
