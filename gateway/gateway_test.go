@@ -422,10 +422,11 @@ func TestPeerQuery(t *testing.T) {
 	}
 }
 
-// TestLinkLossAndReform: killing the WAN connection resets every stream on
-// both sites within a second, and the mesh comes back.
+// TestLinkLossAndReform: with resume off (--wan-resume-within 0), killing
+// the WAN connection resets every stream on both sites within a second,
+// and the mesh comes back. (With resume, TestWANResume.)
 func TestLinkLossAndReform(t *testing.T) {
-	_, a, b := startPair(t, nil)
+	_, a, b := startPair(t, func(c *Config) { c.ResumeWithin = 0 })
 	farErr := make(chan error, 10)
 	dst := testnet.Serve(t, nodeB, func(c *net.TCPConn) { _, err := io.Copy(io.Discard, c); farErr <- err })
 	var cs []*net.TCPConn
