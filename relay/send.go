@@ -104,6 +104,12 @@ const (
 func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 	l.mu.Lock()
 	if l.retired {
+		if f.h.Type == header.TypeAck {
+			// This link's count, not its successor's: a retired link is
+			// never resumed, so nobody needs it.
+			l.mu.Unlock()
+			return true
+		}
 		// Whoever picked this link before its successor took over.
 		succ := l.succ
 		l.mu.Unlock()
