@@ -2,9 +2,11 @@ package e2e
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -408,4 +410,76 @@ func TestChaosRepeat(t *testing.T) {
 		}
 		t.Logf("%d runs (%d finalize hangs interrupted): mpi5k run returned at most %v after the launcher's end", runs, hangs, worst.Round(time.Millisecond))
 	})
+}
+
+// metricSum adds up the samples of metric name in a /metrics text.
+func metricSum(text, name string) float64 {
+	var v float64
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
+			x, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			v += x
+		}
+	}
+	return v
+}
+
+// TestChaosWANKill: the gateways' WAN connections are killed with
+// `ss -K` (a reset to both ends, as a middlebox or a route flap does)
+// every 2 s, alternating between the two gateway hosts, during 1000
+// checksummed streams: every link resumes on a new connection, no stream
+// fails, no byte is lost or repeated.
+func TestChaosWANKill(t *testing.T) {
+	w := newWANLab(t, 10*time.Millisecond)
+	sum := netip.AddrPortFrom(w.dst, 7003).String()
+	startServer(t, w.ctx, w.l, w.dstHost, "sum", sum)
+	startLabGateways(t, w.ctx, w.l, "--metrics", ":9105")
+	site2, _ := w.m.Site("site2")
+	wanPort := strconv.Itoa(int(site2.WAN.Port())) // site1 dials site2: every WAN connection has this port
+	gws := []string{w.l.Gateway("site1"), w.l.Gateway("site2")}
+	done, stop := make(chan struct{}), make(chan struct{})
+	kills := 0
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Second):
+			}
+			host := gws[i%2]
+			cmd := exec.Command("nsenter", "--net="+w.l.NetNSPath(host), "ss", "-K", "-t", "-n",
+				"( sport = :"+wanPort+" or dport = :"+wanPort+" )")
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Errorf("ss -K in %s: %v: %s", host, err, out)
+				return
+			}
+			if n := strings.Count(string(out), "ESTAB"); n > 0 {
+				kills++
+				t.Logf("%s: ss -K killed %d WAN connections", host, n)
+			}
+		}
+	}()
+	start := time.Now()
+	out, err := helper(t, w.ctx, w.l, w.src, "streams", "1000", strconv.Itoa(4<<20), sum, w.gwLAN, "1").Output()
+	took := time.Since(start)
+	close(stop)
+	<-done
+	site1, _ := w.m.Site("site1")
+	text1, _ := w.scrape(t, w.src, site1.LAN.Addr())
+	text2, _ := w.scrape(t, w.dstHost, site2.LAN.Addr())
+	if err != nil {
+		t.Fatalf("checksummed streams: %v: %s", err, out)
+	}
+	resumes := metricSum(text1, "mpi5k_wan_resumes_total") + metricSum(text2, "mpi5k_wan_resumes_total")
+	replayed := metricSum(text1, "mpi5k_wan_replayed_bytes_total") + metricSum(text2, "mpi5k_wan_replayed_bytes_total")
+	t.Logf("1000 streams, %s bytes checked in %v; %d kills, %v resumes, %v bytes written again",
+		strings.TrimSpace(string(out)), took.Round(time.Millisecond), kills, resumes, replayed)
+	if kills < 2 {
+		t.Fatalf("only %d kills found WAN connections: the test did not break the links", kills)
+	}
+	if resumes < float64(kills) {
+		t.Fatalf("%v resumes for %d kills", resumes, kills)
+	}
 }

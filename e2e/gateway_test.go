@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -23,10 +24,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/sitemap"
 	"github.com/mpi5k/mpi5k/testbed"
 )
@@ -34,7 +38,8 @@ import (
 // TestGatewayHelper is not a test: it is the traffic program run inside
 // lab hosts when MPI5K_GWHELPER is set ("sink ADDR", "echo ADDR",
 // "stall ADDR", "send DST GW SECONDS", "stuck DST GW SECONDS",
-// "pingpong DST GW COUNT"; GW "-" means direct).
+// "pingpong DST GW COUNT", "sum ADDR", "streams N MAXBYTES DST GW SEED";
+// GW "-" means direct).
 func TestGatewayHelper(t *testing.T) {
 	spec := os.Getenv("MPI5K_GWHELPER")
 	if spec == "" {
@@ -96,6 +101,59 @@ func gwHelper(a []string) error {
 			return fmt.Errorf("reading count: %w", err)
 		}
 		fmt.Printf("%d %f\n", n, time.Since(start).Seconds())
+		return nil
+	case "sum":
+		// A checksum server (testnet.SumServer) for "streams".
+		ln, err := net.Listen("tcp", a[1])
+		if err != nil {
+			return err
+		}
+		fmt.Println("listening")
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return err
+			}
+			go testnet.SumServer(c.(*net.TCPConn))
+		}
+	case "streams":
+		// streams N MAXBYTES DST GW SEED: N concurrent checksummed streams
+		// of random sizes through the gateway; prints the bytes checked.
+		n, _ := strconv.Atoi(a[1])
+		maxSize, _ := strconv.Atoi(a[2])
+		seed, _ := strconv.ParseUint(a[5], 10, 64)
+		var wg sync.WaitGroup
+		var total atomic.Int64
+		errs := make(chan error, n)
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := rand.New(rand.NewPCG(seed, uint64(i)))
+				size := testnet.StreamSize(r, maxSize)
+				c, err := helperDial(a[3], a[4])
+				if err != nil {
+					errs <- fmt.Errorf("stream %d: %w", i, err)
+					return
+				}
+				defer c.Close()
+				if err := testnet.SendAndCheck(c.(*net.TCPConn), r, size); err != nil {
+					errs <- fmt.Errorf("stream %d: %w", i, err)
+					return
+				}
+				total.Add(int64(size))
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		var all []error
+		for err := range errs {
+			all = append(all, err)
+		}
+		if len(all) > 0 {
+			return fmt.Errorf("%d of %d streams failed; first: %w", len(all), n, all[0])
+		}
+		fmt.Println(total.Load())
 		return nil
 	case "stuck":
 		// Writes until the deadline towards a destination that may stop
