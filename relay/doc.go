@@ -20,8 +20,10 @@
 // budget keeps a stream that writes message after message, which is
 // throughput-bound, from filling the express link. DATA_AT
 // frames carry the stream offset and the receiver restores the order;
-// HALF_CLOSE carries the final offset. A link that dies takes with it the
-// streams homed on it and, via RESET, those whose bytes crossed it.
+// HALF_CLOSE carries the final offset. A link whose connection breaks
+// resumes on a new one (resume.go) when both sides set HELLO feature
+// RESUME; a link that fails takes with it the streams homed on it and,
+// via RESET, those whose bytes crossed it.
 //
 // Per link: one writer goroutine, one reader goroutine, one keepalive
 // ticker. Per stream: pumpOut (application -> link) and pumpIn (link ->
@@ -57,10 +59,13 @@
 //     the reader delivers a small payload to an idle stream with one
 //     non-blocking write (no hand-off to pumpIn). The reader itself never
 //     blocks on a write, so two gateways cannot deadlock on each other.
-//   - Failure: a read/write error, a protocol violation (bad frame, DATA
-//     beyond the granted window, OPEN id of the wrong parity) or a peer
-//     silent for DeadAfter closes the link with SO_LINGER 0; every stream is
-//     then reset toward its application (code 7), on both sites.
+//   - Failure: a protocol violation (bad frame, DATA beyond the granted
+//     window, OPEN id of the wrong parity), the peer's FIN, or a broken
+//     connection (a read/write error, a peer silent for DeadAfter) of a
+//     link that does not resume or stays down past ResumeWithin closes the
+//     link with SO_LINGER 0; every stream is then reset toward its
+//     application (code 7), on both sites. A resuming link's broken
+//     connection only takes it down until Resume (resume.go).
 //   - Limits: a peer that leaves more than Config.MaxControl control frames
 //     unread (it floods PINGs or OPENs and does not read the answers) fails
 //     its link; DATA for streams not yet connected to their destination
@@ -162,6 +167,8 @@
 //     writer goroutine, Hold and Pad.
 //   - recv.go: the read side: frame decoding and dispatch to streams.
 //   - renew.go: retiring a link for its successor (express renewal).
+//   - resume.go: WAN resume: the replay list, ACKs, a link down between
+//     two connections, Resume.
 //   - stream.go: Stream, one relayed connection, its windows and pumps.
 //   - trunk.go: Trunk, a site pair's links and the streams they share.
 //   - queue.go: queue control of the bulk links.
