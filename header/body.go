@@ -232,8 +232,11 @@ func ParseHello(p []byte) (Hello, error) {
 		if typ != ExtSession {
 			return unknownExt(typ)
 		}
-		if len(v) != sessionLen || v[16]&^1 != 0 {
-			return fmt.Errorf("%w: HELLO session extension of %d bytes, flags %#02x (want %d, 0 or 1)", ErrPayload, len(v), v[len(v)-1], sessionLen)
+		if len(v) != sessionLen {
+			return fmt.Errorf("%w: HELLO session extension of %d bytes (want %d)", ErrPayload, len(v), sessionLen)
+		}
+		if v[16]&^1 != 0 {
+			return fmt.Errorf("%w: HELLO session flags %#02x (want 0 or 1)", ErrPayload, v[16])
 		}
 		h.Session = binary.BigEndian.Uint64(v[0:8])
 		h.Received = binary.BigEndian.Uint64(v[8:16])

@@ -19,6 +19,11 @@ func FuzzDecode(f *testing.F) {
 	f.Add(enc(Header{Type: TypeRenew}))
 	f.Add(enc(Header{Type: TypePad, Length: 4096}))
 	f.Add([]byte{1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 14, 4, 0, 80, 10, 0, 0, 1, 4, 0, 81, 10, 0, 0, 2})
+	f.Add(enc(Header{Type: TypeAck, Length: 8}))
+	resume := Hello{SiteID: 1, LinkCount: 2, Features: FeatureTrunk | FeatureResume, MaxPayload: 1, Window: 1, Name: "a",
+		Session: 9, Received: 1234, Resume: true}
+	hb, _ := AppendHello(nil, &resume)
+	f.Add(AppendFrame(nil, TypeHello, 0, hb))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := Decode(b)
 		if err == nil {
@@ -49,6 +54,7 @@ func FuzzDecode(f *testing.F) {
 		DecodeCode(p)
 		DecodeWindow(p)
 		DecodeClamp(p)
+		DecodeAck(p)
 	})
 }
 
