@@ -184,6 +184,11 @@ func (l *Link) acked(n uint64) error {
 		r.ri++
 	}
 	if r.ri == len(r.replay) {
+		// All acknowledged: a list that grew large in a burst is dropped,
+		// so an idle link does not keep it.
+		if cap(r.replay) > 512 {
+			r.replay = nil
+		}
 		r.replay, r.ri = r.replay[:0], 0
 	} else if r.ri >= 256 && r.ri >= len(r.replay)/2 {
 		r.replay = r.replay[:copy(r.replay, r.replay[r.ri:])]
