@@ -290,12 +290,8 @@ func (l *Link) keepalive() {
 				l.broke(gen, fmt.Errorf("%w for %v (from %v)", errSilent, silent.Round(time.Millisecond), l.remoteAddr()))
 				continue
 			}
-			if r := l.rs; r != nil {
-				// The tail of what arrived since the last ACK, in the
-				// PING's write.
-				if n := r.recvSeq.Load(); n != r.ackSent.Load() {
-					l.sendAck(n)
-				}
+			if l.rs != nil {
+				l.tickAck(now) // in the PING's write
 			}
 			f := frame{h: header.Header{Type: header.TypePing, Length: 8}}
 			header.PutU32(f.ctl[:4], uint32(uint64(now.UnixNano())>>32))

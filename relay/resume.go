@@ -52,6 +52,7 @@ type resumer struct {
 	recvSeq atomic.Uint64 // link bytes received in frames handled whole
 	ackSent atomic.Uint64 // recvSeq as the last ACK carried it
 	unacked atomic.Int32  // frames received since the last ACK
+	ackAt   atomic.Int64  // when the last ACK was queued (unix ns)
 
 	// Under Link.mu: when the link went down and why, and the channel
 	// the current connection's reader closes when it returns.
@@ -216,8 +217,27 @@ func (l *Link) received(h header.Header) {
 // ackFrames is the most frames received between two ACKs.
 const ackFrames = 128
 
+// tickAck acknowledges, with a keepalive, what arrived since the last ACK
+// if that is more than the keepalives themselves (the peer's PING and the
+// PONG to ours), or if it has waited ackIdle: an idle link then writes no
+// ACK of its own every second.
+func (l *Link) tickAck(now time.Time) {
+	r := l.rs
+	n := r.recvSeq.Load()
+	if n == r.ackSent.Load() {
+		return
+	}
+	if r.unacked.Load() > 2 || now.UnixNano()-r.ackAt.Load() >= int64(ackIdle) {
+		l.sendAck(n)
+	}
+}
+
+// ackIdle is the longest a keepalive leaves received frames unacknowledged.
+const ackIdle = 30 * time.Second
+
 func (l *Link) sendAck(n uint64) {
 	l.rs.unacked.Store(0)
+	l.rs.ackAt.Store(time.Now().UnixNano())
 	l.rs.ackSent.Store(n)
 	f := frame{h: header.Header{Type: header.TypeAck, Length: 8}}
 	header.PutU64(f.ctl[:], n)
