@@ -200,7 +200,9 @@ func TestResumeLossless(t *testing.T) {
 // TestResumeAcksFree: the replay list empties as the peer acknowledges,
 // and a link that carried bytes holds nothing once it is quiet.
 func TestResumeAcksFree(t *testing.T) {
-	cfg := Config{Chunk: 32 << 10, Window: 1 << 20, ReplayMax: 1 << 20, PingInterval: 20 * time.Millisecond}
+	// Keepalives every 20 ms; silence is judged as usual (a reader that
+	// -race keeps off the CPU for 80 ms must not take the link down).
+	cfg := Config{Chunk: 32 << 10, Window: 1 << 20, ReplayMax: 1 << 20, PingInterval: 20 * time.Millisecond, DeadAfter: 20 * time.Second}
 	_, _, as, bs := resumingPair(t, cfg, 1)
 	dst := testnet.Serve(t, loopback, testnet.SumServer)
 	runStreams(t, as[0], dst, 4, 8<<20, 9)
