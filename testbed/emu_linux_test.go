@@ -3,6 +3,7 @@ package testbed
 import (
 	"math"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -54,7 +55,7 @@ func TestLinkPipeline(t *testing.T) {
 		}
 	}
 	go l.reader()
-	go l.writer()
+	go l.writer(l.main)
 	buf := make([]byte, 2000)
 	var arrivals []time.Duration
 	var ports []int
@@ -148,7 +149,7 @@ func BenchmarkLinkPipeline(b *testing.B) {
 		b.Fatal(err)
 	}
 	go l.reader()
-	go l.writer()
+	go l.writer(l.main)
 	pk := udpPacket(1000, 5)
 	done := make(chan struct{})
 	_ = unix.SetsockoptTimeval(out[1], unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 1})
@@ -184,4 +185,189 @@ func BenchmarkLinkPipeline(b *testing.B) {
 	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru1)
 	cpu := time.Duration(ru1.Utime.Nano() - ru0.Utime.Nano() + ru1.Stime.Nano() - ru0.Stime.Nano())
 	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/pkt")
+}
+
+// reorderRun sends count 1000-byte packets (source port = sequence number)
+// through a link that holds frac of them back by extra, and returns each
+// packet's arrival time (indexed by sequence number, -1 if it never came),
+// the sequence numbers in arrival order and the link's stats.
+func reorderRun(t *testing.T, seed uint64, count int, frac float64, extra time.Duration) ([]time.Duration, []int, LinkStats) {
+	t.Helper()
+	in, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = unix.Shutdown(in[1], unix.SHUT_RDWR)
+		for _, fd := range []int{in[0], out[1]} {
+			unix.Close(fd)
+		}
+	}()
+	for _, fd := range []int{in[0], in[1], out[0], out[1]} {
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, 4<<20)
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
+	}
+	// 80 Mbit/s: one packet every 100 us, so extra lets extra/100us
+	// later packets overtake a held one. The queue holds the whole burst.
+	p := &emuParams{rate: 80e6, queue: count * 1000}
+	p.oneway.Store(int64(2 * time.Millisecond))
+	p.reorder.Store(math.Float64bits(frac))
+	p.reorderDelay.Store(int64(extra))
+	l, err := newLink("a", "b", in[1], out[0], p, 1500, newClock(), seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go l.reader()
+	go l.writer(l.main)
+	_ = unix.SetsockoptTimeval(out[1], unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 0, Usec: 300000})
+	buf := make([]byte, 2000)
+	// One packet first, with reordering off, so both threads run before
+	// the burst: a writer still starting would delay every packet alike
+	// and hide the held ones' extra delay.
+	p.reorder.Store(0)
+	if _, err := unix.Write(in[0], udpPacket(1000, 999)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := unix.Read(out[1], buf); err != nil {
+		t.Fatalf("warm-up packet: %v", err)
+	}
+	p.reorder.Store(math.Float64bits(frac))
+	// Sent from another goroutine: arrivals are timed as they come, not
+	// after a slow (race-instrumented, loaded) sending loop.
+	start := time.Now()
+	go func() {
+		for i := 0; i < count; i++ {
+			_, _ = unix.Write(in[0], udpPacket(1000, uint16(1000+i)))
+		}
+	}()
+	at := make([]time.Duration, count)
+	for i := range at {
+		at[i] = -1
+	}
+	var order []int
+	for len(order) < count && time.Since(start) < 20*time.Second {
+		n, err := unix.Read(out[1], buf)
+		if err != nil {
+			continue // a busy machine: the writers may be late
+		}
+		if n != 1000 {
+			t.Fatalf("delivered a %d-byte packet, sent 1000", n)
+		}
+		seq := int(buf[20])<<8 | int(buf[21]) - 1000
+		if seq < 0 || seq >= count {
+			t.Fatalf("packet %d was never sent", seq)
+		}
+		if at[seq] >= 0 {
+			t.Fatalf("packet %d arrived twice", seq)
+		}
+		at[seq] = time.Since(start)
+		order = append(order, seq)
+	}
+	return at, order, l.stats()
+}
+
+// heldBack names the packets that arrived more than half of extra later
+// than the median of their six neighbours in sending order: the ones the
+// link held back, told apart by timing that scheduling noise of a few
+// milliseconds does not blur.
+func heldBack(at []time.Duration, extra time.Duration) []int {
+	var h []int
+	for i := range at {
+		var nb []time.Duration
+		for j := max(0, i-3); j <= min(len(at)-1, i+3); j++ {
+			if j != i && at[j] >= 0 {
+				nb = append(nb, at[j])
+			}
+		}
+		slices.Sort(nb)
+		if len(nb) > 0 && at[i]-nb[len(nb)/2] > extra/2 {
+			h = append(h, i)
+		}
+	}
+	return h
+}
+
+// TestLinkReorder: with reordering on, every packet still arrives exactly
+// once; the held-back fraction is near the one set; held packets arrive
+// after packets sent later (seen by timing, so a run whose writer threads
+// were starved of CPU for half the extra delay could fail it).
+func TestLinkReorder(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(8))
+	const count = 400
+	const extra = 30 * time.Millisecond
+	at, order, s := reorderRun(t, 7, count, 0.1, extra)
+	if len(order) != count {
+		t.Fatalf("%d of %d packets arrived", len(order), count)
+	}
+	h := heldBack(at, extra)
+	t.Logf("%d of %d held back (link counted %d): %v", len(h), count, s.Held, h)
+	// Binomial(400, 0.1): mean 40, sd 6.
+	if s.Held < 20 || s.Held > 60 {
+		t.Errorf("link held %d of %d packets back at 10%%", s.Held, count)
+	}
+	if uint64(len(h)) != s.Held {
+		t.Errorf("%d packets arrived late, the link held %d", len(h), s.Held)
+	}
+	// Held packets keep their order among themselves; each is overtaken
+	// by the next packet sent after it that was not held.
+	pos := make([]int, count)
+	for i, seq := range order {
+		pos[seq] = i
+	}
+	for _, i := range h {
+		j := i + 1
+		for slices.Contains(h, j) {
+			j++
+		}
+		if j < count && pos[j] > pos[i] {
+			t.Errorf("held packet %d arrived before packet %d", i, j)
+		}
+	}
+	if _, order0, s0 := reorderRun(t, 7, 100, 0, 0); s0.Held != 0 || !slices.IsSorted(order0) {
+		t.Errorf("reorder 0: %d packets held back, arrival order %v", s0.Held, order0)
+	}
+}
+
+// TestLinkChoicesSeeded: a link's loss and hold-back choices are a function
+// of the seed and the packet sequence: the same seed repeats them, another
+// seed does not, and each fraction is near the one set.
+func TestLinkChoicesSeeded(t *testing.T) {
+	choices := func(seed uint64) (string, int, int) {
+		p := &emuParams{}
+		p.loss.Store(math.Float64bits(0.01))
+		p.reorder.Store(math.Float64bits(0.05))
+		l := &link{params: p, rng: seed*7 + 1}
+		b := make([]byte, 20000)
+		lost, held := 0, 0
+		for i := range b {
+			switch {
+			case l.lose():
+				b[i] = 'L'
+				lost++
+			case l.hold():
+				b[i] = 'H'
+				held++
+			default:
+				b[i] = '.'
+			}
+		}
+		return string(b), lost, held
+	}
+	a, lost, held := choices(1)
+	b, _, _ := choices(1)
+	c, _, _ := choices(2)
+	if a != b {
+		t.Error("seed 1 made different choices twice")
+	}
+	if a == c {
+		t.Error("seeds 1 and 2 made the same choices")
+	}
+	// 20000 packets: 1 % lost (sd 14), 5 % of the rest held (sd 31).
+	if lost < 140 || lost > 260 || held < 850 || held > 1130 {
+		t.Errorf("%d lost at 1%%, %d held at 5%% of 20000", lost, held)
+	}
 }

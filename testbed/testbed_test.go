@@ -100,6 +100,12 @@ func TestNormalize(t *testing.T) {
 	if c := (Config{HostCC: "system"}); c.Normalize() != nil || c.HostCC != "" {
 		t.Errorf("host-cc system must mean the machine's default: %+v", c)
 	}
+	if c := (Config{Reorder: 0.01}); c.Normalize() != nil || c.ReorderDelay != DefaultReorderDelay {
+		t.Errorf("reorder without a delay must take the default delay: %+v", c)
+	}
+	if c := (Config{Reorder: 0.01, ReorderDelay: time.Millisecond}); c.Normalize() != nil || c.ReorderDelay != time.Millisecond {
+		t.Errorf("reorder delay given: %+v", c)
+	}
 	bad := []struct {
 		c    Config
 		want string
@@ -113,6 +119,11 @@ func TestNormalize(t *testing.T) {
 		{Config{Queue: 100}, "queue"},
 		{Config{RTT: -time.Second}, "rtt"},
 		{Config{HostCC: "Cubic;rm"}, "host-cc"},
+		{Config{Reorder: 1.5}, "reorder: 1.5 out of range"},
+		{Config{Reorder: -0.1}, "reorder: -0.1 out of range"},
+		{Config{Reorder: 0.01, ReorderDelay: 2 * time.Second}, "reorder-delay: 2s out of range"},
+		{Config{ReorderDelay: time.Millisecond}, "reorder-delay: 1ms given without reorder"},
+		{Config{Sites: []string{"a", "b"}, Pairs: []PairLink{{A: "a", B: "b", Reorder: 2}}}, "pairs: a-b reorder: 2 out of range"},
 	}
 	for _, b := range bad {
 		if err := b.c.Normalize(); err == nil || !strings.HasPrefix(err.Error(), b.want) {

@@ -63,6 +63,11 @@ func Up(ctx context.Context, c Config) (*Lab, error) {
 	if err := checkHostCC(c.HostCC); err != nil {
 		return nil, err
 	}
+	if c.Seed == 0 {
+		// Recorded in lab.json: a restarted emulator and `lab stats` see
+		// it, and `lab up --seed` repeats the run's random choices.
+		c.Seed = uint64(time.Now().UnixNano())
+	}
 	bin, err := Binary()
 	if err != nil {
 		return nil, err
