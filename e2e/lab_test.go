@@ -757,3 +757,96 @@ func labCPU() (idle, total uint64) {
 	}
 	return idle, total
 }
+
+// labUDPCount sends count 200-byte UDP datagrams from host `from` to host
+// `to`, one every 200 us, and returns how many arrived.
+func labUDPCount(t *testing.T, l *testbed.Lab, from, to string, count int) int {
+	t.Helper()
+	var rc *net.UDPConn
+	if err := l.Do(to, func() (err error) {
+		rc, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.IP(l.Addr(to).AsSlice()), Port: 7009})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	if raw, err := rc.SyscallConn(); err == nil {
+		_ = raw.Control(func(fd uintptr) {
+			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUFFORCE, 16<<20)
+		})
+	}
+	var sc *net.UDPConn
+	if err := l.Do(from, func() (err error) {
+		sc, err = net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IP(l.Addr(to).AsSlice()), Port: 7009})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	got := make(chan int, 1)
+	go func() {
+		buf := make([]byte, 2048)
+		n := 0
+		for {
+			_ = rc.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+			if _, err := rc.Read(buf); err != nil {
+				got <- n
+				return
+			}
+			n++
+		}
+	}()
+	msg := make([]byte, 200)
+	for i := 0; i < count; i++ {
+		if _, err := sc.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	return <-got
+}
+
+// TestLabLANLoss (issue 32, the lab part): --lan-loss site1=5% drops about
+// 5 % of the frames on site1's LAN, on the path between a node and its
+// gateway and on the router's delivery into the site from the WAN, and
+// nothing on site2's LAN; the LAN counters in the lab's stats agree.
+func TestLabLANLoss(t *testing.T) {
+	labRequireRoot(t)
+	l := labUp(t, testbed.Config{Nodes: 1, RTT: 2 * time.Millisecond, WANRate: 1e9,
+		SiteLANLoss: map[string]float64{"site1": 0.05}})
+	const count = 4000
+	// Binomial(4000, 0.05): mean 200 lost, sd 14; the bounds are 5 sd.
+	check := func(what string, got int, lossy bool) {
+		lost := count - got
+		t.Logf("%s: %d of %d arrived, %d lost", what, got, count, lost)
+		switch {
+		case lossy && (lost < 130 || lost > 270):
+			t.Errorf("%s: %d of %d lost, want about 200 (5 %% LAN loss)", what, lost, count)
+		case !lossy && lost != 0:
+			t.Errorf("%s: %d of %d lost on a path without loss", what, lost, count)
+		}
+	}
+	before, err := l.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("node-1.site1 -> gw.site1 (site1's LAN)", labUDPCount(t, l, "node-1.site1", "gw.site1", count), true)
+	check("node-1.site2 -> gw.site2 (site2's LAN)", labUDPCount(t, l, "node-1.site2", "gw.site2", count), false)
+	check("node-1.site2 -> node-1.site1 (into site1 from the WAN)", labUDPCount(t, l, "node-1.site2", "node-1.site1", count), true)
+	st, err := l.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.LANs) != 1 || st.LANs[0].Site != "site1" || st.LANs[0].Loss != 0.05 {
+		t.Fatalf("LAN stats %+v, want site1 alone at 5 %%", st.LANs)
+	}
+	var dropped0 uint64
+	if len(before.LANs) == 1 {
+		dropped0 = before.LANs[0].Drops
+	}
+	ln := st.LANs[0]
+	t.Logf("site1's LAN: %d frames, %d dropped", ln.Frames, ln.Drops)
+	if d := ln.Drops - dropped0; d < 260 || ln.Frames < 2*count {
+		t.Errorf("site1's LAN counted %d frames and %d drops during two lossy runs of %d", ln.Frames, d, count)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"math"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -34,9 +35,15 @@ type Config struct {
 	// Seed drives every random choice of the emulator (loss, jitter,
 	// reordering): the same seed and the same packets give the same
 	// choices. 0 lets Up pick one from the clock and record it.
-	Seed        uint64
-	WANRate     uint64  // bit/s per direction, 0 = unlimited
-	LANRate     uint64  // bit/s per LAN link (TBF on veths), 0 = unlimited
+	Seed    uint64
+	WANRate uint64 // bit/s per direction, 0 = unlimited
+	LANRate uint64 // bit/s per LAN link (TBF on veths), 0 = unlimited
+	// LANLoss is the probability that a frame crossing a site's LAN (its
+	// bridge: node to gateway, node to router, router to node) is dropped,
+	// for every site; SiteLANLoss overrides it per site. Applied by
+	// nftables in the router namespace (the kernel here has no netem).
+	LANLoss     float64
+	SiteLANLoss map[string]float64
 	Loss        float64 // random loss probability per packet and direction, 0..1
 	Queue       int     // WAN drop-tail queue in bytes, 0 = 1 BDP
 	MTU         int     // default 1500
@@ -113,6 +120,17 @@ func (c *Config) Normalize() error {
 	if err := normalizeReorder("", &c.Reorder, &c.ReorderDelay); err != nil {
 		return err
 	}
+	if c.LANLoss < 0 || c.LANLoss > 1 || math.IsNaN(c.LANLoss) {
+		return fmt.Errorf("lan-loss: %v out of range 0..1", c.LANLoss)
+	}
+	for site, f := range c.SiteLANLoss {
+		if !slices.Contains(c.Sites, site) {
+			return fmt.Errorf("lan-loss: site %q is not one of the lab's sites %v", site, c.Sites)
+		}
+		if f < 0 || f > 1 || math.IsNaN(f) {
+			return fmt.Errorf("lan-loss: %s=%v out of range 0..1", site, f)
+		}
+	}
 	if c.Queue < 0 {
 		return fmt.Errorf("queue: negative size %d", c.Queue)
 	}
@@ -166,6 +184,50 @@ func normalizeReorder(what string, frac *float64, delay *time.Duration) error {
 		*delay = DefaultReorderDelay
 	}
 	return nil
+}
+
+// SiteLANLossOf is the LAN loss of site: its SiteLANLoss entry, else LANLoss.
+func (c *Config) SiteLANLossOf(site string) float64 {
+	if f, ok := c.SiteLANLoss[site]; ok {
+		return f
+	}
+	return c.LANLoss
+}
+
+// ParseLANLoss parses --lan-loss: "1%" for every site, "site1=1%,site2=0.5%"
+// per site, or both ("0.1%,site2=2%": site2 2 %, every other site 0.1 %).
+func ParseLANLoss(s string) (all float64, per map[string]float64, err error) {
+	seenAll := false
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		site, v, ok := strings.Cut(part, "=")
+		if !ok {
+			if seenAll {
+				return 0, nil, fmt.Errorf("--lan-loss: %q gives the every-site value twice (give it once, per-site values as SITE=VALUE)", s)
+			}
+			seenAll = true
+			if all, err = ParseFraction("lan-loss", part); err != nil {
+				return 0, nil, err
+			}
+			continue
+		}
+		site = strings.TrimSpace(site)
+		if !siteNameRE.MatchString(site) {
+			return 0, nil, fmt.Errorf("--lan-loss: bad site name %q in %q (want SITE=VALUE, e.g. site1=1%%)", site, s)
+		}
+		if _, dup := per[site]; dup {
+			return 0, nil, fmt.Errorf("--lan-loss: site %s given twice in %q", site, s)
+		}
+		f, err := ParseFraction("lan-loss", v)
+		if err != nil {
+			return 0, nil, fmt.Errorf("%w (site %s)", err, site)
+		}
+		if per == nil {
+			per = map[string]float64{}
+		}
+		per[site] = f
+	}
+	return all, per, nil
 }
 
 // HostTCP names the lab hosts' default congestion control for reports:

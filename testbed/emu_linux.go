@@ -86,6 +86,9 @@ func (l *Lab) Stats() (Stats, error) {
 	if resp.Stats == nil {
 		return Stats{}, fmt.Errorf("lab %s: emulator sent no stats", l.name)
 	}
+	if resp.Stats.LANs, err = l.LANStats(); err != nil {
+		return Stats{}, err
+	}
 	return *resp.Stats, nil
 }
 

@@ -14,6 +14,8 @@ type Stats struct {
 	// Seed is the seed of the emulator's random choices (Config.Seed).
 	Seed  uint64      `json:"seed"`
 	Links []LinkStats `json:"links"`
+	// LANs counts the sites' LAN loss (--lan-loss), one entry per lossy site.
+	LANs []LANStats `json:"lans,omitempty"`
 }
 
 // LinkStats counts one direction of the emulated WAN (site From to site To).
@@ -143,6 +145,9 @@ func (s *Stats) WritePairs(w io.Writer) {
 func (s *Stats) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "lab %s  seed %d\n\n", s.Lab, s.Seed)
 	s.WritePairs(w)
+	for _, ln := range s.LANs {
+		fmt.Fprintf(w, "\nLAN of %s  loss %.3f%%  frames %d  dropped %d\n", ln.Site, ln.Loss*100, ln.Frames, ln.Drops)
+	}
 	for _, l := range s.Links {
 		rate := "unlimited"
 		if l.Rate > 0 {

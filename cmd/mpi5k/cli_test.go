@@ -136,6 +136,8 @@ func TestCommandLines(t *testing.T) {
 		{[]string{"mpi5k", "lab", "up", "--reorder", "1%", "--reorder-delay", "2s"}, 2, []string{"--reorder-delay: 2s out of range 0..1s", hint}, ""},
 		{[]string{"mpi5k", "lab", "up", "--reorder-delay", "3ms"}, 2, []string{"--reorder-delay 3ms given without --reorder", hint}, ""},
 		{[]string{"mpi5k", "lab", "up", "--seed", "-1"}, 2, []string{"--seed", hint}, ""},
+		{[]string{"mpi5k", "lab", "up", "--lan-loss", "site9=1%"}, 2, []string{`--lan-loss: site "site9" is not one of the lab's sites [site1 site2]`, hint}, ""},
+		{[]string{"mpi5k", "lab", "up", "--lan-loss", "site1=lots"}, 2, []string{`--lan-loss: bad value "lots" (examples: 0.1%, 1%, 0.01) (site site1)`, hint}, ""},
 		{[]string{"mpi5k", "bench", "--cross-flows", "-2"}, 2, []string{`invalid argument "-2" for "--cross-flows" flag: flows -2 out of range 1..64`, hint}, ""},
 		{[]string{"mpi5k", "bench", "--timeout", "-1s"}, 2, []string{`invalid argument "-1s" for "--timeout" flag: negative duration`, hint}, ""},
 		{[]string{"mpi5k", "lab", "hosts", "--help"}, 0, nil, "--gateways"},

@@ -25,7 +25,7 @@ const labUsage = `usage: mpi5k lab <subcommand> [--name L] [flags]
 
   up      build a lab:  --sites 2|lyon,rennes --nodes 2 --rtt 20ms --wan-rate 200mbit
           [--lan-rate 1gbit] [--loss 0.1%] [--jitter 1ms] [--reorder 1% [--reorder-delay 5ms]]
-          [--seed N] [--queue 1bdp|BYTES] [--mtu 1500]
+          [--seed N] [--queue 1bdp|BYTES] [--mtu 1500] [--lan-loss 1%|SITE=1%,...]
           [--gateway-nics 1|2] [--matrix FILE (per-pair rtt/rate/loss; sets the sites)]
   exec    run a command inside a lab host:  mpi5k lab exec HOST -- CMD ARGS...
   hosts   list host names:  [--site S] [--gateways]
@@ -160,6 +160,7 @@ func labUp(args []string) error {
 	rtt := fs.Duration("rtt", 20*time.Millisecond, "round-trip time between sites")
 	wanRate := fs.String("wan-rate", "200mbit", "WAN rate per direction (e.g. 200mbit, 1gbit, 0 = unlimited)")
 	lanRate := fs.String("lan-rate", "0", "LAN link rate (TBF), 0 = unlimited")
+	lanLoss := fs.String("lan-loss", "0", "random loss of frames crossing a site's LAN: 1% for every site, or site1=1%,site2=0.5% (nftables; not seeded)")
 	loss := fs.String("loss", "0", "random loss per direction (e.g. 0.1%)")
 	jitter := fs.Duration("jitter", 0, "one-way delay jitter (+-, never reorders: see --reorder)")
 	reorder := fs.String("reorder", "0", "fraction of WAN packets held back --reorder-delay so later ones overtake them (e.g. 1%)")
@@ -214,6 +215,9 @@ func labUp(args []string) error {
 		if fs.Changed("reorder-delay") && c.Reorder == 0 && *matrix == "" {
 			return c, fmt.Errorf("--reorder-delay %v given without --reorder (add e.g. --reorder 1%%, or drop it)", *reorderDelay)
 		}
+		if c.LANLoss, c.SiteLANLoss, err = testbed.ParseLANLoss(*lanLoss); err != nil {
+			return c, err
+		}
 		if c.Queue, err = testbed.ParseQueue(*queue, c.WANRate, c.RTT, c.MTU); err != nil {
 			return c, err
 		}
@@ -254,6 +258,11 @@ func labUp(args []string) error {
 		l.OneWayDelay().Round(time.Microsecond), rateString(cfg.WANRate), cfg.Queue, cfg.Loss*100, cfg.HostTCP())
 	if cfg.Reorder > 0 {
 		fmt.Printf("reorder: %g%% of WAN packets held back %v\n", cfg.Reorder*100, cfg.ReorderDelay)
+	}
+	for _, site := range cfg.Sites {
+		if f := cfg.SiteLANLossOf(site); f > 0 {
+			fmt.Printf("LAN of %s: %g%% of frames dropped\n", site, f*100)
+		}
 	}
 	fmt.Printf("seed %d (repeat the random choices with --seed %d)\n", cfg.Seed, cfg.Seed)
 	if len(cfg.Pairs) > 0 {
