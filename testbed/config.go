@@ -44,10 +44,17 @@ type Config struct {
 	// nftables in the router namespace (the kernel here has no netem).
 	LANLoss     float64
 	SiteLANLoss map[string]float64
-	Loss        float64 // random loss probability per packet and direction, 0..1
-	Queue       int     // WAN drop-tail queue in bytes, 0 = 1 BDP
-	MTU         int     // default 1500
-	GatewayNICs int     // 1 (LAN leg only, default) or 2 (LAN + WAN leg)
+	// LANReorder is the fraction of IPv4 packets entering a site's LAN
+	// from its hosts that the emulator holds back LANReorderDelay (default
+	// DefaultReorderDelay), so packets sent after them arrive first;
+	// SiteLANReorder overrides it per site.
+	LANReorder      float64
+	SiteLANReorder  map[string]float64
+	LANReorderDelay time.Duration
+	Loss            float64 // random loss probability per packet and direction, 0..1
+	Queue           int     // WAN drop-tail queue in bytes, 0 = 1 BDP
+	MTU             int     // default 1500
+	GatewayNICs     int     // 1 (LAN leg only, default) or 2 (LAN + WAN leg)
 	// HostCC is the default TCP congestion control of every lab host's
 	// namespace ("" keeps the machine's). The ranks' direct connections use
 	// it, so it decides what "without gateways" means: a cluster's nodes
@@ -123,13 +130,20 @@ func (c *Config) Normalize() error {
 	if c.LANLoss < 0 || c.LANLoss > 1 || math.IsNaN(c.LANLoss) {
 		return fmt.Errorf("lan-loss: %v out of range 0..1", c.LANLoss)
 	}
-	for site, f := range c.SiteLANLoss {
-		if !slices.Contains(c.Sites, site) {
-			return fmt.Errorf("lan-loss: site %q is not one of the lab's sites %v", site, c.Sites)
-		}
-		if f < 0 || f > 1 || math.IsNaN(f) {
-			return fmt.Errorf("lan-loss: %s=%v out of range 0..1", site, f)
-		}
+	if err := c.checkSiteFractions("lan-loss", c.LANLoss, c.SiteLANLoss); err != nil {
+		return err
+	}
+	if err := c.checkSiteFractions("lan-reorder", c.LANReorder, c.SiteLANReorder); err != nil {
+		return err
+	}
+	reorders := slices.ContainsFunc(c.Sites, func(s string) bool { return c.SiteLANReorderOf(s) > 0 })
+	switch {
+	case c.LANReorderDelay < 0 || c.LANReorderDelay > time.Second:
+		return fmt.Errorf("lan-reorder-delay: %v out of range 0..1s", c.LANReorderDelay)
+	case c.LANReorderDelay > 0 && !reorders:
+		return fmt.Errorf("lan-reorder-delay: %v given without lan-reorder (set lan-reorder too, e.g. 1%%, or drop the delay)", c.LANReorderDelay)
+	case reorders && c.LANReorderDelay == 0:
+		c.LANReorderDelay = DefaultReorderDelay
 	}
 	if c.Queue < 0 {
 		return fmt.Errorf("queue: negative size %d", c.Queue)
@@ -186,6 +200,31 @@ func normalizeReorder(what string, frac *float64, delay *time.Duration) error {
 	return nil
 }
 
+// checkSiteFractions checks a lab-wide fraction and its per-site overrides.
+func (c *Config) checkSiteFractions(what string, all float64, per map[string]float64) error {
+	if all < 0 || all > 1 || math.IsNaN(all) {
+		return fmt.Errorf("%s: %v out of range 0..1", what, all)
+	}
+	for site, f := range per {
+		if !slices.Contains(c.Sites, site) {
+			return fmt.Errorf("%s: site %q is not one of the lab's sites %v", what, site, c.Sites)
+		}
+		if f < 0 || f > 1 || math.IsNaN(f) {
+			return fmt.Errorf("%s: %s=%v out of range 0..1", what, site, f)
+		}
+	}
+	return nil
+}
+
+// SiteLANReorderOf is the LAN reordering of site: its SiteLANReorder
+// entry, else LANReorder.
+func (c *Config) SiteLANReorderOf(site string) float64 {
+	if f, ok := c.SiteLANReorder[site]; ok {
+		return f
+	}
+	return c.LANReorder
+}
+
 // SiteLANLossOf is the LAN loss of site: its SiteLANLoss entry, else LANLoss.
 func (c *Config) SiteLANLossOf(site string) float64 {
 	if f, ok := c.SiteLANLoss[site]; ok {
@@ -197,28 +236,34 @@ func (c *Config) SiteLANLossOf(site string) float64 {
 // ParseLANLoss parses --lan-loss: "1%" for every site, "site1=1%,site2=0.5%"
 // per site, or both ("0.1%,site2=2%": site2 2 %, every other site 0.1 %).
 func ParseLANLoss(s string) (all float64, per map[string]float64, err error) {
+	return ParseSiteFractions("lan-loss", s)
+}
+
+// ParseSiteFractions parses a per-site fraction flag as ParseLANLoss does;
+// flag names it in errors.
+func ParseSiteFractions(flag, s string) (all float64, per map[string]float64, err error) {
 	seenAll := false
 	for _, part := range strings.Split(s, ",") {
 		part = strings.TrimSpace(part)
 		site, v, ok := strings.Cut(part, "=")
 		if !ok {
 			if seenAll {
-				return 0, nil, fmt.Errorf("--lan-loss: %q gives the every-site value twice (give it once, per-site values as SITE=VALUE)", s)
+				return 0, nil, fmt.Errorf("--%s: %q gives the every-site value twice (give it once, per-site values as SITE=VALUE)", flag, s)
 			}
 			seenAll = true
-			if all, err = ParseFraction("lan-loss", part); err != nil {
+			if all, err = ParseFraction(flag, part); err != nil {
 				return 0, nil, err
 			}
 			continue
 		}
 		site = strings.TrimSpace(site)
 		if !siteNameRE.MatchString(site) {
-			return 0, nil, fmt.Errorf("--lan-loss: bad site name %q in %q (want SITE=VALUE, e.g. site1=1%%)", site, s)
+			return 0, nil, fmt.Errorf("--%s: bad site name %q in %q (want SITE=VALUE, e.g. site1=1%%)", flag, site, s)
 		}
 		if _, dup := per[site]; dup {
-			return 0, nil, fmt.Errorf("--lan-loss: site %s given twice in %q", site, s)
+			return 0, nil, fmt.Errorf("--%s: site %s given twice in %q", flag, site, s)
 		}
-		f, err := ParseFraction("lan-loss", v)
+		f, err := ParseFraction(flag, v)
 		if err != nil {
 			return 0, nil, fmt.Errorf("%w (site %s)", err, site)
 		}

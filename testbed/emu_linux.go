@@ -250,6 +250,10 @@ type link struct {
 	sideFailed bool  // the side lane could not be made (warned once)
 	nbufs      int
 
+	// strip: packets come with an Ethernet header to drop (a LAN lane:
+	// nftables forwards frames into its TUN).
+	strip bool
+
 	shaper  shaper
 	deliv   deliverer
 	reorder reorderer
@@ -346,6 +350,11 @@ func (l *link) reader() {
 			fmt.Fprintf(os.Stderr, "emu %s->%s: read: %v\n", l.from, l.to, err)
 			time.Sleep(10 * time.Millisecond)
 			continue
+		}
+		// nftables' fwd pushes the frame's Ethernet header back on (never
+		// guess by the first byte: a MAC address may start with 0x4_).
+		if l.strip && n > 14 && p.buf[12] == 0x08 && p.buf[13] == 0x00 && p.buf[14]>>4 == 4 {
+			n = copy(p.buf, p.buf[14:n])
 		}
 		now := l.clk.now()
 		l.packets.Add(1)
@@ -627,7 +636,17 @@ func RunEmulator(name string) error {
 	rpath := filepath.Join(netnsDir(name), routerNS(name))
 	nsites := len(c.Sites)
 	fds := map[[2]int]int{}
+	lanFDs := map[int]int{} // site -> TUN of its reordered LAN packets
 	err = inNetNS(rpath, func() error {
+		for i, site := range c.Sites {
+			if c.SiteLANReorderOf(site) > 0 {
+				fd, err := openTUN(lanTUN(i + 1))
+				if err != nil {
+					return err
+				}
+				lanFDs[i+1] = fd
+			}
+		}
 		for i := 1; i <= nsites; i++ {
 			for j := 1; j <= nsites; j++ {
 				if i == j {
@@ -677,6 +696,31 @@ func RunEmulator(name string) error {
 			}
 		}
 	}
+	for k := range lanFDs {
+		lk, err := rh.LinkByName(lanTUN(k))
+		if err != nil {
+			return err
+		}
+		// Frames arrive with their Ethernet header.
+		if err := rh.LinkSetMTU(lk, c.MTU+14); err != nil {
+			return err
+		}
+		if err := rh.LinkSetTxQLen(lk, 10000); err != nil {
+			return err
+		}
+		if err := rh.LinkSetUp(lk); err != nil {
+			return err
+		}
+		// Written back, a held packet is routed as if it came from its
+		// site's bridge: over the emulated WAN if it leaves the site.
+		r := netlink.NewRule()
+		r.IifName = lanTUN(k)
+		r.Table = tableFor(k)
+		r.Priority = 1000 + 10*k + 5
+		if err := rh.RuleAdd(r); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("rule iif %s: %w", lanTUN(k), err)
+		}
+	}
 	rh.Close()
 	rns.Close()
 
@@ -691,7 +735,7 @@ func RunEmulator(name string) error {
 	if c.Reorder > 0 || slices.ContainsFunc(c.Pairs, func(p PairLink) bool { return p.Reorder > 0 }) {
 		threads = 3
 	}
-	runtime.GOMAXPROCS(threads*nsites*(nsites-1) + 4)
+	runtime.GOMAXPROCS(threads*nsites*(nsites-1) + 2*len(lanFDs) + 4)
 	// One parameter set per site pair, shared by its two directions.
 	params := map[[2]int]*emuParams{}
 	for i := 1; i <= nsites; i++ {
@@ -732,6 +776,21 @@ func RunEmulator(name string) error {
 			go lk.reader()
 			go lk.writer(lk.main)
 		}
+	}
+
+	// A LAN lane holds every packet nftables hands it the same time and
+	// writes it back into the same TUN: no rate, no loss.
+	for k, fd := range lanFDs {
+		p := &emuParams{queue: 16 << 20}
+		p.oneway.Store(int64(c.LANReorderDelay))
+		site := c.Sites[k-1]
+		lk, err := newLink(site, site+"-lan", fd, fd, p, c.MTU+14, clk, seed+uint64(k)<<32)
+		if err != nil {
+			return err
+		}
+		lk.strip = true
+		go lk.reader()
+		go lk.writer(lk.main)
 	}
 
 	sock := emuSocket(dir)

@@ -371,3 +371,52 @@ func TestLinkChoicesSeeded(t *testing.T) {
 		t.Errorf("%d lost at 1%%, %d held at 5%% of 20000", lost, held)
 	}
 }
+
+// TestLinkStripsEthernet: a LAN lane gets frames with their Ethernet
+// header (nftables' fwd) and delivers the IPv4 packet alone, whatever the
+// destination MAC starts with (0x4e looks like an IPv4 version nibble).
+func TestLinkStripsEthernet(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(8))
+	in, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = unix.Shutdown(in[1], unix.SHUT_RDWR)
+		unix.Close(in[0])
+		unix.Close(out[1])
+	}()
+	p := &emuParams{queue: 1 << 20}
+	p.oneway.Store(int64(time.Millisecond))
+	l, err := newLink("a", "a-lan", in[1], out[0], p, 1514, newClock(), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.strip = true
+	go l.reader()
+	go l.writer(l.main)
+	_ = unix.SetsockoptTimeval(out[1], unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 5})
+	buf := make([]byte, 2000)
+	for _, mac0 := range []byte{0x4e, 0x02, 0x46} {
+		ip := udpPacket(100, 4242)
+		eth := append([]byte{mac0, 1, 2, 3, 4, 5, 0x02, 9, 9, 9, 9, 9, 0x08, 0x00}, ip...)
+		if _, err := unix.Write(in[0], eth); err != nil {
+			t.Fatal(err)
+		}
+		n, err := unix.Read(out[1], buf)
+		if err != nil {
+			t.Fatalf("MAC %#x: %v", mac0, err)
+		}
+		if !slices.Equal(buf[:n], ip) {
+			t.Errorf("MAC %#x: delivered % x, want the IPv4 packet % x", mac0, buf[:min(n, 24)], ip[:24])
+		}
+	}
+	st := l.stats()
+	if f := st.Flow("udp", "", ""); f == nil || f.Packets != 3 {
+		t.Errorf("the stripped packets were not parsed as one UDP flow: %+v", st.Flows)
+	}
+}

@@ -53,33 +53,44 @@ func (l *Lab) LANStats() ([]LANStats, error) {
 	if lanLossScript(c, l.hosts) == "" {
 		return nil, nil
 	}
-	out, err := l.nft("", "-j", "list", "counters", "table", "bridge", lanTable)
-	if err != nil {
-		return nil, fmt.Errorf("lab %s: LAN counters: %w", l.name, err)
-	}
-	var doc struct {
-		Nftables []struct {
-			Counter *struct {
-				Name    string `json:"name"`
-				Packets uint64 `json:"packets"`
-			} `json:"counter"`
-		} `json:"nftables"`
-	}
-	if err := json.Unmarshal(out, &doc); err != nil {
-		return nil, fmt.Errorf("lab %s: LAN counters: %w", l.name, err)
-	}
 	byName := map[string]uint64{}
-	for _, e := range doc.Nftables {
-		if e.Counter != nil {
-			byName[e.Counter.Name] = e.Counter.Packets
+	for _, t := range [][2]string{{"bridge", lanTable}, {"netdev", lanQueueTable}} {
+		if !strings.Contains(lanLossScript(c, l.hosts), "table "+t[0]+" "+t[1]+" ") {
+			continue
+		}
+		out, err := l.nft("", "-j", "list", "counters", "table", t[0], t[1])
+		if err != nil {
+			return nil, fmt.Errorf("lab %s: LAN counters: %w", l.name, err)
+		}
+		var doc struct {
+			Nftables []struct {
+				Counter *struct {
+					Name    string `json:"name"`
+					Packets uint64 `json:"packets"`
+				} `json:"counter"`
+			} `json:"nftables"`
+		}
+		if err := json.Unmarshal(out, &doc); err != nil {
+			return nil, fmt.Errorf("lab %s: LAN counters: %w", l.name, err)
+		}
+		for _, e := range doc.Nftables {
+			if e.Counter != nil {
+				byName[e.Counter.Name] = e.Counter.Packets
+			}
 		}
 	}
 	var st []LANStats
 	for i, site := range c.Sites {
-		if f := c.SiteLANLossOf(site); f > 0 {
-			st = append(st, LANStats{Site: site, Loss: f,
-				Frames: byName[fmt.Sprintf("lan%d_frames", i+1)], Drops: byName[fmt.Sprintf("lan%d_drops", i+1)]})
+		loss, reorder := c.SiteLANLossOf(site), c.SiteLANReorderOf(site)
+		if loss == 0 && reorder == 0 {
+			continue
 		}
+		s := LANStats{Site: site, Loss: loss, Frames: byName[fmt.Sprintf("lan%d_frames", i+1)], Drops: byName[fmt.Sprintf("lan%d_drops", i+1)],
+			Reorder: reorder, Held: byName[fmt.Sprintf("lan%d_held", i+1)]}
+		if reorder > 0 {
+			s.ReorderDelay = c.LANReorderDelay
+		}
+		st = append(st, s)
 	}
 	return st, nil
 }

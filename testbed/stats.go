@@ -146,7 +146,11 @@ func (s *Stats) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "lab %s  seed %d\n\n", s.Lab, s.Seed)
 	s.WritePairs(w)
 	for _, ln := range s.LANs {
-		fmt.Fprintf(w, "\nLAN of %s  loss %.3f%%  frames %d  dropped %d\n", ln.Site, ln.Loss*100, ln.Frames, ln.Drops)
+		fmt.Fprintf(w, "\nLAN of %s  loss %.3f%%  frames %d  dropped %d", ln.Site, ln.Loss*100, ln.Frames, ln.Drops)
+		if ln.Reorder > 0 {
+			fmt.Fprintf(w, "  reorder %.3f%% held back %s: %d packets", ln.Reorder*100, fmtDur(ln.ReorderDelay), ln.Held)
+		}
+		fmt.Fprintln(w)
 	}
 	for _, l := range s.Links {
 		rate := "unlimited"

@@ -101,6 +101,9 @@ func TestNormalize(t *testing.T) {
 	if c := (Config{HostCC: "system"}); c.Normalize() != nil || c.HostCC != "" {
 		t.Errorf("host-cc system must mean the machine's default: %+v", c)
 	}
+	if c := (Config{SiteLANReorder: map[string]float64{"site2": 0.01}}); c.Normalize() != nil || c.LANReorderDelay != DefaultReorderDelay {
+		t.Errorf("LAN reorder without a delay must take the default delay: %+v", c)
+	}
 	if c := (Config{Reorder: 0.01}); c.Normalize() != nil || c.ReorderDelay != DefaultReorderDelay {
 		t.Errorf("reorder without a delay must take the default delay: %+v", c)
 	}
@@ -128,6 +131,10 @@ func TestNormalize(t *testing.T) {
 		{Config{LANLoss: 1.1}, "lan-loss: 1.1 out of range"},
 		{Config{SiteLANLoss: map[string]float64{"site3": 0.1}}, `lan-loss: site "site3" is not one of the lab's sites`},
 		{Config{SiteLANLoss: map[string]float64{"site2": -1}}, "lan-loss: site2=-1 out of range"},
+		{Config{LANReorder: 2}, "lan-reorder: 2 out of range"},
+		{Config{SiteLANReorder: map[string]float64{"x": 0.1}}, `lan-reorder: site "x" is not one of the lab's sites`},
+		{Config{LANReorderDelay: time.Millisecond}, "lan-reorder-delay: 1ms given without lan-reorder"},
+		{Config{LANReorder: 0.1, LANReorderDelay: 2 * time.Second}, "lan-reorder-delay: 2s out of range"},
 	}
 	for _, b := range bad {
 		if err := b.c.Normalize(); err == nil || !strings.HasPrefix(err.Error(), b.want) {
@@ -424,9 +431,21 @@ func TestLANLossScript(t *testing.T) {
 			t.Errorf("script lacks %q:\n%s", want, s)
 		}
 	}
-	if strings.Contains(s, "v3") || strings.Contains(s, "lan3") {
-		t.Errorf("site c has no LAN loss, but the script names it:\n%s", s)
+	if strings.Contains(s, "v3") || strings.Contains(s, "lan3") || strings.Contains(s, "netdev") {
+		t.Errorf("site c has no LAN loss and no site reorders, but the script names them:\n%s", s)
 	}
+	// Reordering on site c alone: its ports divert IPv4 to its TUN.
+	c.SiteLANReorder = map[string]float64{"c": 0.02}
+	if err := c.Normalize(); err != nil {
+		t.Fatal(err)
+	}
+	s = lanLossScript(&c, planHosts(&c))
+	want := "\tchain hold3 {\n\t\ttype filter hook ingress devices = { \"v3n1\", \"v3g\", \"v3x1\" } priority -10; policy accept;\n" +
+		"\t\tmeta protocol ip numgen random mod 1000000 < 20000 counter name \"lan3_held\" fwd to \"l3\"\n\t}\n"
+	if !strings.Contains(s, "table netdev mpi5k_lanq {") || !strings.Contains(s, want) || strings.Contains(s, "hold1") || strings.Contains(s, "hold2") {
+		t.Errorf("reordering on site c, script:\n%s", s)
+	}
+	c.SiteLANReorder = nil
 	c.LANLoss, c.SiteLANLoss = 0, nil
 	if s := lanLossScript(&c, planHosts(&c)); s != "" {
 		t.Errorf("no LAN loss, script:\n%s", s)

@@ -26,6 +26,7 @@ const labUsage = `usage: mpi5k lab <subcommand> [--name L] [flags]
   up      build a lab:  --sites 2|lyon,rennes --nodes 2 --rtt 20ms --wan-rate 200mbit
           [--lan-rate 1gbit] [--loss 0.1%] [--jitter 1ms] [--reorder 1% [--reorder-delay 5ms]]
           [--seed N] [--queue 1bdp|BYTES] [--mtu 1500] [--lan-loss 1%|SITE=1%,...]
+          [--lan-reorder 1%|SITE=1%,... [--lan-reorder-delay 5ms]]
           [--gateway-nics 1|2] [--matrix FILE (per-pair rtt/rate/loss; sets the sites)]
   exec    run a command inside a lab host:  mpi5k lab exec HOST -- CMD ARGS...
   hosts   list host names:  [--site S] [--gateways]
@@ -161,6 +162,8 @@ func labUp(args []string) error {
 	wanRate := fs.String("wan-rate", "200mbit", "WAN rate per direction (e.g. 200mbit, 1gbit, 0 = unlimited)")
 	lanRate := fs.String("lan-rate", "0", "LAN link rate (TBF), 0 = unlimited")
 	lanLoss := fs.String("lan-loss", "0", "random loss of frames crossing a site's LAN: 1% for every site, or site1=1%,site2=0.5% (nftables; not seeded)")
+	lanReorder := fs.String("lan-reorder", "0", "fraction of IPv4 packets entering a site's LAN held back --lan-reorder-delay so later ones overtake them: 1% or site1=1%,... (not seeded)")
+	lanReorderDelay := fs.Duration("lan-reorder-delay", 0, "how long --lan-reorder holds a packet back (0..1s; default "+testbed.DefaultReorderDelay.String()+" when --lan-reorder is set)")
 	loss := fs.String("loss", "0", "random loss per direction (e.g. 0.1%)")
 	jitter := fs.Duration("jitter", 0, "one-way delay jitter (+-, never reorders: see --reorder)")
 	reorder := fs.String("reorder", "0", "fraction of WAN packets held back --reorder-delay so later ones overtake them (e.g. 1%)")
@@ -218,6 +221,10 @@ func labUp(args []string) error {
 		if c.LANLoss, c.SiteLANLoss, err = testbed.ParseLANLoss(*lanLoss); err != nil {
 			return c, err
 		}
+		if c.LANReorder, c.SiteLANReorder, err = testbed.ParseSiteFractions("lan-reorder", *lanReorder); err != nil {
+			return c, err
+		}
+		c.LANReorderDelay = *lanReorderDelay
 		if c.Queue, err = testbed.ParseQueue(*queue, c.WANRate, c.RTT, c.MTU); err != nil {
 			return c, err
 		}
@@ -262,6 +269,9 @@ func labUp(args []string) error {
 	for _, site := range cfg.Sites {
 		if f := cfg.SiteLANLossOf(site); f > 0 {
 			fmt.Printf("LAN of %s: %g%% of frames dropped\n", site, f*100)
+		}
+		if f := cfg.SiteLANReorderOf(site); f > 0 {
+			fmt.Printf("LAN of %s: %g%% of IPv4 packets held back %v\n", site, f*100, cfg.LANReorderDelay)
 		}
 	}
 	fmt.Printf("seed %d (repeat the random choices with --seed %d)\n", cfg.Seed, cfg.Seed)
