@@ -191,7 +191,7 @@ func gwHelper(a []string) error {
 	return fmt.Errorf("unknown helper mode %q", a[0])
 }
 
-// sumSend runs streams checksummed streams to a sumserve helper at dst
+// sumSend runs streams checksummed streams to a sumserve server at dst
 // through gw, 16 at a time: the first of maxBytes, the others of
 // testnet.StreamSize sizes drawn from seed. It prints the streams and bytes
 // sent and the seconds taken; any stream lost, cut or altered is an error.
