@@ -270,62 +270,36 @@ func reorderRun(t *testing.T, seed uint64, count int, frac float64, extra time.D
 	return at, order, l.stats()
 }
 
-// heldBack names the packets that arrived more than half of extra later
-// than the median of their six neighbours in sending order: the ones the
-// link held back, told apart by timing that scheduling noise of a few
-// milliseconds does not blur.
-func heldBack(at []time.Duration, extra time.Duration) []int {
-	var h []int
-	for i := range at {
-		var nb []time.Duration
-		for j := max(0, i-3); j <= min(len(at)-1, i+3); j++ {
-			if j != i && at[j] >= 0 {
-				nb = append(nb, at[j])
-			}
-		}
-		slices.Sort(nb)
-		if len(nb) > 0 && at[i]-nb[len(nb)/2] > extra/2 {
-			h = append(h, i)
-		}
-	}
-	return h
-}
-
 // TestLinkReorder: with reordering on, every packet still arrives exactly
-// once; the held-back fraction is near the one set; held packets arrive
-// after packets sent later (seen by timing, so a run whose writer threads
-// were starved of CPU for half the extra delay could fail it).
+// once (reorderRun fails on a duplicate); the held-back fraction is near the
+// one set; held packets, and only they, are overtaken by later ones.
 func TestLinkReorder(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(8))
 	const count = 400
 	const extra = 30 * time.Millisecond
-	at, order, s := reorderRun(t, 7, count, 0.1, extra)
+	_, order, s := reorderRun(t, 7, count, 0.1, extra)
 	if len(order) != count {
 		t.Fatalf("%d of %d packets arrived", len(order), count)
 	}
-	h := heldBack(at, extra)
-	t.Logf("%d of %d held back (link counted %d): %v", len(h), count, s.Held, h)
+	// Overtaken: arrived after a packet sent later. Held packets keep
+	// their order among themselves, and every packet sent within 30 ms
+	// after one (300 of them at the link's rate) overtakes it, so each
+	// held packet but the last few of the burst is overtaken and no other
+	// is, unless a writer thread was starved of CPU for ~30 ms.
+	overtaken, highest := 0, -1
+	for _, q := range order {
+		if q < highest {
+			overtaken++
+		}
+		highest = max(highest, q)
+	}
+	t.Logf("%d of %d held back, %d overtaken", s.Held, count, overtaken)
 	// Binomial(400, 0.1): mean 40, sd 6.
 	if s.Held < 20 || s.Held > 60 {
 		t.Errorf("link held %d of %d packets back at 10%%", s.Held, count)
 	}
-	if uint64(len(h)) != s.Held {
-		t.Errorf("%d packets arrived late, the link held %d", len(h), s.Held)
-	}
-	// Held packets keep their order among themselves; each is overtaken
-	// by the next packet sent after it that was not held.
-	pos := make([]int, count)
-	for i, seq := range order {
-		pos[seq] = i
-	}
-	for _, i := range h {
-		j := i + 1
-		for slices.Contains(h, j) {
-			j++
-		}
-		if j < count && pos[j] > pos[i] {
-			t.Errorf("held packet %d arrived before packet %d", i, j)
-		}
+	if uint64(overtaken) > s.Held || uint64(overtaken) < s.Held*3/4 {
+		t.Errorf("%d packets overtaken, the link held %d back", overtaken, s.Held)
 	}
 	if _, order0, s0 := reorderRun(t, 7, 100, 0, 0); s0.Held != 0 || !slices.IsSorted(order0) {
 		t.Errorf("reorder 0: %d packets held back, arrival order %v", s0.Held, order0)
