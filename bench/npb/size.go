@@ -81,12 +81,12 @@ var sizeA = map[string]struct {
 	source    string
 }{
 	"bt": {0, 720e6, 41.3, 1, "measured: 720 MB across the WAN (issue 36), 41.3 s (bt.A.4); messages 26 and 160 KiB as in class B"},
-	"sp": {0, 1310e6, 20.9, 1, "BT's 720 MB times SP/BT of design brief §4 (5.1/2.8 GiB); 85.0 Gop"},
-	"lu": {155, 0, 29.3, 1, "62,000 pipeline messages of ~1 KiB (2 cross-site pairs x 2 sweeps x 62 planes x 250 iterations); 119.3 Gop"},
-	"cg": {0, 175e6, 0.37, 56000.0 / (150 * 1024), "390 mat-vecs x 4 ranks x 56 kB segments (14000 rows / 2 x 8 B); 1.5 Gop"},
-	"mg": {4, 0, 0.89, 262144.0 / (135 * 1024), "4 V-cycles, finest face 128x256 doubles (256 kB); 3.6 Gop"},
-	"ft": {7, 0, 1.75, 4, "7 transposes (6 iterations + the first FFT) of 8 MiB per pair (256x256x128 complex / 16 pairs); 7.1 Gop"},
-	"is": {10, 0, 1.0, 2 * 1024 * 1024 / ((512*1024 + 629146) / 2.0), "10 iterations, 2 MiB of keys per pair (2^23 keys x 4 B / 16 pairs); compute estimated"},
+	"sp": {0, 1310e6, 20.9, 1, "estimate: BT's 720 MB times SP/BT of design brief §4 (5.1/2.8 GiB); 85.0 Gop"},
+	"lu": {155, 0, 29.3, 1, "estimate: 62,000 pipeline messages of ~1 KiB (2 cross-site pairs x 2 sweeps x 62 planes x 250 iterations); 119.3 Gop"},
+	"cg": {0, 175e6, 0.37, 56000.0 / (150 * 1024), "estimate: 390 mat-vecs x 4 ranks x 56 kB segments (14000 rows / 2 x 8 B); 1.5 Gop"},
+	"mg": {4, 0, 0.89, 262144.0 / (135 * 1024), "estimate: 4 V-cycles, finest face 128x256 doubles (256 kB); 3.6 Gop"},
+	"ft": {7, 0, 1.75, 4, "estimate: 7 transposes (6 iterations + the first FFT) of 8 MiB per pair (256x256x128 complex / 16 pairs); 7.1 Gop"},
+	"is": {10, 0, 1.0, 2 * 1024 * 1024 / ((512*1024 + 629146) / 2.0), "estimate: 10 iterations, 2 MiB of keys per pair (2^23 keys x 4 B / 16 pairs); compute estimated"},
 }
 
 // SizeFor returns workload w's parameters at size; ok is false when the

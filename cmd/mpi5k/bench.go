@@ -240,6 +240,15 @@ func runBench(args []string) int {
 	ex := &npb.LabExecutor{Lab: lab, Flavour: *flavour, Workload: wl, Mpi5k: self,
 		WorkDir: filepath.Join(absOut, "work"), CrossFlows: *crossFlows}
 
+	if *size == "A" {
+		// What each workload stands for at this size, and how sure that is.
+		for _, w := range c.Workloads {
+			if spec, sized, err := npb.SizeFor(w, *size, c.Scale); err == nil && sized {
+				fmt.Printf("# size A %s: %s; at scale 1: %.0f MB between the sites, %.1f s compute per rank (%s)\n",
+					w, strings.Join(spec.Args(), " "), spec.WANBytes/1e6, spec.ComputeS, spec.Source)
+			}
+		}
+	}
 	if *dryRun {
 		for _, cell := range c.Plan() {
 			var mode npb.Mode
