@@ -122,3 +122,20 @@ func TestRunSizeA(t *testing.T) {
 		}
 	}
 }
+
+// A figure says which compute mode and size made it; a clock run's says it
+// isolates.
+func TestBarTitle(t *testing.T) {
+	for _, c := range []struct {
+		h    Header
+		want string
+	}{
+		{Header{Compute: "work", Size: "A"}, "time relative to direct, without competing traffic, compute work, size A"},
+		{Header{Compute: "clock", Size: "small"}, "time relative to direct, without competing traffic\ncompute clock (isolating: gateways' CPU cost hidden), size small"},
+		{Header{}, "time relative to direct, without competing traffic"},
+	} {
+		if got := barTitle(c.h, "direct", false); got != c.want {
+			t.Errorf("%+v: title %q, want %q", c.h, got, c.want)
+		}
+	}
+}
