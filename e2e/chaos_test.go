@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpi5k/mpi5k/sitemap"
 	"github.com/mpi5k/mpi5k/testbed"
 	"github.com/mpi5k/mpi5k/wrap"
 )
@@ -432,7 +434,7 @@ func metricSum(text, name string) float64 {
 func TestChaosWANKill(t *testing.T) {
 	w := newWANLab(t, 10*time.Millisecond)
 	sum := netip.AddrPortFrom(w.dst, 7003).String()
-	startServer(t, w.ctx, w.l, w.dstHost, "sum", sum)
+	startServer(t, w.ctx, w.l, w.dstHost, "sumserve", sum)
 	startLabGateways(t, w.ctx, w.l, "--metrics", ":9105")
 	site2, _ := w.m.Site("site2")
 	wanPort := strconv.Itoa(int(site2.WAN.Port())) // site1 dials site2: every WAN connection has this port
@@ -462,7 +464,7 @@ func TestChaosWANKill(t *testing.T) {
 		}
 	}()
 	start := time.Now()
-	out, err := helper(t, w.ctx, w.l, w.src, "streams", "1000", strconv.Itoa(4<<20), sum, w.gwLAN, "1").Output()
+	out, err := helper(t, w.ctx, w.l, w.src, "sumsend", sum, w.gwLAN, "1000", strconv.Itoa(4<<20), "1").Output()
 	took := time.Since(start)
 	close(stop)
 	<-done
@@ -474,12 +476,85 @@ func TestChaosWANKill(t *testing.T) {
 	}
 	resumes := metricSum(text1, "mpi5k_wan_resumes_total") + metricSum(text2, "mpi5k_wan_resumes_total")
 	replayed := metricSum(text1, "mpi5k_wan_replayed_bytes_total") + metricSum(text2, "mpi5k_wan_replayed_bytes_total")
-	t.Logf("1000 streams, %s bytes checked in %v; %d kills, %v resumes, %v bytes written again",
+	t.Logf("streams, bytes checked, seconds: %s; in %v: %d kills, %v resumes, %v bytes written again",
 		strings.TrimSpace(string(out)), took.Round(time.Millisecond), kills, resumes, replayed)
 	if kills < 2 {
 		t.Fatalf("only %d kills found WAN connections: the test did not break the links", kills)
 	}
 	if resumes < float64(kills) {
 		t.Fatalf("%v resumes for %d kills", resumes, kills)
+	}
+}
+
+// TestChaosWANLossReorder (issue 34, scenario 5): 1 % random loss, 1 % of
+// packets reordered (held back 5 ms) and ±1 ms jitter on the WAN, in both
+// directions, during 150 checksummed streams (one of 16 MiB, the rest of
+// log-uniform sizes up to 16 MiB, ~190 MB in all) through the gateways: every stream's
+// SHA-256 matches (no byte lost, duplicated or altered), the emulator did
+// drop and hold back packets of the gateways' WAN connections, and the
+// streams crossed the WAN between the gateways only.
+func TestChaosWANLossReorder(t *testing.T) {
+	labRequireRoot(t)
+	l := labUp(t, testbed.Config{Nodes: 1, RTT: 20 * time.Millisecond, WANRate: 100e6,
+		Loss: 0.01, Reorder: 0.01, ReorderDelay: 5 * time.Millisecond, Jitter: time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	startLabGateways(t, ctx, l)
+	src, dstHost := l.Hosts("site1", false)[0], l.Hosts("site2", false)[0]
+	dst := netip.AddrPortFrom(l.Addr(dstHost), 7003).String()
+	startServer(t, ctx, l, dstHost, "sumserve", dst)
+	m, err := sitemap.Load(l.SiteMapPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	site1, _ := m.Site("site1")
+	gw1, gw2 := l.Addr(l.Gateway("site1")), l.Addr(l.Gateway("site2"))
+	before, err := l.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := run(t, ctx, l, src, "sumsend", dst, site1.LAN.String(), "150", strconv.Itoa(16<<20), "34")
+	if len(v) != 3 {
+		t.Fatalf("sumsend printed %v", v)
+	}
+	t.Logf("%d checksummed streams, %.1f MB in %.1f s through the gateways", int(v[0]), v[1]/1e6, v[2])
+	st, err := l.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var payload uint64
+	for _, dir := range [][2]string{{"site1", "site2"}, {"site2", "site1"}} {
+		ls, lb := st.Link(dir[0], dir[1]), before.Link(dir[0], dir[1])
+		drops, held := ls.RandomDrops-lb.RandomDrops, ls.Held-lb.Held
+		var gwRetrans uint64
+		for _, f := range ls.Flows {
+			if f.Proto != "tcp" {
+				continue
+			}
+			fromGW := strings.HasPrefix(f.Src, gw1.String()+":") || strings.HasPrefix(f.Src, gw2.String()+":")
+			toGW := strings.HasPrefix(f.Dst, gw1.String()+":") || strings.HasPrefix(f.Dst, gw2.String()+":")
+			switch {
+			case fromGW && toGW:
+				gwRetrans += f.Retrans
+				if dir[0] == "site1" {
+					payload += f.Bytes
+				}
+			case f.Bytes > 1<<20:
+				t.Errorf("%s->%s: %d bytes between %s and %s, not between the gateways", dir[0], dir[1], f.Bytes, f.Src, f.Dst)
+			}
+		}
+		t.Logf("%s->%s: %d packets, %d randomly dropped, %d held back, %d retransmissions between the gateways",
+			dir[0], dir[1], ls.Packets-lb.Packets, drops, held, gwRetrans)
+		// At 1 % each, thousands of packets each way: none dropped or held
+		// means the chaos was not applied.
+		if drops == 0 || held == 0 {
+			t.Errorf("%s->%s: %d random drops and %d held packets: the WAN was not lossy and reordering", dir[0], dir[1], drops, held)
+		}
+		if dir[0] == "site1" && gwRetrans == 0 {
+			t.Errorf("%s->%s: no retransmission between the gateways at 1 %% loss", dir[0], dir[1])
+		}
+	}
+	if payload < uint64(v[1]) {
+		t.Errorf("%d bytes crossed site1->site2 between the gateways, the streams carried %.0f", payload, v[1])
 	}
 }

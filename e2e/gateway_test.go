@@ -24,7 +24,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -38,8 +37,8 @@ import (
 // TestGatewayHelper is not a test: it is the traffic program run inside
 // lab hosts when MPI5K_GWHELPER is set ("sink ADDR", "echo ADDR",
 // "stall ADDR", "send DST GW SECONDS", "stuck DST GW SECONDS",
-// "pingpong DST GW COUNT", "sum ADDR", "streams N MAXBYTES DST GW SEED";
-// GW "-" means direct).
+// "pingpong DST GW COUNT", "sumserve ADDR", "sumsend DST GW STREAMS
+// MAXBYTES SEED"; GW "-" means direct).
 func TestGatewayHelper(t *testing.T) {
 	spec := os.Getenv("MPI5K_GWHELPER")
 	if spec == "" {
@@ -102,59 +101,6 @@ func gwHelper(a []string) error {
 		}
 		fmt.Printf("%d %f\n", n, time.Since(start).Seconds())
 		return nil
-	case "sum":
-		// A checksum server (testnet.SumServer) for "streams".
-		ln, err := net.Listen("tcp", a[1])
-		if err != nil {
-			return err
-		}
-		fmt.Println("listening")
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return err
-			}
-			go testnet.SumServer(c.(*net.TCPConn))
-		}
-	case "streams":
-		// streams N MAXBYTES DST GW SEED: N concurrent checksummed streams
-		// of random sizes through the gateway; prints the bytes checked.
-		n, _ := strconv.Atoi(a[1])
-		maxSize, _ := strconv.Atoi(a[2])
-		seed, _ := strconv.ParseUint(a[5], 10, 64)
-		var wg sync.WaitGroup
-		var total atomic.Int64
-		errs := make(chan error, n)
-		for i := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				r := rand.New(rand.NewPCG(seed, uint64(i)))
-				size := testnet.StreamSize(r, maxSize)
-				c, err := helperDial(a[3], a[4])
-				if err != nil {
-					errs <- fmt.Errorf("stream %d: %w", i, err)
-					return
-				}
-				defer c.Close()
-				if err := testnet.SendAndCheck(c.(*net.TCPConn), r, size); err != nil {
-					errs <- fmt.Errorf("stream %d: %w", i, err)
-					return
-				}
-				total.Add(int64(size))
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		var all []error
-		for err := range errs {
-			all = append(all, err)
-		}
-		if len(all) > 0 {
-			return fmt.Errorf("%d of %d streams failed; first: %w", len(all), n, all[0])
-		}
-		fmt.Println(total.Load())
-		return nil
 	case "stuck":
 		// Writes until the deadline towards a destination that may stop
 		// reading; prints how many bytes the path accepted.
@@ -177,6 +123,21 @@ func gwHelper(a []string) error {
 		}
 		fmt.Println(n)
 		return nil
+	case "sumserve":
+		ln, err := net.Listen("tcp", a[1])
+		if err != nil {
+			return err
+		}
+		fmt.Println("listening")
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return err
+			}
+			go testnet.SumServer(c.(*net.TCPConn))
+		}
+	case "sumsend":
+		return sumSend(a[1], a[2], a[3], a[4], a[5])
 	case "get":
 		r, err := http.Get(a[1])
 		if err != nil {
@@ -228,6 +189,58 @@ func gwHelper(a []string) error {
 		return nil
 	}
 	return fmt.Errorf("unknown helper mode %q", a[0])
+}
+
+// sumSend runs streams checksummed streams to a sumserve server at dst
+// through gw, 16 at a time: the first of maxBytes, the others of
+// testnet.StreamSize sizes drawn from seed. It prints the streams and bytes
+// sent and the seconds taken; any stream lost, cut or altered is an error.
+func sumSend(dst, gw, streams, maxBytes, seed string) error {
+	n, err1 := strconv.Atoi(streams)
+	maxB, err2 := strconv.Atoi(maxBytes)
+	sd, err3 := strconv.ParseUint(seed, 10, 64)
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return fmt.Errorf("sumsend: %w", err)
+	}
+	start := time.Now()
+	sem := make(chan struct{}, 16)
+	errs := make(chan error, n)
+	var total atomic.Int64
+	for i := 0; i < n; i++ {
+		sem <- struct{}{}
+		go func(i int) {
+			defer func() { <-sem }()
+			r := rand.New(rand.NewPCG(sd, uint64(i)))
+			size := maxB
+			if i > 0 {
+				size = testnet.StreamSize(r, maxB)
+			}
+			c, err := helperDial(dst, gw)
+			if err != nil {
+				errs <- fmt.Errorf("stream %d: %w", i, err)
+				return
+			}
+			defer c.Close()
+			if err := testnet.SendAndCheck(c.(*net.TCPConn), r, size); err != nil {
+				errs <- fmt.Errorf("stream %d: %w", i, err)
+				return
+			}
+			total.Add(int64(size))
+		}(i)
+	}
+	for i := 0; i < cap(sem); i++ {
+		sem <- struct{}{}
+	}
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	if len(all) > 0 {
+		return fmt.Errorf("%d of %d streams failed: %w", len(all), n, errors.Join(all...))
+	}
+	fmt.Printf("%d %d %f\n", n, total.Load(), time.Since(start).Seconds())
+	return nil
 }
 
 // helperDial connects to dst directly (gw "-") or through the site gateway

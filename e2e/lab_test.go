@@ -6,6 +6,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -756,4 +757,180 @@ func labCPU() (idle, total uint64) {
 		}
 	}
 	return idle, total
+}
+
+// labUDPCount sends count 200-byte UDP datagrams from host `from` to host
+// `to`, one every 200 us, and returns how many arrived.
+func labUDPCount(t *testing.T, l *testbed.Lab, from, to string, count int) int {
+	return len(labUDPOrder(t, l, from, to, count))
+}
+
+// labUDPOrder is labUDPCount returning the sequence numbers of the
+// datagrams that arrived, in arrival order.
+func labUDPOrder(t *testing.T, l *testbed.Lab, from, to string, count int) []int {
+	t.Helper()
+	var rc *net.UDPConn
+	if err := l.Do(to, func() (err error) {
+		rc, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.IP(l.Addr(to).AsSlice()), Port: 7009})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	if raw, err := rc.SyscallConn(); err == nil {
+		_ = raw.Control(func(fd uintptr) {
+			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUFFORCE, 16<<20)
+		})
+	}
+	var sc *net.UDPConn
+	if err := l.Do(from, func() (err error) {
+		sc, err = net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IP(l.Addr(to).AsSlice()), Port: 7009})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	got := make(chan []int, 1)
+	go func() {
+		buf := make([]byte, 2048)
+		var seqs []int
+		for {
+			_ = rc.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+			n, err := rc.Read(buf)
+			if err != nil {
+				got <- seqs
+				return
+			}
+			if n >= 4 {
+				seqs = append(seqs, int(binary.BigEndian.Uint32(buf)))
+			}
+		}
+	}()
+	msg := make([]byte, 200)
+	for i := 0; i < count; i++ {
+		binary.BigEndian.PutUint32(msg, uint32(i))
+		if _, err := sc.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	return <-got
+}
+
+// overtaken counts the datagrams that arrived after one sent later, and
+// checks that each of 0..count-1 arrived exactly once.
+func overtaken(t *testing.T, what string, seqs []int, count int) int {
+	t.Helper()
+	seen := make([]int, count)
+	late, highest := 0, -1
+	for _, q := range seqs {
+		if q < 0 || q >= count {
+			t.Fatalf("%s: datagram %d was never sent", what, q)
+		}
+		seen[q]++
+		if q < highest {
+			late++
+		}
+		highest = max(highest, q)
+	}
+	for q, n := range seen {
+		if n != 1 {
+			t.Errorf("%s: datagram %d arrived %d times", what, q, n)
+		}
+	}
+	return late
+}
+
+// TestLabLANLoss (issue 32, the lab part): --lan-loss site1=5% drops about
+// 5 % of the frames on site1's LAN, on the path between a node and its
+// gateway and on the router's delivery into the site from the WAN, and
+// nothing on site2's LAN; the LAN counters in the lab's stats agree.
+func TestLabLANLoss(t *testing.T) {
+	labRequireRoot(t)
+	l := labUp(t, testbed.Config{Nodes: 1, RTT: 2 * time.Millisecond, WANRate: 1e9,
+		SiteLANLoss: map[string]float64{"site1": 0.05}})
+	const count = 4000
+	// Binomial(4000, 0.05): mean 200 lost, sd 14; the bounds are 5 sd.
+	check := func(what string, got int, lossy bool) {
+		lost := count - got
+		t.Logf("%s: %d of %d arrived, %d lost", what, got, count, lost)
+		switch {
+		case lossy && (lost < 130 || lost > 270):
+			t.Errorf("%s: %d of %d lost, want about 200 (5 %% LAN loss)", what, lost, count)
+		case !lossy && lost != 0:
+			t.Errorf("%s: %d of %d lost on a path without loss", what, lost, count)
+		}
+	}
+	before, err := l.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("node-1.site1 -> gw.site1 (site1's LAN)", labUDPCount(t, l, "node-1.site1", "gw.site1", count), true)
+	check("node-1.site2 -> gw.site2 (site2's LAN)", labUDPCount(t, l, "node-1.site2", "gw.site2", count), false)
+	check("node-1.site2 -> node-1.site1 (into site1 from the WAN)", labUDPCount(t, l, "node-1.site2", "node-1.site1", count), true)
+	st, err := l.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.LANs) != 1 || st.LANs[0].Site != "site1" || st.LANs[0].Loss != 0.05 {
+		t.Fatalf("LAN stats %+v, want site1 alone at 5 %%", st.LANs)
+	}
+	var dropped0 uint64
+	if len(before.LANs) == 1 {
+		dropped0 = before.LANs[0].Drops
+	}
+	ln := st.LANs[0]
+	t.Logf("site1's LAN: %d frames, %d dropped", ln.Frames, ln.Drops)
+	if d := ln.Drops - dropped0; d < 260 || ln.Frames < 2*count {
+		t.Errorf("site1's LAN counted %d frames and %d drops during two lossy runs of %d", ln.Frames, d, count)
+	}
+}
+
+// TestLabLANReorder (issue 32, the lab part): --lan-reorder site1=10% holds
+// about 10 % of the IPv4 packets entering site1's LAN back 5 ms: datagrams
+// from a node to its gateway all arrive once, about 10 % after later ones;
+// on site2's LAN none is overtaken; packets held on their way out of site1
+// still cross the emulated WAN (the lab's policy routing takes them there),
+// all of them, once.
+func TestLabLANReorder(t *testing.T) {
+	labRequireRoot(t)
+	l := labUp(t, testbed.Config{Nodes: 1, RTT: 2 * time.Millisecond, WANRate: 1e9,
+		SiteLANReorder: map[string]float64{"site1": 0.1}})
+	const count = 4000
+	// Binomial(4000, 0.1): mean 400, sd 19; the bounds are 6 sd.
+	lan := overtaken(t, "node-1.site1 -> gw.site1", labUDPOrder(t, l, "node-1.site1", "gw.site1", count), count)
+	t.Logf("site1's LAN: %d of %d datagrams arrived after later ones", lan, count)
+	if lan < 285 || lan > 515 {
+		t.Errorf("site1's LAN: %d of %d datagrams overtaken, want about 400 (10 %% held back 5 ms)", lan, count)
+	}
+	before, err := l.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wan := overtaken(t, "node-1.site1 -> node-1.site2", labUDPOrder(t, l, "node-1.site1", "node-1.site2", count), count)
+	st, err := l.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, f0 := st.Link("site1", "site2").Flow("udp", l.Addr("node-1.site1").String()+":", l.Addr("node-1.site2").String()+":7009"), before.Link("site1", "site2").Flow("udp", l.Addr("node-1.site1").String()+":", "")
+	var crossed uint64
+	if f != nil {
+		crossed = f.Packets
+		if f0 != nil && f0.Dst == f.Dst && f0.Src == f.Src {
+			crossed -= f0.Packets
+		}
+	}
+	t.Logf("site1 -> site2: %d overtaken, %d of %d crossed the emulated WAN", wan, crossed, count)
+	if crossed != count {
+		t.Errorf("%d of %d datagrams crossed the emulated WAN: held ones must not bypass it", crossed, count)
+	}
+	if wan < 285 || wan > 515 {
+		t.Errorf("site1 -> site2: %d of %d overtaken, want about 400", wan, count)
+	}
+	if len(st.LANs) != 1 || st.LANs[0].Site != "site1" || st.LANs[0].Reorder != 0.1 || st.LANs[0].ReorderDelay != testbed.DefaultReorderDelay {
+		t.Fatalf("LAN stats %+v, want site1 alone, reordering 10 %% by %v", st.LANs, testbed.DefaultReorderDelay)
+	}
+	if held := st.LANs[0].Held; held < uint64(lan+wan) || held > uint64(lan+wan)+40 {
+		t.Errorf("site1's LAN held %d packets back, %d datagrams were overtaken", held, lan+wan)
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"math"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -21,17 +22,39 @@ import (
 // Config describes a lab. Zero values take the defaults noted per field
 // (see Normalize).
 type Config struct {
-	Name        string        // lab name, default "mpi5k"; prefixes every namespace
-	Sites       []string      // site names, default site1, site2
-	Nodes       int           // compute hosts per site, default 2
-	RTT         time.Duration // round-trip time between sites (both directions' delay)
-	Jitter      time.Duration // +- added to each packet's one-way delay, never reordering
-	WANRate     uint64        // bit/s per direction, 0 = unlimited
-	LANRate     uint64        // bit/s per LAN link (TBF on veths), 0 = unlimited
-	Loss        float64       // random loss probability per packet and direction, 0..1
-	Queue       int           // WAN drop-tail queue in bytes, 0 = 1 BDP
-	MTU         int           // default 1500
-	GatewayNICs int           // 1 (LAN leg only, default) or 2 (LAN + WAN leg)
+	Name   string        // lab name, default "mpi5k"; prefixes every namespace
+	Sites  []string      // site names, default site1, site2
+	Nodes  int           // compute hosts per site, default 2
+	RTT    time.Duration // round-trip time between sites (both directions' delay)
+	Jitter time.Duration // +- added to each packet's one-way delay, never reordering
+	// Reorder is the fraction of WAN packets (0..1, per direction) held
+	// back ReorderDelay beyond their delivery time, so later packets
+	// overtake them; ReorderDelay defaults to DefaultReorderDelay.
+	Reorder      float64
+	ReorderDelay time.Duration
+	// Seed drives every random choice of the emulator (loss, jitter,
+	// reordering): the same seed and the same packets give the same
+	// choices. 0 lets Up pick one from the clock and record it.
+	Seed    uint64
+	WANRate uint64 // bit/s per direction, 0 = unlimited
+	LANRate uint64 // bit/s per LAN link (TBF on veths), 0 = unlimited
+	// LANLoss is the probability that a frame crossing a site's LAN (its
+	// bridge: node to gateway, node to router, router to node) is dropped,
+	// for every site; SiteLANLoss overrides it per site. Applied by
+	// nftables in the router namespace (the kernel here has no netem).
+	LANLoss     float64
+	SiteLANLoss map[string]float64
+	// LANReorder is the fraction of IPv4 packets entering a site's LAN
+	// from its hosts that the emulator holds back LANReorderDelay (default
+	// DefaultReorderDelay), so packets sent after them arrive first;
+	// SiteLANReorder overrides it per site.
+	LANReorder      float64
+	SiteLANReorder  map[string]float64
+	LANReorderDelay time.Duration
+	Loss            float64 // random loss probability per packet and direction, 0..1
+	Queue           int     // WAN drop-tail queue in bytes, 0 = 1 BDP
+	MTU             int     // default 1500
+	GatewayNICs     int     // 1 (LAN leg only, default) or 2 (LAN + WAN leg)
 	// HostCC is the default TCP congestion control of every lab host's
 	// namespace ("" keeps the machine's). The ranks' direct connections use
 	// it, so it decides what "without gateways" means: a cluster's nodes
@@ -101,6 +124,27 @@ func (c *Config) Normalize() error {
 	if c.Loss < 0 || c.Loss > 1 || math.IsNaN(c.Loss) {
 		return fmt.Errorf("loss: %v out of range 0..1", c.Loss)
 	}
+	if err := normalizeReorder("", &c.Reorder, &c.ReorderDelay); err != nil {
+		return err
+	}
+	if c.LANLoss < 0 || c.LANLoss > 1 || math.IsNaN(c.LANLoss) {
+		return fmt.Errorf("lan-loss: %v out of range 0..1", c.LANLoss)
+	}
+	if err := c.checkSiteFractions("lan-loss", c.LANLoss, c.SiteLANLoss); err != nil {
+		return err
+	}
+	if err := c.checkSiteFractions("lan-reorder", c.LANReorder, c.SiteLANReorder); err != nil {
+		return err
+	}
+	reorders := slices.ContainsFunc(c.Sites, func(s string) bool { return c.SiteLANReorderOf(s) > 0 })
+	switch {
+	case c.LANReorderDelay < 0 || c.LANReorderDelay > time.Second:
+		return fmt.Errorf("lan-reorder-delay: %v out of range 0..1s", c.LANReorderDelay)
+	case c.LANReorderDelay > 0 && !reorders:
+		return fmt.Errorf("lan-reorder-delay: %v given without lan-reorder (set lan-reorder too, e.g. 1%%, or drop the delay)", c.LANReorderDelay)
+	case reorders && c.LANReorderDelay == 0:
+		c.LANReorderDelay = DefaultReorderDelay
+	}
 	if c.Queue < 0 {
 		return fmt.Errorf("queue: negative size %d", c.Queue)
 	}
@@ -129,6 +173,106 @@ func (c *Config) Normalize() error {
 		return fmt.Errorf("queue: %d bytes cannot hold two %d-byte packets", c.Queue, c.MTU)
 	}
 	return c.normalizePairs()
+}
+
+// DefaultReorderDelay is how long a reordered packet is held back when no
+// delay is given: at 100 Mbit/s about 40 full-size packets overtake it, far
+// more than TCP's 3 duplicate ACKs, so it reads as a loss repaired by a
+// spurious retransmission, the harder case for a receiver.
+const DefaultReorderDelay = 5 * time.Millisecond
+
+// normalizeReorder checks a reorder fraction and its delay (what names the
+// pair for the error, "" for the lab-wide values) and fills the default
+// delay.
+func normalizeReorder(what string, frac *float64, delay *time.Duration) error {
+	if *frac < 0 || *frac > 1 || math.IsNaN(*frac) {
+		return fmt.Errorf("%sreorder: %v out of range 0..1", what, *frac)
+	}
+	if *delay < 0 || *delay > time.Second {
+		return fmt.Errorf("%sreorder-delay: %v out of range 0..1s", what, *delay)
+	}
+	if *frac == 0 && *delay != 0 {
+		return fmt.Errorf("%sreorder-delay: %v given without reorder (set reorder too, e.g. 1%%, or drop the delay)", what, *delay)
+	}
+	if *frac > 0 && *delay == 0 {
+		*delay = DefaultReorderDelay
+	}
+	return nil
+}
+
+// checkSiteFractions checks a lab-wide fraction and its per-site overrides.
+func (c *Config) checkSiteFractions(what string, all float64, per map[string]float64) error {
+	if all < 0 || all > 1 || math.IsNaN(all) {
+		return fmt.Errorf("%s: %v out of range 0..1", what, all)
+	}
+	for site, f := range per {
+		if !slices.Contains(c.Sites, site) {
+			return fmt.Errorf("%s: site %q is not one of the lab's sites %v", what, site, c.Sites)
+		}
+		if f < 0 || f > 1 || math.IsNaN(f) {
+			return fmt.Errorf("%s: %s=%v out of range 0..1", what, site, f)
+		}
+	}
+	return nil
+}
+
+// SiteLANReorderOf is the LAN reordering of site: its SiteLANReorder
+// entry, else LANReorder.
+func (c *Config) SiteLANReorderOf(site string) float64 {
+	if f, ok := c.SiteLANReorder[site]; ok {
+		return f
+	}
+	return c.LANReorder
+}
+
+// SiteLANLossOf is the LAN loss of site: its SiteLANLoss entry, else LANLoss.
+func (c *Config) SiteLANLossOf(site string) float64 {
+	if f, ok := c.SiteLANLoss[site]; ok {
+		return f
+	}
+	return c.LANLoss
+}
+
+// ParseLANLoss parses --lan-loss: "1%" for every site, "site1=1%,site2=0.5%"
+// per site, or both ("0.1%,site2=2%": site2 2 %, every other site 0.1 %).
+func ParseLANLoss(s string) (all float64, per map[string]float64, err error) {
+	return ParseSiteFractions("lan-loss", s)
+}
+
+// ParseSiteFractions parses a per-site fraction flag as ParseLANLoss does;
+// flag names it in errors.
+func ParseSiteFractions(flag, s string) (all float64, per map[string]float64, err error) {
+	seenAll := false
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		site, v, ok := strings.Cut(part, "=")
+		if !ok {
+			if seenAll {
+				return 0, nil, fmt.Errorf("--%s: %q gives the every-site value twice (give it once, per-site values as SITE=VALUE)", flag, s)
+			}
+			seenAll = true
+			if all, err = ParseFraction(flag, part); err != nil {
+				return 0, nil, err
+			}
+			continue
+		}
+		site = strings.TrimSpace(site)
+		if !siteNameRE.MatchString(site) {
+			return 0, nil, fmt.Errorf("--%s: bad site name %q in %q (want SITE=VALUE, e.g. site1=1%%)", flag, site, s)
+		}
+		if _, dup := per[site]; dup {
+			return 0, nil, fmt.Errorf("--%s: site %s given twice in %q", flag, site, s)
+		}
+		f, err := ParseFraction(flag, v)
+		if err != nil {
+			return 0, nil, fmt.Errorf("%w (site %s)", err, site)
+		}
+		if per == nil {
+			per = map[string]float64{}
+		}
+		per[site] = f
+	}
+	return all, per, nil
 }
 
 // HostTCP names the lab hosts' default congestion control for reports:
@@ -181,19 +325,23 @@ func ParseRate(flag, s string) (uint64, error) {
 }
 
 // ParseLoss parses "0.1%", "1%" or a fraction "0.01".
-func ParseLoss(s string) (float64, error) {
+func ParseLoss(s string) (float64, error) { return ParseFraction("loss", s) }
+
+// ParseFraction parses a probability given as "0.1%", "1%" or a fraction
+// "0.01"; flag names the flag for the error message.
+func ParseFraction(flag, s string) (float64, error) {
 	v := strings.TrimSpace(s)
 	pct := strings.HasSuffix(v, "%")
 	v = strings.TrimSuffix(v, "%")
 	f, err := strconv.ParseFloat(v, 64)
 	if err != nil || math.IsNaN(f) {
-		return 0, fmt.Errorf("--loss: bad value %q (examples: 0.1%%, 1%%, 0.01)", s)
+		return 0, fmt.Errorf("--%s: bad value %q (examples: 0.1%%, 1%%, 0.01)", flag, s)
 	}
 	if pct {
 		f /= 100
 	}
 	if f < 0 || f > 1 {
-		return 0, fmt.Errorf("--loss: %q out of range 0..100%%", s)
+		return 0, fmt.Errorf("--%s: %q out of range 0..100%%", flag, s)
 	}
 	return f, nil
 }

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -44,6 +45,9 @@ type emuSet struct {
 	OneWay time.Duration `json:"oneway_ns,omitempty"`
 	Jitter time.Duration `json:"jitter_ns,omitempty"`
 	Loss   float64       `json:"loss,omitempty"`
+	// Reorder is the fraction of packets held back ReorderDelay.
+	Reorder      float64       `json:"reorder,omitempty"`
+	ReorderDelay time.Duration `json:"reorder_delay_ns,omitempty"`
 }
 
 type emuResp struct {
@@ -81,6 +85,9 @@ func (l *Lab) Stats() (Stats, error) {
 	}
 	if resp.Stats == nil {
 		return Stats{}, fmt.Errorf("lab %s: emulator sent no stats", l.name)
+	}
+	if resp.Stats.LANs, err = l.LANStats(); err != nil {
+		return Stats{}, err
 	}
 	return *resp.Stats, nil
 }
@@ -206,30 +213,54 @@ type flowKey struct {
 	sp, dp   uint16
 }
 
+// lane is a FIFO of packets due in order and the writer thread that
+// delivers them: buffers go reader -> fifo -> writer -> back -> reader.
+type lane struct {
+	fifo     *ring
+	back     *ring
+	wake     int          // eventfd the writer sleeps on when fifo is empty
+	sleeping atomic.Int32 // 1 while the writer is (about to be) blocked on wake
+}
+
+func newLane(n int) (*lane, error) {
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	return &lane{fifo: newRing(n), back: newRing(n), wake: efd}, nil
+}
+
 // link is one direction of the WAN: reader (TUN from->to) -> shaper ->
-// FIFO -> writer (TUN to->from, re-entering the router towards site To).
+// lane -> writer (TUN to->from, re-entering the router towards site To).
+// Packets held back for reordering take a second lane with a writer of its
+// own, started on the first such packet: each lane's delivery times only
+// grow, so neither needs sorting, and the two writers interleave them.
 type link struct {
 	from, to string
 	in, out  int // TUN fds
 	clk      clock
 	params   *emuParams
 
-	// Buffers go reader -> fifo -> writer -> back -> reader. The reader keeps
-	// free buffers on a LIFO stack so only buffers really in flight become
-	// resident memory.
-	stack    []*pkt
-	scratch  *pkt // read target when every buffer is in flight (packet dropped)
-	fifo     *ring
-	back     *ring
-	wake     int          // eventfd the writer sleeps on when fifo is empty
-	sleeping atomic.Int32 // 1 while the writer is (about to be) blocked on wake
+	// The reader keeps free buffers on a LIFO stack so only buffers really
+	// in flight become resident memory.
+	stack      []*pkt
+	scratch    *pkt // read target when every buffer is in flight (packet dropped)
+	main       *lane
+	side       *lane // held-back packets; created by the reader when first needed
+	sideFailed bool  // the side lane could not be made (warned once)
+	nbufs      int
 
-	shaper shaper
-	deliv  deliverer
-	rng    uint64
+	// strip: packets come with an Ethernet header to drop (a LAN lane:
+	// nftables forwards frames into its TUN).
+	strip bool
 
-	packets, bytes, dpackets, dbytes, qdrops, rdrops atomic.Uint64
-	qdelay, late                                     histogram
+	shaper  shaper
+	deliv   deliverer
+	reorder reorderer
+	rng     uint64
+
+	packets, bytes, dpackets, dbytes, qdrops, rdrops, held atomic.Uint64
+	qdelay, late                                           histogram
 
 	mu    sync.Mutex
 	flows map[flowKey]*flowState
@@ -239,6 +270,8 @@ type link struct {
 type emuParams struct {
 	oneway, jitter atomic.Int64
 	loss           atomic.Uint64 // math.Float64bits
+	reorder        atomic.Uint64 // math.Float64bits
+	reorderDelay   atomic.Int64
 	rate           uint64
 	queue          int
 }
@@ -255,18 +288,16 @@ func newLink(from, to string, in, out int, p *emuParams, mtu int, clk clock, see
 	}
 	n := int(inflight / 256)
 	n = max(2048, min(n, 32768))
-	l := &link{from: from, to: to, in: in, out: out, clk: clk, params: p,
-		fifo: newRing(n), back: newRing(n), wake: -1,
+	main, err := newLane(n)
+	if err != nil {
+		return nil, err
+	}
+	l := &link{from: from, to: to, in: in, out: out, clk: clk, params: p, main: main, nbufs: n,
 		shaper: shaper{rate: p.rate, queue: p.queue}, deliv: deliverer{rng: seed | 1}, rng: seed*7 + 1,
 		flows: map[flowKey]*flowState{}}
 	size := mtu + 64
 	slab := make([]byte, n*size)
 	l.stack = make([]*pkt, 0, n)
-	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
-	if err != nil {
-		return nil, fmt.Errorf("eventfd: %w", err)
-	}
-	l.wake = efd
 	for i := 0; i < n; i++ {
 		l.stack = append(l.stack, &pkt{buf: slab[i*size : (i+1)*size : (i+1)*size]})
 	}
@@ -279,6 +310,19 @@ func (l *link) rand01() float64 {
 	l.rng ^= l.rng << 25
 	l.rng ^= l.rng >> 27
 	return float64((l.rng*2685821657736338717)>>11) / (1 << 53)
+}
+
+// lose and hold draw the random choices for a packet (reader only): lost,
+// then, if not, held back for reordering. A parameter at 0 draws nothing,
+// so the choices are a function of the seed and the packets alone.
+func (l *link) lose() bool {
+	f := math.Float64frombits(l.params.loss.Load())
+	return f > 0 && l.rand01() < f
+}
+
+func (l *link) hold() bool {
+	f := math.Float64frombits(l.params.reorder.Load())
+	return f > 0 && l.rand01() < f
 }
 
 // reader: blocking reads on its own thread; every decision for a packet is
@@ -307,6 +351,11 @@ func (l *link) reader() {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
+		// nftables' fwd pushes the frame's Ethernet header back on (never
+		// guess by the first byte: a MAC address may start with 0x4_).
+		if l.strip && n > 14 && p.buf[12] == 0x08 && p.buf[13] == 0x00 && p.buf[14]>>4 == 4 {
+			n = copy(p.buf, p.buf[14:n])
+		}
 		now := l.clk.now()
 		l.packets.Add(1)
 		l.bytes.Add(uint64(n))
@@ -319,7 +368,7 @@ func (l *link) reader() {
 			continue
 		}
 
-		if loss := math.Float64frombits(l.params.loss.Load()); loss > 0 && l.rand01() < loss {
+		if l.lose() {
 			l.rdrops.Add(1)
 			l.count(fs, func(f *flowState) { f.randomDrops++ })
 			l.put(p)
@@ -335,12 +384,40 @@ func (l *link) reader() {
 		l.qdelay.add(time.Duration(wait))
 		p.n = n
 		p.deliver = l.deliv.at(dep, l.params.oneway.Load(), l.params.jitter.Load())
-		l.fifo.push(p) // never full: it has room for every buffer
-		if l.sleeping.Load() == 1 {
+		ln := l.main
+		if l.hold() {
+			if side := l.sideLane(); side != nil {
+				ln = side
+				p.deliver = l.reorder.hold(p.deliver, l.params.reorderDelay.Load())
+				l.held.Add(1)
+			}
+		}
+		ln.fifo.push(p) // never full: it has room for every buffer
+		if ln.sleeping.Load() == 1 {
 			var one = [8]byte{1}
-			_, _ = unix.Write(l.wake, one[:])
+			_, _ = unix.Write(ln.wake, one[:])
 		}
 	}
+}
+
+// sideLane returns the lane of held-back packets, creating it and starting
+// its writer on first use (reader only): a lab that never reorders runs no
+// extra thread. Nil if it cannot be made; the packet then goes unheld.
+func (l *link) sideLane() *lane {
+	if l.side == nil {
+		if l.sideFailed {
+			return nil
+		}
+		side, err := newLane(l.nbufs)
+		if err != nil {
+			l.sideFailed = true
+			fmt.Fprintf(os.Stderr, "emu %s->%s: cannot hold packets back for reordering, delivering them in order: %v\n", l.from, l.to, err)
+			return nil
+		}
+		l.side = side
+		go l.writer(side)
+	}
+	return l.side
 }
 
 func (l *link) count(f *flowState, fn func(*flowState)) {
@@ -398,23 +475,23 @@ func (l *link) observe(parser *gopacket.DecodingLayerParser, decoded *[]gopacket
 // writer: sleeps with clock_nanosleep(TIMER_ABSTIME) and 1 ns timer slack
 // (Go's timers were ~0.5 ms late), then writes into the far TUN. The write
 // runs the packet's whole onward path in this thread.
-func (l *link) writer() {
+func (l *link) writer(ln *lane) {
 	runtime.LockOSThread()
 	setPacketPriority()
 	_ = unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0)
 	var ev [8]byte
 	for {
-		p := l.fifo.pop()
+		p := ln.fifo.pop()
 		if p == nil {
 			// Announce the sleep, then look again: a packet pushed before
 			// the announcement is seen now, one pushed after it rings wake.
-			l.sleeping.Store(1)
-			if p = l.fifo.pop(); p == nil {
-				_, _ = unix.Read(l.wake, ev[:])
-				l.sleeping.Store(0)
+			ln.sleeping.Store(1)
+			if p = ln.fifo.pop(); p == nil {
+				_, _ = unix.Read(ln.wake, ev[:])
+				ln.sleeping.Store(0)
 				continue
 			}
-			l.sleeping.Store(0)
+			ln.sleeping.Store(0)
 		}
 		if now := l.clk.now(); p.deliver > now {
 			sleepUntil(p.deliver)
@@ -425,7 +502,7 @@ func (l *link) writer() {
 			l.dpackets.Add(1)
 			l.dbytes.Add(uint64(p.n))
 		}
-		for !l.back.push(p) { // cannot be full: sized for every buffer
+		for !ln.back.push(p) { // cannot be full: sized for every buffer
 			runtime.Gosched()
 		}
 	}
@@ -435,8 +512,13 @@ func (l *link) writer() {
 // the buffers the writer handed back; the scratch buffer when none is left.
 func (l *link) get() *pkt {
 	if len(l.stack) == 0 {
-		for p := l.back.pop(); p != nil; p = l.back.pop() {
-			l.stack = append(l.stack, p)
+		for _, ln := range []*lane{l.main, l.side} {
+			if ln == nil {
+				continue
+			}
+			for p := ln.back.pop(); p != nil; p = ln.back.pop() {
+				l.stack = append(l.stack, p)
+			}
 		}
 	}
 	if len(l.stack) == 0 {
@@ -458,6 +540,8 @@ func (l *link) stats() LinkStats {
 	s := LinkStats{From: l.from, To: l.to, Rate: l.params.rate, Queue: l.params.queue,
 		OneWay: time.Duration(l.params.oneway.Load()), Jitter: time.Duration(l.params.jitter.Load()),
 		Loss:    math.Float64frombits(l.params.loss.Load()),
+		Reorder: math.Float64frombits(l.params.reorder.Load()), ReorderDelay: time.Duration(l.params.reorderDelay.Load()),
+		Held:    l.held.Load(),
 		Packets: l.packets.Load(), Bytes: l.bytes.Load(), DeliveredPackets: l.dpackets.Load(),
 		DeliveredBytes: l.dbytes.Load(), QueueDrops: l.qdrops.Load(), RandomDrops: l.rdrops.Load(),
 		QueueDelay: l.qdelay.percentiles(), Late: l.late.percentiles(), Stalled: l.late.over(StallLate)}
@@ -552,7 +636,17 @@ func RunEmulator(name string) error {
 	rpath := filepath.Join(netnsDir(name), routerNS(name))
 	nsites := len(c.Sites)
 	fds := map[[2]int]int{}
+	lanFDs := map[int]int{} // site -> TUN of its reordered LAN packets
 	err = inNetNS(rpath, func() error {
+		for i, site := range c.Sites {
+			if c.SiteLANReorderOf(site) > 0 {
+				fd, err := openTUN(lanTUN(i + 1))
+				if err != nil {
+					return err
+				}
+				lanFDs[i+1] = fd
+			}
+		}
 		for i := 1; i <= nsites; i++ {
 			for j := 1; j <= nsites; j++ {
 				if i == j {
@@ -602,6 +696,31 @@ func RunEmulator(name string) error {
 			}
 		}
 	}
+	for k := range lanFDs {
+		lk, err := rh.LinkByName(lanTUN(k))
+		if err != nil {
+			return err
+		}
+		// Frames arrive with their Ethernet header.
+		if err := rh.LinkSetMTU(lk, c.MTU+14); err != nil {
+			return err
+		}
+		if err := rh.LinkSetTxQLen(lk, 10000); err != nil {
+			return err
+		}
+		if err := rh.LinkSetUp(lk); err != nil {
+			return err
+		}
+		// Written back, a held packet is routed as if it came from its
+		// site's bridge: over the emulated WAN if it leaves the site.
+		r := netlink.NewRule()
+		r.IifName = lanTUN(k)
+		r.Table = tableFor(k)
+		r.Priority = 1000 + 10*k + 5
+		if err := rh.RuleAdd(r); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("rule iif %s: %w", lanTUN(k), err)
+		}
+	}
 	rh.Close()
 	rns.Close()
 
@@ -611,7 +730,12 @@ func RunEmulator(name string) error {
 	// with threads blocked in syscalls until sysmon retakes them (up to 10 ms
 	// later when it has been idle), which showed up as packets written
 	// milliseconds late. One P per thread plus spares removes that wait.
-	runtime.GOMAXPROCS(2*nsites*(nsites-1) + 4)
+	// A lab that reorders from the start runs a third thread per link.
+	threads := 2
+	if c.Reorder > 0 || slices.ContainsFunc(c.Pairs, func(p PairLink) bool { return p.Reorder > 0 }) {
+		threads = 3
+	}
+	runtime.GOMAXPROCS(threads*nsites*(nsites-1) + 2*len(lanFDs) + 4)
 	// One parameter set per site pair, shared by its two directions.
 	params := map[[2]int]*emuParams{}
 	for i := 1; i <= nsites; i++ {
@@ -622,6 +746,8 @@ func RunEmulator(name string) error {
 				p.oneway.Store(int64(pairOneWay(pl.RTT, st.PathCost)))
 				p.jitter.Store(int64(pl.Jitter))
 				p.loss.Store(math.Float64bits(pl.Loss))
+				p.reorder.Store(math.Float64bits(pl.Reorder))
+				p.reorderDelay.Store(int64(pl.ReorderDelay))
 			} else {
 				// Calibration first (Up measures the path, then sets the rest).
 				p.oneway.Store(int64(pl.RTT / 2))
@@ -630,7 +756,12 @@ func RunEmulator(name string) error {
 		}
 	}
 	clk := newClock()
-	seed := uint64(time.Now().UnixNano())
+	// The lab's seed (Up records one), so a lab brought up again with the
+	// same --seed makes the same choices for the same packets.
+	seed := c.Seed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
 	var links []*link
 	for i := 1; i <= nsites; i++ {
 		for j := 1; j <= nsites; j++ {
@@ -643,8 +774,23 @@ func RunEmulator(name string) error {
 			}
 			links = append(links, lk)
 			go lk.reader()
-			go lk.writer()
+			go lk.writer(lk.main)
 		}
+	}
+
+	// A LAN lane holds every packet nftables hands it the same time and
+	// writes it back into the same TUN: no rate, no loss.
+	for k, fd := range lanFDs {
+		p := &emuParams{queue: 16 << 20}
+		p.oneway.Store(int64(c.LANReorderDelay))
+		site := c.Sites[k-1]
+		lk, err := newLink(site, site+"-lan", fd, fd, p, c.MTU+14, clk, seed+uint64(k)<<32)
+		if err != nil {
+			return err
+		}
+		lk.strip = true
+		go lk.reader()
+		go lk.writer(lk.main)
 	}
 
 	sock := emuSocket(dir)
@@ -667,11 +813,11 @@ func RunEmulator(name string) error {
 		if err != nil {
 			return err
 		}
-		go serveControl(conn, name, links)
+		go serveControl(conn, name, seed, links)
 	}
 }
 
-func serveControl(conn net.Conn, name string, links []*link) {
+func serveControl(conn net.Conn, name string, seed uint64, links []*link) {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 	var req emuReq
@@ -682,7 +828,7 @@ func serveControl(conn net.Conn, name string, links []*link) {
 	switch req.Op {
 	case "ping":
 	case "stats":
-		s := &Stats{Lab: name}
+		s := &Stats{Lab: name, Seed: seed}
 		for _, l := range links {
 			s.Links = append(s.Links, l.stats())
 		}
@@ -699,7 +845,8 @@ func serveControl(conn net.Conn, name string, links []*link) {
 // error text naming the bad entry, and changes nothing then.
 func applySet(links []*link, set []emuSet) string {
 	for _, e := range set {
-		if e.OneWay < 0 || e.Jitter < 0 || e.Loss < 0 || e.Loss > 1 || math.IsNaN(e.Loss) {
+		if e.OneWay < 0 || e.Jitter < 0 || e.Loss < 0 || e.Loss > 1 || math.IsNaN(e.Loss) ||
+			e.Reorder < 0 || e.Reorder > 1 || math.IsNaN(e.Reorder) || e.ReorderDelay < 0 {
 			return fmt.Sprintf("set %s-%s: out of range", e.A, e.B)
 		}
 		found := e.A == "" && e.B == ""
@@ -716,6 +863,8 @@ func applySet(links []*link, set []emuSet) string {
 				l.params.oneway.Store(int64(e.OneWay))
 				l.params.jitter.Store(int64(e.Jitter))
 				l.params.loss.Store(math.Float64bits(e.Loss))
+				l.params.reorder.Store(math.Float64bits(e.Reorder))
+				l.params.reorderDelay.Store(int64(e.ReorderDelay))
 			}
 		}
 	}

@@ -22,6 +22,9 @@ type PairLink struct {
 	Rate   uint64  // bit/s per direction, 0 = unlimited
 	Loss   float64 // per packet and direction, 0..1
 	Queue  int     // bytes, 0 = 1 BDP of this pair
+	// Reorder and ReorderDelay as Config's, for this pair.
+	Reorder      float64
+	ReorderDelay time.Duration
 }
 
 // Matrix is a lab's per-pair WAN: the sites it names, in order, and every
@@ -48,7 +51,7 @@ func ParseMatrixFile(path string, def PairLink) (*Matrix, error) {
 //
 //	sites rennes nantes lille        (optional; else sites in order of first mention)
 //	default rtt=20ms rate=200mbit    (optional; values for pairs not listed)
-//	rennes nantes rtt=4ms rate=1gbit loss=0.01% jitter=0.1ms queue=1bdp
+//	rennes nantes rtt=4ms rate=1gbit loss=0.01% jitter=0.1ms queue=1bdp reorder=1% reorder-delay=5ms
 //
 // Every error names name:line, what is wrong and what is accepted.
 func ParseMatrix(name string, r io.Reader, def PairLink) (*Matrix, error) {
@@ -181,6 +184,17 @@ func ParseMatrix(name string, r io.Reader, def PairLink) (*Matrix, error) {
 				if e.set["queue"] {
 					p.Queue = e.p.Queue
 				}
+				if e.set["reorder"] {
+					p.Reorder = e.p.Reorder
+				}
+				if e.set["reorder-delay"] {
+					p.ReorderDelay = e.p.ReorderDelay
+				}
+				if p.Reorder == 0 && !e.set["reorder-delay"] {
+					// A pair without reordering takes no inherited delay;
+					// one given on its own line is still refused.
+					p.ReorderDelay = 0
+				}
 			}
 			m.Pairs = append(m.Pairs, p)
 		}
@@ -194,7 +208,7 @@ func parsePairValues(at string, fields []string, p *PairLink, set map[string]boo
 	for _, kv := range fields {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || v == "" {
-			return fmt.Errorf("%s: %q is not key=value (keys: rtt, rate, loss, jitter, queue)", at, kv)
+			return fmt.Errorf("%s: %q is not key=value (keys: rtt, rate, loss, jitter, queue, reorder, reorder-delay)", at, kv)
 		}
 		if set[k] {
 			return fmt.Errorf("%s: %s given twice", at, k)
@@ -202,19 +216,22 @@ func parsePairValues(at string, fields []string, p *PairLink, set map[string]boo
 		set[k] = true
 		var err error
 		switch k {
-		case "rtt", "jitter":
+		case "rtt", "jitter", "reorder-delay":
 			var d time.Duration
 			d, err = time.ParseDuration(v)
-			if err == nil && (d < 0 || (k == "rtt" && d > 10*time.Second) || (k == "jitter" && d > time.Second)) {
+			if err == nil && (d < 0 || (k == "rtt" && d > 10*time.Second) || (k != "rtt" && d > time.Second)) {
 				err = fmt.Errorf("out of range")
 			}
 			if err != nil {
-				return fmt.Errorf("%s: %s=%s: want a duration (e.g. 4ms, 0.5ms; rtt 0..10s, jitter 0..1s)", at, k, v)
+				return fmt.Errorf("%s: %s=%s: want a duration (e.g. 4ms, 0.5ms; rtt 0..10s, jitter and reorder-delay 0..1s)", at, k, v)
 			}
-			if k == "rtt" {
+			switch k {
+			case "rtt":
 				p.RTT = d
-			} else {
+			case "jitter":
 				p.Jitter = d
+			default:
+				p.ReorderDelay = d
 			}
 		case "rate":
 			if p.Rate, err = units.Rate(v); err != nil {
@@ -224,10 +241,14 @@ func parsePairValues(at string, fields []string, p *PairLink, set map[string]boo
 			if p.Loss, err = ParseLoss(v); err != nil {
 				return fmt.Errorf("%s: loss=%s: want 0..100%% (e.g. 0.1%%, 0.001)", at, v)
 			}
+		case "reorder":
+			if p.Reorder, err = ParseFraction("reorder", v); err != nil {
+				return fmt.Errorf("%s: reorder=%s: want 0..100%% (e.g. 1%%, 0.01)", at, v)
+			}
 		case "queue":
 			queue = v
 		default:
-			return fmt.Errorf("%s: unknown key %q (keys: rtt, rate, loss, jitter, queue)", at, k)
+			return fmt.Errorf("%s: unknown key %q (keys: rtt, rate, loss, jitter, queue, reorder, reorder-delay)", at, k)
 		}
 	}
 	if queue != "" {
@@ -277,6 +298,9 @@ func (c *Config) normalizePairs() error {
 		case p.Queue < 0:
 			return fmt.Errorf("pairs: %s-%s negative queue %d", p.A, p.B, p.Queue)
 		}
+		if err := normalizeReorder(fmt.Sprintf("pairs: %s-%s ", p.A, p.B), &p.Reorder, &p.ReorderDelay); err != nil {
+			return err
+		}
 		if p.Queue == 0 {
 			p.Queue = BDPQueue(p.Rate, p.RTT, c.MTU)
 		}
@@ -295,7 +319,8 @@ func (c *Config) Pair(a, b string) PairLink {
 			return p
 		}
 	}
-	return PairLink{A: a, B: b, RTT: c.RTT, Jitter: c.Jitter, Rate: c.WANRate, Loss: c.Loss, Queue: c.Queue}
+	return PairLink{A: a, B: b, RTT: c.RTT, Jitter: c.Jitter, Rate: c.WANRate, Loss: c.Loss, Queue: c.Queue,
+		Reorder: c.Reorder, ReorderDelay: c.ReorderDelay}
 }
 
 // MaxRTT is the longest RTT between any two sites.

@@ -11,7 +11,7 @@ func TestParseMatrix(t *testing.T) {
 	text := `# comment
 sites a b c
 default rtt=10ms rate=100mbit   # unlisted pairs
-a b rtt=4ms loss=0.1%
+a b rtt=4ms loss=0.1% reorder=2%
 c a rate=1gbit jitter=0.5ms queue=256k
 `
 	m, err := ParseMatrix("m.txt", strings.NewReader(text), def)
@@ -26,8 +26,8 @@ c a rate=1gbit jitter=0.5ms queue=256k
 		t.Fatal(err)
 	}
 	want := map[[2]string]PairLink{
-		{"a", "b"}: {RTT: 4 * time.Millisecond, Rate: 100e6, Loss: 0.001, Queue: minQueueFloor},
-		{"b", "a"}: {RTT: 4 * time.Millisecond, Rate: 100e6, Loss: 0.001, Queue: minQueueFloor},
+		{"a", "b"}: {RTT: 4 * time.Millisecond, Rate: 100e6, Loss: 0.001, Queue: minQueueFloor, Reorder: 0.02, ReorderDelay: DefaultReorderDelay},
+		{"b", "a"}: {RTT: 4 * time.Millisecond, Rate: 100e6, Loss: 0.001, Queue: minQueueFloor, Reorder: 0.02, ReorderDelay: DefaultReorderDelay},
 		{"a", "c"}: {RTT: 10 * time.Millisecond, Rate: 1e9, Jitter: 500 * time.Microsecond, Queue: 256 << 10},
 		{"b", "c"}: {RTT: 10 * time.Millisecond, Rate: 100e6, Queue: BDPQueue(100e6, 10*time.Millisecond, 1500)},
 	}
@@ -81,11 +81,23 @@ func TestParseMatrixErrors(t *testing.T) {
 		{"sites a\n", "f:1: `sites` needs at least 2"},
 		{"# nothing\n", "f: names fewer than 2 sites"},
 		{"a b queue=lots\n", "f:1: queue=lots"},
+		{"a b reorder=2\n", "f:1: reorder=2: want 0..100%"},
+		{"a b reorder=1% reorder-delay=5\n", "f:1: reorder-delay=5: want a duration"},
+		{"a b reorder-delay=2s\n", "f:1: reorder-delay=2s: want a duration"},
 	} {
 		_, err := ParseMatrix("f", strings.NewReader(c.text), PairLink{})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: want error containing %q, got %v", c.text, c.want, err)
 		}
+	}
+	// A delay without a fraction is caught when the lab is normalized.
+	m, err := ParseMatrix("f", strings.NewReader("a b reorder-delay=3ms\n"), PairLink{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := Config{Sites: m.Sites, Pairs: m.Pairs}
+	if err := c.Normalize(); err == nil || !strings.Contains(err.Error(), "pairs: a-b reorder-delay: 3ms given without reorder") {
+		t.Errorf("reorder-delay without reorder: %v", err)
 	}
 	bad := Config{Sites: []string{"a", "b"}, Pairs: []PairLink{{A: "a", B: "z"}}}
 	if err := bad.Normalize(); err == nil || !strings.HasPrefix(err.Error(), "pairs:") {

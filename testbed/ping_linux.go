@@ -153,9 +153,10 @@ func (l *Lab) calibrate(ctx context.Context) error {
 	// Every pair crosses the same router and TUNs: one path cost for all.
 	oneway := pairOneWay(c.RTT, cost)
 	l.st.PathCost, l.st.OneWay = cost, oneway
-	set := []emuSet{{OneWay: oneway, Jitter: c.Jitter, Loss: c.Loss}}
+	set := []emuSet{{OneWay: oneway, Jitter: c.Jitter, Loss: c.Loss, Reorder: c.Reorder, ReorderDelay: c.ReorderDelay}}
 	for _, p := range c.Pairs {
-		set = append(set, emuSet{A: p.A, B: p.B, OneWay: pairOneWay(p.RTT, cost), Jitter: p.Jitter, Loss: p.Loss})
+		set = append(set, emuSet{A: p.A, B: p.B, OneWay: pairOneWay(p.RTT, cost), Jitter: p.Jitter, Loss: p.Loss,
+			Reorder: p.Reorder, ReorderDelay: p.ReorderDelay})
 	}
 	if err := l.setEmu(set...); err != nil {
 		return fmt.Errorf("calibrate: %w", err)

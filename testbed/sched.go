@@ -74,6 +74,21 @@ func (d *deliverer) at(dep, delay, jitter int64) int64 {
 	return t
 }
 
+// reorderer gives the packets a link holds back (Config.Reorder) their
+// delivery time: extra beyond the time they were due, so packets sent after
+// them within extra arrive first. Held-back packets keep their order among
+// themselves (clamped like deliverer's), so their lane stays a plain FIFO
+// even when extra shrinks on the fly.
+type reorderer struct {
+	last int64
+}
+
+func (r *reorderer) hold(deliver, extra int64) int64 {
+	t := max(deliver+extra, r.last)
+	r.last = t
+	return t
+}
+
 // histogram is a lock-free log-linear histogram of durations in µs: exact
 // below 32 µs, then 16 buckets per power of two (<= 6.25 % error).
 type histogram struct {

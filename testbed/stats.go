@@ -10,8 +10,12 @@ import (
 
 // Stats are the WAN link counters of a lab, one entry per direction.
 type Stats struct {
-	Lab   string      `json:"lab"`
+	Lab string `json:"lab"`
+	// Seed is the seed of the emulator's random choices (Config.Seed).
+	Seed  uint64      `json:"seed"`
 	Links []LinkStats `json:"links"`
+	// LANs counts the sites' LAN loss (--lan-loss), one entry per lossy site.
+	LANs []LANStats `json:"lans,omitempty"`
 }
 
 // LinkStats counts one direction of the emulated WAN (site From to site To).
@@ -25,12 +29,17 @@ type LinkStats struct {
 	OneWay           time.Duration `json:"oneway_ns"`
 	Jitter           time.Duration `json:"jitter_ns"`
 	Loss             float64       `json:"loss"`
+	Reorder          float64       `json:"reorder"`
+	ReorderDelay     time.Duration `json:"reorder_delay_ns"`
 	Packets          uint64        `json:"packets"`
 	Bytes            uint64        `json:"bytes"`
 	DeliveredPackets uint64        `json:"delivered_packets"`
 	DeliveredBytes   uint64        `json:"delivered_bytes"`
 	QueueDrops       uint64        `json:"queue_drops"`
 	RandomDrops      uint64        `json:"random_drops"`
+	// Held counts packets held back ReorderDelay (--reorder): each arrives
+	// after whatever the link carried in the meantime.
+	Held uint64 `json:"held"`
 	// QueueDelay is the time packets waited behind others before being
 	// serialized; Late is how much later than scheduled they were written
 	// out (the emulator's own error: grows when the CPU saturates).
@@ -134,8 +143,15 @@ func (s *Stats) WritePairs(w io.Writer) {
 // WriteText prints stats for people: the per-pair table, then one block per
 // direction, flows sorted by bytes.
 func (s *Stats) WriteText(w io.Writer) {
-	fmt.Fprintf(w, "lab %s\n\n", s.Lab)
+	fmt.Fprintf(w, "lab %s  seed %d\n\n", s.Lab, s.Seed)
 	s.WritePairs(w)
+	for _, ln := range s.LANs {
+		fmt.Fprintf(w, "\nLAN of %s  loss %.3f%%  frames %d  dropped %d", ln.Site, ln.Loss*100, ln.Frames, ln.Drops)
+		if ln.Reorder > 0 {
+			fmt.Fprintf(w, "  reorder %.3f%% held back %s: %d packets", ln.Reorder*100, fmtDur(ln.ReorderDelay), ln.Held)
+		}
+		fmt.Fprintln(w)
+	}
 	for _, l := range s.Links {
 		rate := "unlimited"
 		if l.Rate > 0 {
@@ -145,6 +161,9 @@ func (s *Stats) WriteText(w io.Writer) {
 			l.From, l.To, rate, fmtDur(l.OneWay), fmtDur(l.Jitter), l.Loss*100, l.Queue)
 		fmt.Fprintf(w, "  packets %d  bytes %d  delivered %d/%d B  queue drops %d  random drops %d\n",
 			l.Packets, l.Bytes, l.DeliveredPackets, l.DeliveredBytes, l.QueueDrops, l.RandomDrops)
+		if l.Reorder > 0 || l.Held > 0 {
+			fmt.Fprintf(w, "  reorder %.3f%% held back %s: %d packets\n", l.Reorder*100, fmtDur(l.ReorderDelay), l.Held)
+		}
 		fmt.Fprintf(w, "  queue delay p50 %s p90 %s p99 %s max %s\n",
 			fmtDur(l.QueueDelay.P50), fmtDur(l.QueueDelay.P90), fmtDur(l.QueueDelay.P99), fmtDur(l.QueueDelay.Max))
 		fmt.Fprintf(w, "  late        p50 %s p90 %s p99 %s max %s\n",

@@ -1,6 +1,7 @@
 package testbed
 
 import (
+	"maps"
 	"math"
 	"net/netip"
 	"strings"
@@ -100,6 +101,15 @@ func TestNormalize(t *testing.T) {
 	if c := (Config{HostCC: "system"}); c.Normalize() != nil || c.HostCC != "" {
 		t.Errorf("host-cc system must mean the machine's default: %+v", c)
 	}
+	if c := (Config{SiteLANReorder: map[string]float64{"site2": 0.01}}); c.Normalize() != nil || c.LANReorderDelay != DefaultReorderDelay {
+		t.Errorf("LAN reorder without a delay must take the default delay: %+v", c)
+	}
+	if c := (Config{Reorder: 0.01}); c.Normalize() != nil || c.ReorderDelay != DefaultReorderDelay {
+		t.Errorf("reorder without a delay must take the default delay: %+v", c)
+	}
+	if c := (Config{Reorder: 0.01, ReorderDelay: time.Millisecond}); c.Normalize() != nil || c.ReorderDelay != time.Millisecond {
+		t.Errorf("reorder delay given: %+v", c)
+	}
 	bad := []struct {
 		c    Config
 		want string
@@ -113,6 +123,18 @@ func TestNormalize(t *testing.T) {
 		{Config{Queue: 100}, "queue"},
 		{Config{RTT: -time.Second}, "rtt"},
 		{Config{HostCC: "Cubic;rm"}, "host-cc"},
+		{Config{Reorder: 1.5}, "reorder: 1.5 out of range"},
+		{Config{Reorder: -0.1}, "reorder: -0.1 out of range"},
+		{Config{Reorder: 0.01, ReorderDelay: 2 * time.Second}, "reorder-delay: 2s out of range"},
+		{Config{ReorderDelay: time.Millisecond}, "reorder-delay: 1ms given without reorder"},
+		{Config{Sites: []string{"a", "b"}, Pairs: []PairLink{{A: "a", B: "b", Reorder: 2}}}, "pairs: a-b reorder: 2 out of range"},
+		{Config{LANLoss: 1.1}, "lan-loss: 1.1 out of range"},
+		{Config{SiteLANLoss: map[string]float64{"site3": 0.1}}, `lan-loss: site "site3" is not one of the lab's sites`},
+		{Config{SiteLANLoss: map[string]float64{"site2": -1}}, "lan-loss: site2=-1 out of range"},
+		{Config{LANReorder: 2}, "lan-reorder: 2 out of range"},
+		{Config{SiteLANReorder: map[string]float64{"x": 0.1}}, `lan-reorder: site "x" is not one of the lab's sites`},
+		{Config{LANReorderDelay: time.Millisecond}, "lan-reorder-delay: 1ms given without lan-reorder"},
+		{Config{LANReorder: 0.1, LANReorderDelay: 2 * time.Second}, "lan-reorder-delay: 2s out of range"},
 	}
 	for _, b := range bad {
 		if err := b.c.Normalize(); err == nil || !strings.HasPrefix(err.Error(), b.want) {
@@ -358,4 +380,74 @@ func udpPacket(n int, sport uint16) []byte {
 	ul := n - 20
 	b[24], b[25] = byte(ul>>8), byte(ul)
 	return b
+}
+
+func TestParseLANLoss(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		all  float64
+		per  map[string]float64
+		fail string
+	}{
+		{in: "0"},
+		{in: "1%", all: 0.01},
+		{in: "site1=2%", per: map[string]float64{"site1": 0.02}},
+		{in: "0.1%, site2=0.05", all: 0.001, per: map[string]float64{"site2": 0.05}},
+		{in: "1%,2%", fail: "every-site value twice"},
+		{in: "site1=1%,site1=2%", fail: "site site1 given twice"},
+		{in: "Site1=1%", fail: `bad site name "Site1"`},
+		{in: "site1=", fail: `--lan-loss: bad value "" (examples`},
+		{in: "site1=120%", fail: `--lan-loss: "120%" out of range 0..100% (site site1)`},
+		{in: "lots", fail: `--lan-loss: bad value "lots"`},
+	} {
+		all, per, err := ParseLANLoss(c.in)
+		if c.fail != "" {
+			if err == nil || !strings.Contains(err.Error(), c.fail) {
+				t.Errorf("%q: want error containing %q, got %v", c.in, c.fail, err)
+			}
+			continue
+		}
+		if err != nil || all != c.all || !maps.Equal(per, c.per) {
+			t.Errorf("%q: got %v %v %v, want %v %v", c.in, all, per, err, c.all, c.per)
+		}
+	}
+}
+
+// The LAN loss rules charge each lossy site's ports, and only them, at
+// the configured probability; a lab without LAN loss has no rules.
+func TestLANLossScript(t *testing.T) {
+	c := Config{Sites: []string{"a", "b", "c"}, Nodes: 1, LANLoss: 0.001, SiteLANLoss: map[string]float64{"b": 0.025, "c": 0}}
+	if err := c.Normalize(); err != nil {
+		t.Fatal(err)
+	}
+	s := lanLossScript(&c, planHosts(&c))
+	for _, want := range []string{
+		`iifname { "v1n1", "v1g", "v1x1" } counter name "lan1_frames" numgen random mod 1000000 < 1000 counter name "lan1_drops" drop`,
+		`oifname { "v1n1", "v1g", "v1x1" } counter name "lan1_frames" numgen random mod 1000000 < 1000 counter name "lan1_drops" drop`,
+		`iifname { "v2n1", "v2g", "v2x1" } counter name "lan2_frames" numgen random mod 1000000 < 25000 counter name "lan2_drops" drop`,
+		"type filter hook prerouting priority -10", "type filter hook output priority -10",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("script lacks %q:\n%s", want, s)
+		}
+	}
+	if strings.Contains(s, "v3") || strings.Contains(s, "lan3") || strings.Contains(s, "netdev") {
+		t.Errorf("site c has no LAN loss and no site reorders, but the script names them:\n%s", s)
+	}
+	// Reordering on site c alone: its ports divert IPv4 to its TUN.
+	c.SiteLANReorder = map[string]float64{"c": 0.02}
+	if err := c.Normalize(); err != nil {
+		t.Fatal(err)
+	}
+	s = lanLossScript(&c, planHosts(&c))
+	want := "\tchain hold3 {\n\t\ttype filter hook ingress devices = { \"v3n1\", \"v3g\", \"v3x1\" } priority -10; policy accept;\n" +
+		"\t\tmeta protocol ip numgen random mod 1000000 < 20000 counter name \"lan3_held\" fwd to \"l3\"\n\t}\n"
+	if !strings.Contains(s, "table netdev mpi5k_lanq {") || !strings.Contains(s, want) || strings.Contains(s, "hold1") || strings.Contains(s, "hold2") {
+		t.Errorf("reordering on site c, script:\n%s", s)
+	}
+	c.SiteLANReorder = nil
+	c.LANLoss, c.SiteLANLoss = 0, nil
+	if s := lanLossScript(&c, planHosts(&c)); s != "" {
+		t.Errorf("no LAN loss, script:\n%s", s)
+	}
 }

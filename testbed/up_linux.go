@@ -63,6 +63,16 @@ func Up(ctx context.Context, c Config) (*Lab, error) {
 	if err := checkHostCC(c.HostCC); err != nil {
 		return nil, err
 	}
+	if lanLossScript(&c, planHosts(&c)) != "" {
+		if _, err := exec.LookPath("nft"); err != nil {
+			return nil, errNoNft
+		}
+	}
+	if c.Seed == 0 {
+		// Recorded in lab.json: a restarted emulator and `lab stats` see
+		// it, and `lab up --seed` repeats the run's random choices.
+		c.Seed = uint64(time.Now().UnixNano())
+	}
 	bin, err := Binary()
 	if err != nil {
 		return nil, err
@@ -171,6 +181,9 @@ func (l *Lab) build(ctx context.Context) error {
 		return err
 	}
 	if err := l.calibrate(ctx); err != nil {
+		return err
+	}
+	if err := l.applyLANLoss(); err != nil {
 		return err
 	}
 	l.st.Ready = true

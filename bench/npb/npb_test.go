@@ -178,6 +178,7 @@ func TestConfigValidate(t *testing.T) {
 		"cross":     func(c *Config) { c.Cross = nil },
 		"ranks":     func(c *Config) { c.Ranks = 1 },
 		"scale":     func(c *Config) { c.Scale = 0 },
+		"size":      func(c *Config) { c.Size = "B" },
 	}
 	for name, mut := range bad {
 		c := ok

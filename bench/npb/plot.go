@@ -27,6 +27,23 @@ const (
 // modeColor keeps a mode's colour the same in every figure.
 func modeColor(i int) color.Color { return plotutil.Color(i) }
 
+// barTitle titles a bar panel: reference, traffic, and the workloads'
+// compute mode and size, so a figure of an isolating run never passes for
+// a verdict.
+func barTitle(h Header, ref string, cross bool) string {
+	t := "time relative to " + ref + ", " + trafficTitle(cross)
+	switch h.Compute {
+	case "clock", "yield":
+		t += "\ncompute " + h.Compute + " (isolating: gateways' CPU cost hidden)"
+	case "work":
+		t += ", compute work"
+	}
+	if h.Size != "" {
+		t += ", size " + h.Size
+	}
+	return t
+}
+
 func trafficTitle(cross bool) string {
 	if cross {
 		return "with competing WAN traffic"
@@ -112,7 +129,7 @@ func (r *Report) barPlots() ([]*plot.Plot, error) {
 			continue
 		}
 		p := plot.New()
-		p.Title.Text = "time relative to " + ref + ", " + trafficTitle(x)
+		p.Title.Text = barTitle(r.Header, ref, x)
 		p.Y.Label.Text = "min time / " + ref + " min time"
 		p.Y.Min = 0
 		ymax := 1.2

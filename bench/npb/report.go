@@ -1,6 +1,7 @@
 package npb
 
 import (
+	"cmp"
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
@@ -23,6 +24,22 @@ type Header struct {
 	Lab          string  `json:"lab"` // emulated WAN settings, free text
 	Scale        float64 `json:"scale"`
 	Reps         int     `json:"reps"`
+	// Size and Compute are the workloads' --size and --compute ("" in
+	// reports written before they were recorded).
+	Size    string `json:"size,omitempty"`
+	Compute string `json:"compute,omitempty"`
+}
+
+// ComputeNote says what a compute mode's times mean, for the report's
+// header: only work measures what the gateways cost the ranks.
+func ComputeNote(mode string) string {
+	switch mode {
+	case "work":
+		return "compute work: real arithmetic at a pinned rate; CPU the gateways take shows in the times (the verdict)"
+	case "clock", "yield":
+		return "compute " + mode + ": ISOLATING TOOL, not a verdict: the gaps spin on the clock, so CPU the gateways take from the ranks does not show in these times"
+	}
+	return "compute " + mode
 }
 
 // Report is everything a run produced; it is also the JSON file.
@@ -173,8 +190,11 @@ func (r *Report) writePingCSV(w io.Writer) error {
 // WriteTable prints the header and the summary as aligned text.
 func (r *Report) WriteTable(w io.Writer) {
 	h := r.Header
-	fmt.Fprintf(w, "# %s  mpi=%s  ranks=%d on %d cores (%.1f ranks/core)  scale=%g  reps=%d\n",
-		h.Date, h.MPI, h.Ranks, h.Cores, h.RanksPerCore, h.Scale, h.Reps)
+	fmt.Fprintf(w, "# %s  mpi=%s  ranks=%d on %d cores (%.1f ranks/core)  size=%s  scale=%g  reps=%d\n",
+		h.Date, h.MPI, h.Ranks, h.Cores, h.RanksPerCore, cmp.Or(h.Size, "small"), h.Scale, h.Reps)
+	if h.Compute != "" {
+		fmt.Fprintf(w, "# %s\n", ComputeNote(h.Compute))
+	}
 	if h.Lab != "" {
 		fmt.Fprintf(w, "# lab: %s\n", h.Lab)
 	}

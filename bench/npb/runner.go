@@ -2,6 +2,7 @@ package npb
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -61,6 +62,9 @@ type Config struct {
 	Cross     []bool // without and/or with competing traffic
 	Ranks     int
 	Scale     float64
+	// Size is the workloads' size (Sizes; "" is small): at A each pattern
+	// workload gets the iterations, message sizes and compute of SizeFor.
+	Size      string
 	ExtraArgs []string // passed to every workload run (e.g. --compute clock)
 	Timeout   time.Duration
 	// PinWork passes the first run's measured work rate (loops_per_us) to
@@ -86,6 +90,11 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("ranks=%d: need at least 2", c.Ranks)
 	case c.Scale <= 0:
 		return fmt.Errorf("scale=%g: must be > 0", c.Scale)
+	}
+	if c.Size != "" {
+		if err := CheckSize(c.Size); err != nil {
+			return err
+		}
 	}
 	seen := map[string]bool{}
 	for _, m := range c.Modes {
@@ -189,7 +198,10 @@ func Run(ctx context.Context, c Config, ex Executor, progress io.Writer) ([]Samp
 		if err := ctx.Err(); err != nil {
 			return samples, err
 		}
-		args := []string{"--workload", cell.Workload, "--scale", strconv.FormatFloat(c.Scale, 'g', -1, 64)}
+		args, err := c.WorkloadArgs(cell.Workload)
+		if err != nil {
+			return samples, err
+		}
 		if pinned != "" && cell.Workload != "pingpong" {
 			args = append(args, "--loops-per-us", pinned)
 		}
@@ -214,6 +226,20 @@ func Run(ctx context.Context, c Config, ex Executor, progress io.Writer) ([]Samp
 			cell.Mode, yesNo(cell.Cross), s.summary(), time.Since(t0).Seconds())
 	}
 	return samples, nil
+}
+
+// WorkloadArgs are the arguments of mpi5k-workload for workload w (before
+// the pinned rate and ExtraArgs).
+func (c *Config) WorkloadArgs(w string) ([]string, error) {
+	args := []string{"--workload", w}
+	spec, sized, err := SizeFor(w, cmp.Or(c.Size, "small"), c.Scale)
+	if err != nil {
+		return nil, err
+	}
+	if sized {
+		return append(args, spec.Args()...), nil
+	}
+	return append(args, "--scale", strconv.FormatFloat(c.Scale, 'g', -1, 64)), nil
 }
 
 func yesNo(b bool) string {

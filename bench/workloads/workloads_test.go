@@ -3,6 +3,7 @@ package workloads
 import (
 	"context"
 	"errors"
+	"math"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -170,3 +171,32 @@ func testFlavour(t *testing.T, f flavour, corrupt []string) {
 // Each flavour corrupts a point-to-point and a collective workload once.
 func TestWorkloadsOpenMPI(t *testing.T) { testFlavour(t, flavours[0], []string{"bt", "is"}) }
 func TestWorkloadsMPICH(t *testing.T)   { testFlavour(t, flavours[1], []string{"lu", "ft"}) }
+
+// TestPerIterMatchesProgram: the volume per iteration that bench/npb's
+// size model assumes for each pattern workload (4 ranks on 2 sites) is
+// what the program sends, so size A's volumes follow the C sources. SP's
+// and IS's sizes vary per message: within 2 % of 2 iterations' mean.
+func TestPerIterMatchesProgram(t *testing.T) {
+	f := flavours[0]
+	bin := build(t, f)
+	for _, w := range npb.Workloads {
+		want := npb.PerIterWANBytes(w)
+		if w == "pingpong" {
+			continue
+		}
+		if want == 0 {
+			t.Errorf("%s: the size model has no volume for it", w)
+			continue
+		}
+		argv := append(f.launch(4), bin, "--workload", w, "--iters", "2", "--compute-scale", "0.001")
+		r := runJob(t, argv, 2*time.Minute)
+		o := parse(t, r)
+		if len(o.Results) != 1 {
+			t.Fatalf("%s: %d result lines:\n%s", w, len(o.Results), r.out)
+		}
+		got := float64(o.Results[0].WANBytes) / 2
+		if math.Abs(got/want-1) > 0.02 {
+			t.Errorf("%s: %.0f bytes between the sites per iteration, the size model assumes %.0f", w, got, want)
+		}
+	}
+}

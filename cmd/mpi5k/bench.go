@@ -53,7 +53,8 @@ func runBench(args []string) int {
 		crossFlows = new(int)
 		scale      = fs.Float64("scale", 1, "workload --scale (iteration counts)")
 		ranks      = new(int)
-		compute    = fs.String("compute", "clock", "compute gaps: clock (spin on the clock: exact gaps whatever else loads the cores), yield (same, yielding the core to gateways and emulator) or work (calibrated arithmetic, rate pinned after the first run)")
+		compute    = fs.String("compute", "work", "compute gaps: work (the verdict: calibrated arithmetic, the rate of the first run pinned for all, so CPU the gateways take shows in the times), clock or yield (isolating tools, not a verdict: the gaps spin on the clock, yield giving the core away meanwhile, so the network alone shows)")
+		size       = fs.String("size", "small", "workload size: small (runs of 4-5 s at --scale 1, class B messages and gaps) or A (the NAS kernels' WAN volumes, messages and compute at size A with 4 ranks; --scale shortens it)")
 		timeout    = new(time.Duration)
 		out        = fs.String("out", "", "result directory (default bench/npb/results/<time>)")
 		binDir     = fs.String("bin", bindir, "directory holding bench/<flavour>/mpi5k-workload")
@@ -66,7 +67,7 @@ func runBench(args []string) int {
 	*crossFlows, *timeout = 1, 3*time.Minute
 	fs.Var(cli.IntRange{P: crossFlows, Min: 1, Max: 64, What: "flows"}, "cross-flows", "competing iperf3 flows per direction")
 	fs.Var(cli.IntRange{P: ranks, Min: 0, Max: 1 << 16, What: "ranks"}, "ranks", "ranks for the pattern workloads (0: every node of the lab)")
-	fs.Var(cli.Duration{P: timeout}, "timeout", "limit per run")
+	fs.Var(cli.Duration{P: timeout}, "timeout", "limit per run (10m at --size A unless given)")
 	if code, done := cmd.Parse(fs, args); done {
 		return code
 	}
@@ -109,7 +110,17 @@ func runBench(args []string) int {
 			*out = filepath.Join("bench", "npb", "results", "demo-"+time.Now().Format("20060102-150405"))
 		}
 	}
-	c := npb.Config{Workloads: *workloads, Reps: *reps, Scale: *scale, Timeout: *timeout,
+	if err := npb.CheckCompute(*compute); err != nil {
+		return fail(2, "%v", err)
+	}
+	if err := npb.CheckSize(*size); err != nil {
+		return fail(2, "%v", err)
+	}
+	if *size == "A" && !fs.Changed("timeout") {
+		// BT at size A took 234 s direct with competing traffic (issue 36).
+		*timeout = 10 * time.Minute
+	}
+	c := npb.Config{Workloads: *workloads, Reps: *reps, Scale: *scale, Size: *size, Timeout: *timeout,
 		PinWork: *compute == "work"}
 	if *npbDir != "" {
 		found, err := findNPB(*npbDir)
@@ -135,12 +146,8 @@ func runBench(args []string) int {
 	default:
 		return fail(2, "--cross %q: want none, with or both", *cross)
 	}
-	switch *compute {
-	case "work":
-	case "clock", "yield":
+	if *compute != "work" { // the program's default
 		c.ExtraArgs = append(c.ExtraArgs, "--compute", *compute)
-	default:
-		return fail(2, "--compute %q: want clock, yield or work", *compute)
 	}
 	for _, m := range *modes {
 		switch m {
@@ -233,6 +240,15 @@ func runBench(args []string) int {
 	ex := &npb.LabExecutor{Lab: lab, Flavour: *flavour, Workload: wl, Mpi5k: self,
 		WorkDir: filepath.Join(absOut, "work"), CrossFlows: *crossFlows}
 
+	if *size == "A" {
+		// What each workload stands for at this size, and how sure that is.
+		for _, w := range c.Workloads {
+			if spec, sized, err := npb.SizeFor(w, *size, c.Scale); err == nil && sized {
+				fmt.Printf("# size A %s: %s; at scale 1: %.0f MB between the sites, %.1f s compute per rank (%s)\n",
+					w, strings.Join(spec.Args(), " "), spec.WANBytes/1e6, spec.ComputeS, spec.Source)
+			}
+		}
+	}
 	if *dryRun {
 		for _, cell := range c.Plan() {
 			var mode npb.Mode
@@ -250,8 +266,12 @@ func runBench(args []string) int {
 					cell.Rep+1, cell.Workload, cell.Mode, cell.Cross)
 				continue
 			}
+			args, err := c.WorkloadArgs(cell.Workload)
+			if err != nil {
+				return fail(2, "%v", err)
+			}
 			argv, err := ex.Command(npb.Job{Mode: mode, Workload: cell.Workload, Ranks: n,
-				Args: []string{"--workload", cell.Workload}})
+				Args: append(args, c.ExtraArgs...)})
 			if err != nil {
 				return fail(1, "%v", err)
 			}
@@ -262,9 +282,13 @@ func runBench(args []string) int {
 	}
 
 	h := npb.Header{Date: time.Now().UTC().Format(time.RFC3339), Version: version, Cores: runtime.NumCPU(),
-		Ranks: c.Ranks, MPI: *flavour, Lab: ex.Describe(), Scale: c.Scale, Reps: c.Reps}
+		Ranks: c.Ranks, MPI: *flavour, Lab: ex.Describe(), Scale: c.Scale, Reps: c.Reps, Size: *size, Compute: *compute}
 	h.RanksPerCore = float64(h.Ranks) / float64(h.Cores)
-	fmt.Printf("# %s\n# %d runs, %d ranks on %d cores; results in %s\n", h.Lab, len(c.Plan()), h.Ranks, h.Cores, absOut)
+	fmt.Printf("# %s\n# %d runs, %d ranks on %d cores, size %s; results in %s\n# %s\n",
+		h.Lab, len(c.Plan()), h.Ranks, h.Cores, h.Size, absOut, npb.ComputeNote(h.Compute))
+	if h.Size == "A" && h.Ranks != 4 {
+		fmt.Printf("# size A's volumes are those of 4 ranks on 2 sites; with %d ranks each rank keeps its messages and compute, so the volume changes with the partners\n", h.Ranks)
+	}
 	samples, runErr := npb.Run(ctx, c, ex, os.Stdout)
 	rep := npb.NewReport(h, c.Modes, samples)
 	code := finishReport(rep, absOut, true)

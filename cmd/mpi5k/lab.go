@@ -24,7 +24,9 @@ func init() {
 const labUsage = `usage: mpi5k lab <subcommand> [--name L] [flags]
 
   up      build a lab:  --sites 2|lyon,rennes --nodes 2 --rtt 20ms --wan-rate 200mbit
-          [--lan-rate 1gbit] [--loss 0.1%] [--jitter 1ms] [--queue 1bdp|BYTES] [--mtu 1500]
+          [--lan-rate 1gbit] [--loss 0.1%] [--jitter 1ms] [--reorder 1% [--reorder-delay 5ms]]
+          [--seed N] [--queue 1bdp|BYTES] [--mtu 1500] [--lan-loss 1%|SITE=1%,...]
+          [--lan-reorder 1%|SITE=1%,... [--lan-reorder-delay 5ms]]
           [--gateway-nics 1|2] [--matrix FILE (per-pair rtt/rate/loss; sets the sites)]
   exec    run a command inside a lab host:  mpi5k lab exec HOST -- CMD ARGS...
   hosts   list host names:  [--site S] [--gateways]
@@ -159,8 +161,14 @@ func labUp(args []string) error {
 	rtt := fs.Duration("rtt", 20*time.Millisecond, "round-trip time between sites")
 	wanRate := fs.String("wan-rate", "200mbit", "WAN rate per direction (e.g. 200mbit, 1gbit, 0 = unlimited)")
 	lanRate := fs.String("lan-rate", "0", "LAN link rate (TBF), 0 = unlimited")
+	lanLoss := fs.String("lan-loss", "0", "random loss of frames crossing a site's LAN: 1% for every site, or site1=1%,site2=0.5% (nftables; not seeded)")
+	lanReorder := fs.String("lan-reorder", "0", "fraction of IPv4 packets entering a site's LAN held back --lan-reorder-delay so later ones overtake them: 1% or site1=1%,... (not seeded)")
+	lanReorderDelay := fs.Duration("lan-reorder-delay", 0, "how long --lan-reorder holds a packet back (0..1s; default "+testbed.DefaultReorderDelay.String()+" when --lan-reorder is set)")
 	loss := fs.String("loss", "0", "random loss per direction (e.g. 0.1%)")
-	jitter := fs.Duration("jitter", 0, "one-way delay jitter (+-, packets never reordered)")
+	jitter := fs.Duration("jitter", 0, "one-way delay jitter (+-, never reorders: see --reorder)")
+	reorder := fs.String("reorder", "0", "fraction of WAN packets held back --reorder-delay so later ones overtake them (e.g. 1%)")
+	reorderDelay := fs.Duration("reorder-delay", 0, "how long --reorder holds a packet back (0..1s; default "+testbed.DefaultReorderDelay.String()+" when --reorder is set)")
+	seed := fs.Uint64("seed", 0, "seed of the emulator's random loss, jitter and reordering: the same seed repeats the same choices (0 picks one and prints it)")
 	queue := fs.String("queue", "1bdp", "WAN queue: 1bdp or a size in bytes (256k, 1m)")
 	mtu := fs.Int("mtu", 1500, "MTU of every lab link")
 	gwNICs := fs.Int("gateway-nics", 1, "gateway interfaces: 1 (LAN) or 2 (LAN + WAN leg)")
@@ -171,7 +179,8 @@ func labUp(args []string) error {
 	}
 	// Every mistake in these flags is a usage error.
 	c, err := func() (testbed.Config, error) {
-		c := testbed.Config{Name: *name, Nodes: *nodes, RTT: *rtt, Jitter: *jitter, MTU: *mtu, GatewayNICs: *gwNICs, HostCC: *hostCC}
+		c := testbed.Config{Name: *name, Nodes: *nodes, RTT: *rtt, Jitter: *jitter, MTU: *mtu, GatewayNICs: *gwNICs, HostCC: *hostCC,
+			ReorderDelay: *reorderDelay, Seed: *seed}
 		var err error
 		if *matrix != "" && fs.Changed("sites") {
 			return c, fmt.Errorf("--sites and --matrix both given: the matrix file names the sites (drop --sites, or list the sites on the file's `sites` line)")
@@ -200,11 +209,27 @@ func labUp(args []string) error {
 		if c.Loss, err = testbed.ParseLoss(*loss); err != nil {
 			return c, err
 		}
+		if c.Reorder, err = testbed.ParseFraction("reorder", *reorder); err != nil {
+			return c, err
+		}
+		if *reorderDelay < 0 || *reorderDelay > time.Second {
+			return c, fmt.Errorf("--reorder-delay: %v out of range 0..1s", *reorderDelay)
+		}
+		if fs.Changed("reorder-delay") && c.Reorder == 0 && *matrix == "" {
+			return c, fmt.Errorf("--reorder-delay %v given without --reorder (add e.g. --reorder 1%%, or drop it)", *reorderDelay)
+		}
+		if c.LANLoss, c.SiteLANLoss, err = testbed.ParseLANLoss(*lanLoss); err != nil {
+			return c, err
+		}
+		if c.LANReorder, c.SiteLANReorder, err = testbed.ParseSiteFractions("lan-reorder", *lanReorder); err != nil {
+			return c, err
+		}
+		c.LANReorderDelay = *lanReorderDelay
 		if c.Queue, err = testbed.ParseQueue(*queue, c.WANRate, c.RTT, c.MTU); err != nil {
 			return c, err
 		}
 		if *matrix != "" {
-			def := testbed.PairLink{RTT: c.RTT, Jitter: c.Jitter, Rate: c.WANRate, Loss: c.Loss}
+			def := testbed.PairLink{RTT: c.RTT, Jitter: c.Jitter, Rate: c.WANRate, Loss: c.Loss, Reorder: c.Reorder, ReorderDelay: c.ReorderDelay}
 			if fs.Changed("queue") {
 				def.Queue = c.Queue // else each pair gets 1 BDP of its own
 			}
@@ -238,10 +263,23 @@ func labUp(args []string) error {
 	fmt.Printf("lab %s up: %d sites x %d nodes, rtt %s (path cost %v measured, one-way delay set %v), wan %s, queue %d B, loss %g%%, host tcp %s\n",
 		l.Name(), len(cfg.Sites), cfg.Nodes, rttText, l.PathCost().Round(time.Microsecond),
 		l.OneWayDelay().Round(time.Microsecond), rateString(cfg.WANRate), cfg.Queue, cfg.Loss*100, cfg.HostTCP())
+	if cfg.Reorder > 0 {
+		fmt.Printf("reorder: %g%% of WAN packets held back %v\n", cfg.Reorder*100, cfg.ReorderDelay)
+	}
+	for _, site := range cfg.Sites {
+		if f := cfg.SiteLANLossOf(site); f > 0 {
+			fmt.Printf("LAN of %s: %g%% of frames dropped\n", site, f*100)
+		}
+		if f := cfg.SiteLANReorderOf(site); f > 0 {
+			fmt.Printf("LAN of %s: %g%% of IPv4 packets held back %v\n", site, f*100, cfg.LANReorderDelay)
+		}
+	}
+	fmt.Printf("seed %d (repeat the random choices with --seed %d)\n", cfg.Seed, cfg.Seed)
 	if len(cfg.Pairs) > 0 {
 		fmt.Printf("per-pair WAN (%d pairs from %s):\n", len(cfg.Pairs), *matrix)
 		for _, p := range cfg.Pairs {
-			fmt.Printf("  %-12s %-12s rtt %-8v wan %-16s loss %g%%  jitter %v  queue %d B\n", p.A, p.B, p.RTT, rateString(p.Rate), p.Loss*100, p.Jitter, p.Queue)
+			fmt.Printf("  %-12s %-12s rtt %-8v wan %-16s loss %g%%  jitter %v  reorder %g%% by %v  queue %d B\n",
+				p.A, p.B, p.RTT, rateString(p.Rate), p.Loss*100, p.Jitter, p.Reorder*100, p.ReorderDelay, p.Queue)
 		}
 	}
 	fmt.Printf("site map: %s\nhosts: mpi5k lab hosts --name %s --gateways\n", l.SiteMapPath(), l.Name())
