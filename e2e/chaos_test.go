@@ -469,10 +469,20 @@ func TestChaosWANKill(t *testing.T) {
 	close(stop)
 	<-done
 	site1, _ := w.m.Site("site1")
-	text1, _ := w.scrape(t, w.src, site1.LAN.Addr())
-	text2, _ := w.scrape(t, w.dstHost, site2.LAN.Addr())
+	text1, err1 := w.scrape(t, w.src, site1.LAN.Addr())
+	text2, err2 := w.scrape(t, w.dstHost, site2.LAN.Addr())
+	if err1 != nil || err2 != nil {
+		t.Errorf("metrics: %v %v", err1, err2)
+	}
 	if err != nil {
 		t.Fatalf("checksummed streams: %v: %s", err, out)
+	}
+	for _, text := range []string{text1, text2} {
+		for _, line := range strings.Split(text, "\n") {
+			if strings.HasPrefix(line, "mpi5k_wan_resumes_total") || strings.HasPrefix(line, "mpi5k_wan_link_up") {
+				t.Log(line)
+			}
+		}
 	}
 	resumes := metricSum(text1, "mpi5k_wan_resumes_total") + metricSum(text2, "mpi5k_wan_resumes_total")
 	replayed := metricSum(text1, "mpi5k_wan_replayed_bytes_total") + metricSum(text2, "mpi5k_wan_replayed_bytes_total")
