@@ -91,7 +91,10 @@ type Config struct {
 	PingInterval time.Duration // WAN keepalive (default 1 s)
 	DeadAfter    time.Duration // a link silent this long is dead; also TCP_USER_TIMEOUT (default 10 × PingInterval)
 	DrainTimeout time.Duration // SIGTERM: how long streams may finish (default 10 s)
-	FirstFrame   time.Duration // how long a LAN connection may take to send OPEN/PEER_QUERY (default 10 s)
+	// RetireTimeout: how long the streams of a peer that a reload took out
+	// of the map may finish before its links close (default 10 min).
+	RetireTimeout time.Duration
+	FirstFrame    time.Duration // how long a LAN connection may take to send OPEN/PEER_QUERY (default 10 s)
 
 	Transport LANTransport // nil = kernel TCP with the LAN options
 	Logger    *slog.Logger

@@ -70,6 +70,13 @@ type Gateway struct {
 	guard    *tuning.ProbeGuard
 	draining atomic.Bool // SIGTERM: refuse new streams from peers
 
+	// smap is the site map in force (Reload replaces it; peersMu orders
+	// it with peers). reloadMu orders Reload with Run's start and drain:
+	// a reload starts dial loops only while running.
+	smap     atomic.Pointer[sitemap.Map]
+	reloadMu sync.Mutex
+	running  bool
+
 	// Limits (Config.Max*): what is in use, and the refusal log.
 	lanConns, lanPending, wanPending atomic.Int64
 	sources                          sourceTable
@@ -174,6 +181,9 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.DrainTimeout == 0 {
 		cfg.DrainTimeout = 10 * time.Second
 	}
+	if cfg.RetireTimeout == 0 {
+		cfg.RetireTimeout = defaultRetireTimeout
+	}
 	if cfg.FirstFrame == 0 {
 		cfg.FirstFrame = 10 * time.Second
 	}
@@ -210,12 +220,10 @@ func New(cfg Config) (*Gateway, error) {
 	if g.lan == nil {
 		g.lan = &TCPTransport{Opts: cfg.LAN}
 	}
+	g.smap.Store(cfg.Map)
 	for _, s := range cfg.Map.Sites() {
 		if s.ID != site.ID {
-			p := &peer{site: s, dialer: site.ID < s.ID, links: make([]*relay.Link, g.numLinks()), renew: make(chan struct{}, 1)}
-			p.trunk = relay.NewTrunk(p.dialer, relay.HandlerFunc(g.openFromWAN))
-			p.trunk.OnRenew(func() { kickRenew(p) })
-			g.peers[s.ID] = p
+			g.peers[s.ID] = g.newPeer(s)
 		}
 	}
 	g.records.m = map[recordKey]record{}
@@ -273,7 +281,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		}
 	}
 	g.log.Info("gateway up", "id", g.site.ID, "lan", g.lanLn.Addr().String(), "wan", g.wanLn.Addr().String(),
-		"peers", len(g.peers), "wan_conns", g.cfg.WANConns, "express", g.cfg.Express, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
+		"peers", len(g.peerList()), "wan_conns", g.cfg.WANConns, "express", g.cfg.Express, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
 		"wan_pace_bps", g.cfg.WANPace, "wan_queue", g.cfg.WANQueue.String(), "probe_rtt_guard", g.cfg.ProbeRTTGuard,
 		"express_cc", g.cfg.ExpressCC, "prime", g.cfg.Prime, "keep_warm", keepWarmState,
 		"max_lan_conns", g.cfg.MaxLANConns, "max_source_streams", g.cfg.MaxSourceStreams, "max_peer_streams", g.cfg.MaxPeerStreams)
@@ -288,17 +296,17 @@ func (g *Gateway) Run(ctx context.Context) error {
 			g.guard.Run(g.ctx, g.allLinks)
 		}()
 	}
-	for _, p := range g.peers {
-		if p.dialer {
-			for i := range p.links {
-				g.wg.Add(1)
-				go g.dialLoop(p, i)
-			}
-		}
+	g.reloadMu.Lock()
+	for _, p := range g.peerList() {
+		g.startPeer(p)
 	}
+	g.running = true
+	g.reloadMu.Unlock()
 	<-ctx.Done()
 	g.log.Info("draining", "timeout", g.cfg.DrainTimeout.String())
+	g.reloadMu.Lock()
 	g.draining.Store(true)
+	g.reloadMu.Unlock()
 	g.lanLn.Close()
 	g.wanLn.Close()
 	dctx, dcancel := context.WithTimeout(context.Background(), g.cfg.DrainTimeout)

@@ -93,6 +93,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		// ssh gives a remote command no SIGHUP without a tty, but closes its
 		// stdin when the local ssh ends: that is the launcher's last word.
 		ctx = stopOnStdinEOF(ctx, log)
+	} else {
+		// A service gateway outlives its site map: SIGHUP (systemctl
+		// reload) reads --map again. Under ssh, SIGHUP keeps its default.
+		// Notify before Run, so that an early SIGHUP cannot kill the process.
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		go reloadOnHUP(ctx, hup, g, *mapPath, log)
 	}
 	if err := g.Run(ctx); err != nil {
 		log.Error("gateway failed", "err", err)
@@ -109,6 +117,27 @@ func checkListenAddr(a string) error {
 		return fmt.Errorf("want HOST:PORT or :PORT, e.g. :9105")
 	}
 	return cli.Port(new(int)).Set(port)
+}
+
+// reloadOnHUP reloads the site map on every SIGHUP until ctx ends. A map
+// that does not parse, or that the gateway refuses, is logged with its
+// reason and the map in force stays.
+func reloadOnHUP(ctx context.Context, hup <-chan os.Signal, g *gateway.Gateway, path string, log *slog.Logger) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+		}
+		m, err := sitemap.Load(path)
+		if err == nil {
+			if _, err = g.Reload(m); err == nil {
+				continue // Reload logs what changed
+			}
+		}
+		log.Error("SIGHUP: site map not reloaded; the map in force stays", "map", path, "err", err,
+			"fix", "correct the file (mpi5k sitemap check "+path+") and send SIGHUP again")
+	}
 }
 
 func stopOnStdinEOF(parent context.Context, log *slog.Logger) context.Context {
