@@ -208,6 +208,12 @@ func (m *metrics) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/ready", func(w http.ResponseWriter, r *http.Request) {
+		// ?tag=: the asker started a gateway with this ReadyTag and must
+		// not take another job's gateway on the same port for its own.
+		if tag := r.URL.Query().Get("tag"); tag != "" && tag != m.g.cfg.ReadyTag {
+			http.Error(w, "this gateway was started for another job (--ready-tag differs)", http.StatusConflict)
+			return
+		}
 		if m.g.allUp() {
 			fmt.Fprintln(w, "ready")
 			return

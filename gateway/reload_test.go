@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net/http"
 	"net/netip"
 	"strings"
 	"testing"
@@ -214,5 +215,35 @@ func TestReload(t *testing.T) {
 	<-a.done
 	if _, err := a.Reload(m1); !errors.Is(err, errNotRunning) {
 		t.Errorf("reload of a stopped gateway: %v", err)
+	}
+}
+
+// TestReadyTag: /ready?tag= answers 409 for another job's tag, and as
+// /ready for the gateway's own or none.
+func TestReadyTag(t *testing.T) {
+	m := testMap(t)
+	maddr := netip.AddrPortFrom(gwA, freePort(t, gwA)).String()
+	a := startGW(t, m, "a", func(c *Config) { c.MetricsAddr, c.ReadyTag = maddr, "job-1" })
+	startGW(t, m, "b", nil)
+	<-a.Ready()
+	for _, tc := range []struct {
+		query string
+		code  int
+	}{{"", http.StatusOK}, {"?tag=job-1", http.StatusOK}, {"?tag=job-2", http.StatusConflict}} {
+		var r *http.Response
+		var err error
+		for i := 0; i < 100; i++ {
+			if r, err = http.Get("http://" + maddr + "/ready" + tc.query); err == nil {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Body.Close()
+		if r.StatusCode != tc.code {
+			t.Errorf("/ready%s: %d, want %d", tc.query, r.StatusCode, tc.code)
+		}
 	}
 }

@@ -46,6 +46,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	helpAdv := fs.Bool("help-advanced", false, "list the advanced tuning flags and exit")
 	stdinEOF := fs.Bool("exit-on-stdin-eof", false, "drain and exit when standard input closes (set by mpi5k run: a gateway started through ssh then dies with its launcher)")
 	cli.MarkAdvanced(fs, "exit-on-stdin-eof")
+	readyTag := fs.String("ready-tag", "", "answer /ready?tag=X only for this X (set by mpi5k run, which draws one per job)")
+	cli.MarkAdvanced(fs, "ready-tag")
 	cmd := cli.Command{Name: "mpi5k-gateway", Stdout: stdout, Stderr: stderr, Help: func(w io.Writer) {
 		fmt.Fprintf(w, "%sflags:\n%s\n%d advanced tuning flags: mpi5k-gateway --help-advanced\n%s",
 			synopsis, fs.FlagUsages(), strings.Count(cli.AdvancedUsages(fs), "\n"), cli.ExitStatusHelp(false))
@@ -82,6 +84,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	level.UnmarshalText([]byte(logLevel)) // a word cli.Choice took
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	cfg.Map, cfg.Site, cfg.ReadyFile, cfg.MetricsAddr, cfg.Logger = m, *site, *ready, *metrics, log
+	cfg.ReadyTag = *readyTag
 	g, err := gateway.New(cfg)
 	if err != nil {
 		return cmd.Failf("%v", err)
