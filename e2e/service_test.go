@@ -7,6 +7,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"fmt"
 	"io"
@@ -235,7 +236,7 @@ func (g *serviceGW) waitLog(s string, d time.Duration) bool {
 // site, a ready file), starts the unit's command line in each site's
 // gateway host with stderr to a log (the journal) and waits until all are
 // ready.
-func startServiceGateways(t *testing.T, l *testbed.Lab, mapPath, dir string) map[string]*serviceGW {
+func startServiceGateways(t *testing.T, l *testbed.Lab, mapPath, dir string, extra ...string) map[string]*serviceGW {
 	t.Helper()
 	_, gwBin := shimBins(t)
 	tmpl := readEnvFile(t, "../dist/gateway.env")
@@ -247,7 +248,8 @@ func startServiceGateways(t *testing.T, l *testbed.Lab, mapPath, dir string) map
 		}
 		ready := filepath.Join(dir, site+".ready")
 		env["MPI5K_MAP"], env["MPI5K_SITE"] = mapPath, site
-		env["MPI5K_GATEWAY_ARGS"] = "--ready-file " + ready
+		env["MPI5K_GATEWAY_ARGS"] = strings.Join(append([]string{"--ready-file", ready}, extra...), " ")
+		env["MPI5K_GATEWAY_ARGS"] = strings.ReplaceAll(env["MPI5K_GATEWAY_ARGS"], "GWADDR", l.Addr(l.Gateway(site)).String())
 		argv := unitCommand(t, filepath.Dir(gwBin), env)
 		g := &serviceGW{site: site, log: filepath.Join(dir, site+".log"), exit: make(chan error, 1)}
 		logf, err := os.Create(g.log)
@@ -496,4 +498,96 @@ func slicesIndex(argv []string, words ...string) int {
 		}
 	}
 	return -1
+}
+
+// withReady is the site map text with ready=GW:port on every site record
+// (the service gateways' --metrics listener on their LAN address).
+func withReady(t *testing.T, l *testbed.Lab, text string, port int) string {
+	var out []string
+	for _, line := range strings.Split(text, "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == "site" {
+			line = strings.TrimSpace(strings.SplitN(line, "#", 2)[0]) + fmt.Sprintf(" ready=%v", netip.AddrPortFrom(l.Addr(l.Gateway(f[1])), uint16(port)))
+		}
+		out = append(out, line)
+	}
+	return strings.Join(out, "\n")
+}
+
+// TestRunUsesServiceGateways: `mpi5k run --map FILE` with a hand-written
+// map (the lab's: nets, gateways with separate LAN and WAN addresses) whose
+// sites name their running gateways (ready=) uses them and starts none;
+// with those gateways stopped, the same run starts per-job gateways on the
+// map's listeners. Both jobs verify their payloads.
+func TestRunUsesServiceGateways(t *testing.T) {
+	labRequireRoot(t)
+	l := labUp(t, testbed.Config{Name: fmt.Sprintf("svr%d", os.Getpid()%10000), Nodes: 1, RTT: 10 * time.Millisecond, WANRate: 100e6})
+	dir := t.TempDir()
+	os.Chmod(dir, 0o755)
+	orig, err := os.ReadFile(l.SiteMapPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapPath := filepath.Join(dir, "sites.map")
+	if err := os.WriteFile(mapPath, []byte(withReady(t, l, string(orig), 9105)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gws := startServiceGateways(t, l, mapPath, dir, "--metrics", "GWADDR:9105")
+	m := chaosMPIs[0]
+	bin := buildMPI(t, m.mpicc, "chaos_mpi")
+	hf := filepath.Join(dir, "hosts")
+	os.WriteFile(hf, []byte(m.hostfile), 0o644)
+	runJob := func(tag string) string {
+		argv := append([]string{wrapScript(t), "--shared-fs", "--workdir", filepath.Join(dir, tag), "--map", mapPath}, m.argv(bin, hf, "2")...)
+		job := mpiJob{Host: "node-1.site1", Argv: argv, Dir: dir, Timeout: 90 * time.Second, Done: "chaos_mpi ok"}
+		return job.run(t, l)
+	}
+	out := runJob("service")
+	t.Logf("through the service gateways:\n%s", lastLines(out, 6))
+	for _, site := range l.Sites() {
+		if !strings.Contains(out, "site "+site+": using its running gateway") {
+			t.Errorf("the run did not use site %s's running gateway:\n%s", site, out)
+		}
+	}
+	if strings.Contains(out, "starting one") || strings.Contains(out, "MPI5K-GATEWAY") {
+		t.Errorf("the run started gateways of its own:\n%s", out)
+	}
+	// The service gateways carried the job's streams.
+	mout, err := helper(t, context.Background(), l, "node-1.site1", "get",
+		"http://"+netip.AddrPortFrom(l.Addr(l.Gateway("site1")), 9105).String()+"/metrics").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var opened float64
+	for _, line := range strings.Split(string(mout), "\n") {
+		if strings.HasPrefix(line, "mpi5k_streams_opened_total{") {
+			v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			opened += v
+		}
+	}
+	t.Logf("site1's service gateway opened %v streams", opened)
+	if opened == 0 {
+		t.Errorf("site1's service gateway opened no stream for the job")
+	}
+
+	for _, g := range gws {
+		g.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for site, g := range gws {
+		select {
+		case err := <-g.exit:
+			g.exit <- err
+		case <-time.After(20 * time.Second):
+			t.Fatalf("service gateway %s still runs", site)
+		}
+	}
+	out = runJob("perjob")
+	t.Logf("with per-job gateways from the map:\n%s", lastLines(out, 8))
+	for _, site := range l.Sites() {
+		if !strings.Contains(out, "site "+site+": its gateway does not answer at ready=") {
+			t.Errorf("the run did not say why site %s gets a gateway of its own:\n%s", site, out)
+		}
+	}
+	if !strings.Contains(out, "MPI5K-GATEWAY site=site1") {
+		t.Errorf("no summary of the per-job gateways:\n%s", out)
+	}
 }

@@ -22,6 +22,7 @@ type Config struct {
 	Argv                          []string // the user's mpirun command, unmodified
 	Flavour                       Flavour  // Unknown = detect from Argv[0]
 	SitesFile                     string   // --sites FILE; "" = Grid'5000 naming
+	MapFile                       string   // --map FILE ($MPI5K_SITE_MAP): a site map in the documented format
 	Gateways                      map[string]string
 	Dedicated                     bool
 	Launcher                      []string // how to run a command on a host: ssh by default
@@ -97,6 +98,12 @@ func Run(ctx context.Context, c Config) (int, error) {
 			return 2, fmt.Errorf("no host list: the command has no hostfile/host option and no batch system ($OAR_NODEFILE, $PBS_NODEFILE, $SLURM_JOB_NODELIST) is set")
 		}
 		hosts = bh
+	}
+	if c.MapFile == "" {
+		c.MapFile = c.Getenv("MPI5K_SITE_MAP")
+	}
+	if c.MapFile != "" {
+		return c.runWithMap(ctx, f, hosts)
 	}
 	po := PlanOptions{Gateways: c.Gateways, Dedicated: c.Dedicated, Resolve: c.Resolve, EnvGateways: map[string]string{}}
 	if c.DryRun && po.Resolve == nil {

@@ -45,6 +45,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		helpAdv  = fs.Bool("help-advanced", false, "list the advanced tuning flags of the gateways and exit")
 	)
 	fs.StringVar(&c.SitesFile, "sites", "", "FILE of \"<host-or-CIDR> <site>\" lines (default: Grid'5000 names <cluster>-<n>.<site>)")
+	fs.StringVar(&c.MapFile, "map", "", "site map FILE in the documented format (docs/sitemap-format.md): sites, nets, hosts, each site's lan=/wan= and the ready= of a running gateway (default $MPI5K_SITE_MAP)")
 	fs.BoolVar(&c.Dedicated, "dedicated-gateways", false, "gateway hosts run no ranks")
 	fs.StringVar(&c.GatewayBin, "gateway-bin", filepath.Join(bindir, "mpi5k-gateway"), "path of mpi5k-gateway on the gateway hosts")
 	fs.StringVar(&c.Preload, "preload", shimPath(bindir), "path of libmpi5k.so on the rank hosts")
@@ -117,7 +118,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		return cmd.Usagef("%v", err)
 	}
 	c.GatewayArgs = gf.Args()
-	for _, p := range []*string{&c.TraceDir, &c.WorkDir, &c.GatewayBin, &c.Preload} {
+	for _, p := range []*string{&c.TraceDir, &c.WorkDir, &c.GatewayBin, &c.Preload, &c.MapFile} {
 		if *p != "" {
 			if abs, err := filepath.Abs(*p); err == nil {
 				*p = abs
