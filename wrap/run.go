@@ -98,6 +98,11 @@ func Run(ctx context.Context, c Config) (int, error) {
 			return 2, fmt.Errorf("no host list: the command has no hostfile/host option and no batch system ($OAR_NODEFILE, $PBS_NODEFILE, $SLURM_JOB_NODELIST) is set")
 		}
 		hosts = bh
+		if argv, fsrc := WithBatchHostfile(f, c.Argv, *bsrc); fsrc != nil {
+			fmt.Fprintf(c.Stderr, "mpi5k: %s names the hosts: passing it to %s as %s %s (without it every rank would run on this host)\n",
+				bsrc.Option, filepath.Base(c.Argv[0]), fsrc[0].Option, bsrc.File)
+			c.Argv, src = argv, fsrc
+		}
 	}
 	if c.MapFile == "" {
 		c.MapFile = c.Getenv("MPI5K_SITE_MAP")
@@ -229,10 +234,16 @@ func Run(ctx context.Context, c Config) (int, error) {
 		for _, g := range gws {
 			fmt.Fprintln(c.Stdout, shellJoin(g.argv))
 		}
+		c.printTrace(c.Stdout, traceHosts(hosts))
 		fmt.Fprintf(c.Stdout, "# mpirun:\n%s\n", strings.ReplaceAll(shellJoin(mpiArgv), fileDir, c.WorkDir))
 		return 0, nil
 	}
 
+	if c.TraceDir != "" {
+		if err := c.prepareTrace(ctx, traceHosts(hosts)); err != nil {
+			return 1, err
+		}
+	}
 	for try := 1; ; try++ {
 		err := c.startGateways(ctx, plan, gws, mapPath, mapText)
 		if err == nil {
@@ -257,6 +268,9 @@ func Run(ctx context.Context, c Config) (int, error) {
 	wctx, unwatch := context.WithCancel(ctx)
 	code, err := runMPI(ctx, c, mpiArgv, watch(wctx, gws, c.Outage))
 	unwatch()
+	if c.TraceDir != "" {
+		c.collectTrace(ctx, traceHosts(hosts))
+	}
 	if s := summary(gws, start); s != "" {
 		fmt.Fprint(c.Stderr, s)
 	}

@@ -201,6 +201,7 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 		for _, g := range own {
 			fmt.Fprintln(c.Stdout, shellJoin(g.argv))
 		}
+		c.printTrace(c.Stdout, traceHosts(hosts))
 		fmt.Fprintf(c.Stdout, "# mpirun:\n%s\n", shellJoin(mpiArgv))
 		return 0, nil
 	}
@@ -236,6 +237,11 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 			return 1, err
 		}
 	}
+	if c.TraceDir != "" {
+		if err := c.prepareTrace(ctx, traceHosts(hosts)); err != nil {
+			return 1, err
+		}
+	}
 	defer stopAll(own, c.Stderr)
 	for _, g := range own {
 		if err := g.start(c.WorkDir); err != nil {
@@ -251,6 +257,9 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 	// gateway's /ready and counters cover every site and job it serves.
 	code, err := runMPI(ctx, *c, mpiArgv, watch(wctx, own, c.Outage))
 	unwatch()
+	if c.TraceDir != "" {
+		c.collectTrace(ctx, traceHosts(hosts))
+	}
 	if s := summary(own, start); s != "" {
 		fmt.Fprint(c.Stderr, s)
 	}
