@@ -3,11 +3,13 @@ package e2e
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/mpi5k/mpi5k/sitemap"
 	"github.com/mpi5k/mpi5k/testbed"
+	"github.com/mpi5k/mpi5k/trace"
 )
 
 // TestWrapConcurrentRuns: two `mpi5k run` jobs at once on the same hosts,
@@ -46,3 +48,40 @@ func TestWrapConcurrentRuns(t *testing.T) {
 }
 
 func itoa4() string { return string(rune('a'+os.Getpid()%26)) + string(rune('a'+os.Getpid()/26%26)) }
+
+// TestWrapTraceCollect: `mpi5k run --trace DIR` without --shared-fs
+// creates DIR on the rank hosts and brings every rank's trace back; the
+// collected files decode.
+func TestWrapTraceCollect(t *testing.T) {
+	labRequireRoot(t)
+	l := labUp(t, testbed.Config{Name: "trc" + itoa4(), Nodes: 1, RTT: 5 * time.Millisecond, WANRate: 100e6})
+	m := chaosMPIs[0]
+	bin := buildMPI(t, m.mpicc, "chaos_mpi")
+	dir := t.TempDir()
+	hf := filepath.Join(dir, "hosts")
+	os.WriteFile(hf, []byte(m.hostfile), 0o644)
+	traces := filepath.Join(dir, "traces", "new") // made by the run
+	argv := append([]string{wrapScript(t), "--trace", traces, "--workdir", filepath.Join(dir, "work")}, m.argv(bin, hf, "1")...)
+	out := mpiJob{Host: "node-1.site1", Argv: argv, Dir: dir, Timeout: 90 * time.Second, Done: "chaos_mpi ok"}.run(t, l)
+	t.Logf("%s", lastLines(out, 3))
+	if !strings.Contains(out, "trace files from 2 hosts in "+traces) {
+		t.Errorf("no collection line:\n%s", out)
+	}
+	files, _ := filepath.Glob(filepath.Join(traces, "*.trace"))
+	if len(files) < 2 {
+		t.Fatalf("%d trace files in %s, want one per rank at least", len(files), traces)
+	}
+	for _, f := range files {
+		fh, err := os.Open(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := trace.NewReader(fh); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+		fh.Close()
+	}
+	if left, _ := filepath.Glob(filepath.Join(traces, ".collect-*")); len(left) > 0 {
+		t.Errorf("temporary files left: %v", left)
+	}
+}
