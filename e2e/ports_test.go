@@ -85,3 +85,32 @@ func TestWrapTraceCollect(t *testing.T) {
 		t.Errorf("temporary files left: %v", left)
 	}
 }
+
+// TestWrapDegradedSummary: gateways put on node hosts (whose
+// net.ipv4.tcp_slow_start_after_idle the lab leaves at 1, unlike its
+// gateway hosts) run without keep-warm, and the job's summary says so in
+// one line.
+func TestWrapDegradedSummary(t *testing.T) {
+	labRequireRoot(t)
+	l := labUp(t, testbed.Config{Name: "dgr" + itoa4(), Nodes: 1, RTT: 5 * time.Millisecond, WANRate: 100e6})
+	m := chaosMPIs[0]
+	bin := buildMPI(t, m.mpicc, "chaos_mpi")
+	dir := t.TempDir()
+	hf := filepath.Join(dir, "hosts")
+	os.WriteFile(hf, []byte(m.hostfile), 0o644)
+	run := func(gw ...string) string {
+		argv := append(append([]string{wrapScript(t), "--shared-fs", "--workdir", filepath.Join(dir, "w"+gw[0])}, gw...), m.argv(bin, hf, "1")...)
+		return mpiJob{Host: "node-1.site1", Argv: argv, Dir: dir, Timeout: 90 * time.Second, Done: "chaos_mpi ok"}.run(t, l)
+	}
+	out := run("--gateway", "site1=node-1.site1", "--gateway", "site2=node-1.site2")
+	want := "  degraded: site1, site2: express link not kept warm: net.ipv4.tcp_slow_start_after_idle is not 0 on the gateway host"
+	if n := strings.Count(out, "degraded:"); n != 1 || !strings.Contains(out, want) {
+		t.Errorf("summary with gateways on node hosts: %d degraded lines, want 1 with %q:\n%s", n, want, out)
+	}
+	// On the lab's gateway hosts (sysctl 0) the line names no keep-warm.
+	out = run("--gateway", "site1=gw.site1", "--gateway", "site2=gw.site2")
+	if strings.Contains(out, "not kept warm") {
+		t.Errorf("gateways on warm hosts reported as not warm:\n%s", out)
+	}
+	t.Logf("%s", lastLines(out, 4))
+}

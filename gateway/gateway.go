@@ -77,6 +77,10 @@ type Gateway struct {
 	reloadMu sync.Mutex
 	running  bool
 
+	// degraded: features this gateway runs without, and why (degraded.go).
+	degradedMu sync.Mutex
+	degraded   []string
+
 	// Limits (Config.Max*): what is in use, and the refusal log.
 	lanConns, lanPending, wanPending atomic.Int64
 	sources                          sourceTable
@@ -123,7 +127,9 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.WAN.NotSentLowat == 0 {
 		cfg.WAN.NotSentLowat = 128 << 10
 	}
+	var degraded []string
 	if err := cfg.WAN.CheckTimers(); errors.Is(err, unix.ENOPROTOOPT) {
+		degraded = append(degraded, degradedTimers)
 		cfg.Logger.Warn("this kernel has no TCP_RTO_MIN_US / TCP_DELACK_MAX_US (Linux 6.15 or newer has them): WAN sockets keep the 200 ms RTO floor, and a lone lost message waits about 200 ms more",
 			"wan_rto_min", cfg.WAN.RTOMin, "wan_delack_max", cfg.WAN.DelackMax)
 		cfg.WAN.RTOMin, cfg.WAN.DelackMax = 0, 0
@@ -145,6 +151,7 @@ func New(cfg Config) (*Gateway, error) {
 			cfg.WAN.CC = "bbr"
 		} else if errors.Is(err, unix.EPERM) {
 			cfg.Logger.Warn("WAN sockets keep the system's default congestion control instead of BBR", "err", err)
+			degraded = append(degraded, degradedBBR)
 		}
 	}
 	if cfg.ExpressCC == "" && cfg.WAN.CC != "" {
@@ -162,6 +169,7 @@ func New(cfg Config) (*Gateway, error) {
 			cfg.ExpressCC = "cubic"
 		} else if errors.Is(err, unix.EPERM) {
 			cfg.Logger.Warn("the express link runs "+cfg.WAN.CC+" instead of CUBIC", "err", err)
+			degraded = append(degraded, degradedCubic)
 		}
 	}
 	for _, cc := range []string{cfg.LAN.CC, cfg.WAN.CC, cfg.ExpressCC} {
@@ -208,6 +216,7 @@ func New(cfg Config) (*Gateway, error) {
 	g := &Gateway{cfg: cfg, site: site, log: cfg.Logger.With("site", site.Name),
 		peers: map[uint8]*peer{}, readyc: make(chan struct{}), stopped: make(chan struct{})}
 	g.guard = tuning.NewProbeGuard()
+	g.degraded = degraded
 	g.sources.m = map[netip.Addr]int{}
 	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, ExpressMax: cfg.ExpressMax,
 		PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log,
@@ -229,6 +238,7 @@ func New(cfg Config) (*Gateway, error) {
 	g.records.m = map[recordKey]record{}
 	g.records.locals = map[netip.AddrPort]int{}
 	g.m = newMetrics(g)
+	g.m.reg.MustRegister(degradedCollector{g})
 	var err error
 	if g.lanLn, err = g.lan.Listen(site.LAN); err != nil {
 		return nil, fmt.Errorf("gateway: LAN listener %v: %w", site.LAN, err)
@@ -271,10 +281,12 @@ func (g *Gateway) Run(ctx context.Context) error {
 		switch {
 		case err != nil:
 			g.log.Warn("cannot tell whether the WAN links stay warm", "err", err)
+			g.degrade(degradedWarmUnknown)
 			keepWarmState = "unknown"
 		case !warm:
 			g.log.Warn("the CUBIC express link will restart from 10 segments after every pause longer than its RTO: net.ipv4.tcp_slow_start_after_idle is not 0 on this host, and the gateway changes no host setting",
 				"fix", tuning.KeepWarmFix)
+			g.degrade(degradedWarm)
 			keepWarmState = state
 		default:
 			keepWarmState = state

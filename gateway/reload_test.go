@@ -15,6 +15,7 @@ import (
 
 	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/sitemap"
+	"github.com/mpi5k/mpi5k/tuning"
 )
 
 var (
@@ -246,4 +247,48 @@ func TestReadyTag(t *testing.T) {
 			t.Errorf("/ready%s: %d, want %d", tc.query, r.StatusCode, tc.code)
 		}
 	}
+}
+
+// TestDegradedMetric: what the gateway found missing at start is exported
+// as mpi5k_degraded{what}, as this host's settings dictate (keep-warm
+// checked here: the line appears exactly when the sysctl is not 0).
+func TestDegradedMetric(t *testing.T) {
+	m := testMap(t)
+	maddr := netip.AddrPortFrom(gwA, freePort(t, gwA)).String()
+	a := startGW(t, m, "a", func(c *Config) { c.MetricsAddr, c.KeepWarm, c.ExpressCC = maddr, true, "cubic" })
+	startGW(t, m, "b", nil)
+	<-a.Ready()
+	warm, _, werr := tuning.WarmState()
+	var body string
+	for i := 0; i < 100; i++ {
+		if r, err := http.Get("http://" + maddr + "/metrics"); err == nil {
+			b, _ := io.ReadAll(r.Body)
+			r.Body.Close()
+			body = string(b)
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	got := strings.Contains(body, `mpi5k_degraded{what="`+degradedWarm+`"} 1`)
+	if want := werr == nil && !warm; got != want {
+		t.Errorf("keep-warm degradation exported: %v, want %v (warm %v, err %v):\n%s", got, want, warm, werr, grepLines(body, "mpi5k_degraded"))
+	}
+	a.degrade("test feature")
+	if r, err := http.Get("http://" + maddr + "/metrics"); err == nil {
+		b, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		if !strings.Contains(string(b), `mpi5k_degraded{what="test feature"} 1`) {
+			t.Errorf("a degradation added while running is not exported:\n%s", grepLines(string(b), "mpi5k_degraded"))
+		}
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
