@@ -21,6 +21,8 @@
 //   - lan.go: the LAN transport interface.
 //   - tcpevents.go, metrics.go: TCP_INFO sampling of the WAN links and the
 //     /metrics and /ready endpoints.
+//   - reload.go: a new site map in force while streams run (service mode);
+//     degraded.go: what the gateway runs without, exported for the summary.
 //
 // The multiplexing itself (streams, trunks, queue control, the poller
 // thread) is package relay; the WAN tuning policies the gateway applies to
