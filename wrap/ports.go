@@ -12,10 +12,10 @@ import (
 // bind (another job, or another program, holds the port) exits before it
 // is ready; the wrapper then stops the job's gateways and draws again.
 const (
-	// PortsFrom..PortsTo is where ports are drawn: above the 5000-5002 of
-	// earlier releases' fixed defaults, below Linux's ephemeral range
-	// (32768-60999), so no outgoing connection holds them. A firewall
-	// opens this range between the sites.
+	// PortsFrom..PortsTo is where ports are drawn: from the former fixed
+	// defaults (5000-5002) up, below Linux's ephemeral range (32768-60999),
+	// so no outgoing connection holds them. A firewall opens this range
+	// between the sites.
 	PortsFrom = 5000
 	PortsTo   = 5999
 	// portTries is how many draws a start gets before it gives up.
