@@ -262,7 +262,7 @@ func (g *Gateway) dialLoop(p *peer, i int) {
 			continue
 		}
 		if p.removed.Load() { // removed while dialing: retire missed this link
-			l.Close()
+			g.retireLinks(p, l)
 			return
 		}
 		backoff = 50 * time.Millisecond

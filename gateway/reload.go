@@ -169,11 +169,22 @@ func (g *Gateway) retire(p *peer) {
 		}
 	}
 	g.peersMu.Unlock()
+	g.retireLinks(p, links...)
+}
+
+// retireLinks drains and closes links of the removed peer p, on a
+// goroutine the gateway's stop waits for.
+func (g *Gateway) retireLinks(p *peer, links ...*relay.Link) {
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
 		ctx, cancel := context.WithTimeout(g.ctx, g.cfg.RetireTimeout)
 		defer cancel()
+		// A link being primed has PAD frames queued, which closing it
+		// mid-way trips over in relay (Link.fail and a PAD's nil stream):
+		// let priming end first (tuning.PrimeMaxTime at most).
+		p.primeMu.Lock()
+		p.primeMu.Unlock()
 		streams := p.trunk.NumStreams()
 		start := time.Now()
 		for _, l := range links {
@@ -182,7 +193,7 @@ func (g *Gateway) retire(p *peer) {
 		for _, l := range links {
 			l.Close()
 		}
-		g.log.Info("removed peer's WAN links closed", "peer", p.site.Name, "streams_at_reload", streams,
+		g.log.Info("removed peer's WAN links closed", "peer", p.site.Name, "links", len(links), "streams_at_reload", streams,
 			"drained_in", time.Since(start).Round(time.Millisecond).String(), "cut_short", ctx.Err() != nil)
 	}()
 }
@@ -194,4 +205,31 @@ func contains(xs []string, x string) bool {
 		}
 	}
 	return false
+}
+
+// upFor reports whether every link to the named sites is up (this site's
+// own name is skipped): a site the map does not name, or a link down, is
+// the error.
+func (g *Gateway) upFor(names []string) error {
+	g.peersMu.Lock()
+	defer g.peersMu.Unlock()
+	byName := map[string]*peer{}
+	for _, p := range g.peers {
+		byName[p.site.Name] = p
+	}
+	for _, n := range names {
+		if n == g.site.Name || n == "" {
+			continue
+		}
+		p := byName[n]
+		if p == nil {
+			return fmt.Errorf("site %s is not in this gateway's site map", n)
+		}
+		for i, l := range p.links {
+			if l == nil {
+				return fmt.Errorf("WAN link %d to site %s is down", i, n)
+			}
+		}
+	}
+	return nil
 }

@@ -292,3 +292,42 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestReadySites: /ready?sites= looks at the links to those sites only.
+func TestReadySites(t *testing.T) {
+	m := testMap(t)
+	b := sitemap.NewBuilder()
+	for _, s := range m.Sites() {
+		b.AddSite(s.Name, s.ID, s.LAN, s.WAN)
+	}
+	b.AddSite("c", 3, netip.AddrPortFrom(gwC, freePort(t, gwC)), netip.AddrPortFrom(gwC, freePort(t, gwC)))
+	m3, err := b.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	maddr := netip.AddrPortFrom(gwA, freePort(t, gwA)).String()
+	// Not primed: a gateway stopped while it primes a link panics in
+	// relay (Link.fail returns a token to the nil stream of a PAD frame).
+	startGW(t, m3, "a", func(c *Config) { c.MetricsAddr, c.Prime = maddr, false })
+	startGW(t, m3, "b", func(c *Config) { c.Prime = false }) // c's gateway never runs
+	get := func(q string) int {
+		for i := 0; i < 200; i++ {
+			if r, err := http.Get("http://" + maddr + "/ready" + q); err == nil {
+				r.Body.Close()
+				if r.StatusCode == http.StatusOK || q != "?sites=a,b" || i > 150 {
+					return r.StatusCode
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		return 0
+	}
+	if code := get("?sites=a,b"); code != http.StatusOK {
+		t.Errorf("/ready?sites=a,b with a and b up: %d", code)
+	}
+	for _, q := range []string{"", "?sites=a,c", "?sites=a,x"} {
+		if code := get(q); code != http.StatusServiceUnavailable {
+			t.Errorf("/ready%s with c down: %d, want 503", q, code)
+		}
+	}
+}

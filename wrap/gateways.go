@@ -57,6 +57,7 @@ type gateway struct {
 	argv    []string
 	metrics string // host:port of /ready and /metrics
 	tag     string // its --ready-tag: /ready?tag= tells it from another job's
+	sites   string // a service gateway's /ready?sites=: the job's sites
 	cmd     *exec.Cmd
 	stdin   io.WriteCloser
 	logPath string
@@ -145,8 +146,11 @@ func (g *gateway) logTail() string {
 // probe asks the gateway's /ready once: nil when every WAN link is up.
 func (g *gateway) probe(ctx context.Context, client *http.Client) error {
 	u := "http://" + g.metrics + "/ready"
-	if g.tag != "" {
+	switch {
+	case g.tag != "":
 		u += "?tag=" + url.QueryEscape(g.tag)
+	case g.sites != "":
+		u += "?sites=" + url.QueryEscape(g.sites)
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {

@@ -116,12 +116,16 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 	// Which sites have a gateway running already.
 	client := httpClient(serviceProbe)
 	var running, own []*gateway
+	var names []string
+	for _, s := range sites {
+		names = append(names, s.Name)
+	}
 	for _, s := range sites {
 		ws := &Site{Name: s.Name, ID: s.ID, Gateway: SiteHost{Host: Host{Name: gatewayHost(s)}, Site: s.Name, Addrs: []netip.Addr{s.LAN.Addr()}}}
 		for _, h := range bySite[s.Name] {
 			ws.Hosts = append(ws.Hosts, SiteHost{Host: h, Site: s.Name})
 		}
-		g := &gateway{site: ws}
+		g := &gateway{site: ws, sites: strings.Join(names, ",")}
 		if s.Ready.IsValid() && !c.DryRun {
 			g.metrics = s.Ready.String()
 			err := g.probe(ctx, client)
@@ -144,7 +148,11 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 		c.WorkDir = filepath.Join(home, ".mpi5k", fmt.Sprintf("run-%d-%d", os.Getpid(), time.Now().Unix()))
 	}
 	mapPath := filepath.Join(c.WorkDir, "sites.conf")
-	mapText := "# mpi5k site map: a copy of " + c.MapFile + "\n" + m.String()
+	jm, err := jobMap(m, sites)
+	if err != nil {
+		return 1, fmt.Errorf("--map %s: %v", c.MapFile, err)
+	}
+	mapText := "# mpi5k site map: the job's sites of " + c.MapFile + "\n" + jm.String()
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	tag := fmt.Sprintf("%d-%x", os.Getpid(), rng.Uint64())
 	for _, g := range own {
@@ -154,7 +162,7 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 			port = pickPorts(rng, int(s.LAN.Port()), int(s.WAN.Port()), 0).metrics
 		}
 		g.metrics = g.site.Gateway.hostPort(port)
-		g.tag = tag
+		g.tag, g.sites = tag, ""
 		argv := append([]string(nil), c.Launcher...)
 		argv = append(argv, g.site.Gateway.Name, c.GatewayBin, "--map", mapPath, "--site", s.Name,
 			"--metrics", g.metrics, "--exit-on-stdin-eof", "--ready-tag", tag)
@@ -292,4 +300,21 @@ func (c *Config) copyMap(ctx context.Context, hosts []string, mapPath, text stri
 		p.Sites = append(p.Sites, &Site{Gateway: SiteHost{Host: Host{Name: h}}})
 	}
 	return c.distribute(ctx, p, mapPath, text)
+}
+
+// jobMap is m with the job's sites only: a per-job gateway is ready once
+// its links to every site of its map are up, and a site the job does not
+// use may run no gateway at all.
+func jobMap(m *sitemap.Map, sites []*sitemap.Site) (*sitemap.Map, error) {
+	b := sitemap.NewBuilder()
+	for _, s := range sites {
+		b.AddSite(s.Name, s.ID, s.LAN, s.WAN)
+		for _, n := range s.Nets {
+			b.AddNet(s.Name, n)
+		}
+		for _, h := range s.Hosts {
+			b.AddHost(s.Name, h.Name, h.Addrs...)
+		}
+	}
+	return b.Build()
 }

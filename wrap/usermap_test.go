@@ -36,9 +36,16 @@ func TestRunMapDryRun(t *testing.T) {
 	}
 	c, out, _ = testConfig(t, "mpiexec.mpich", "-hosts", "127.0.1.11,127.0.2.11", "-n", "2", "./pp")
 	c.DryRun, c.MapFile = true, handMap(t, nil)
+	// A site the job does not use stays out of the job's map: its
+	// gateway need not run.
+	b, _ := os.ReadFile(c.MapFile)
+	os.WriteFile(c.MapFile, append(b, "site site3 id=3 lan=127.0.3.2:5000 wan=127.1.3.2:5001\nnet site3 127.0.3.0/24\n"...), 0o644)
 	code, err := Run(context.Background(), c)
 	if code != 0 || err != nil {
 		t.Fatal(code, err)
+	}
+	if strings.Contains(out.String(), "site3") {
+		t.Errorf("the job's map names site3, which the job does not use:\n%s", out.String())
 	}
 	for _, want := range []string{
 		"site site1 id=1 lan=127.0.1.2:5000 wan=127.1.1.2:5001\n",
