@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -113,4 +115,42 @@ func TestWrapDegradedSummary(t *testing.T) {
 		t.Errorf("gateways on warm hosts reported as not warm:\n%s", out)
 	}
 	t.Logf("%s", lastLines(out, 4))
+}
+
+// TestWrapUnprivilegedGateways: gateways run as an unprivileged user (a
+// launcher that drops to nobody with setpriv) still carry a verified job,
+// and the one summary line names the congestion controls this host's
+// net.ipv4.tcp_allowed_congestion_control kept from them.
+func TestWrapUnprivilegedGateways(t *testing.T) {
+	labRequireRoot(t)
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("needs setpriv (util-linux)")
+	}
+	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed := strings.Fields(string(b))
+	l := labUp(t, testbed.Config{Name: "unp" + itoa4(), Nodes: 1, RTT: 5 * time.Millisecond, WANRate: 100e6})
+	m := chaosMPIs[0]
+	bin := buildMPI(t, m.mpicc, "chaos_mpi")
+	dir := t.TempDir()
+	os.Chmod(dir, 0o755) // nobody reads the map under it
+	os.Chmod(filepath.Dir(dir), 0o755)
+	hf := filepath.Join(dir, "hosts")
+	os.WriteFile(hf, []byte(m.hostfile), 0o644)
+	launcher := filepath.Join(dir, "ssh-nobody")
+	os.WriteFile(launcher, []byte("#!/bin/sh\nhost=$1; shift\nexec ssh \"$host\" setpriv --reuid=65534 --regid=65534 --clear-groups -- \"$@\"\n"), 0o755)
+	work := filepath.Join(dir, "work")
+	argv := append([]string{wrapScript(t), "--shared-fs", "--workdir", work, "--launcher", launcher}, m.argv(bin, hf, "1")...)
+	out := mpiJob{Host: "node-1.site1", Argv: argv, Dir: dir, Timeout: 90 * time.Second, Done: "chaos_mpi ok"}.run(t, l)
+	t.Logf("allowed without CAP_NET_ADMIN: %v\n%s", allowed, lastLines(out, 3))
+	for cc, what := range map[string]string{"bbr": "bulk WAN links on the default congestion control, not BBR", "cubic": "express link not on CUBIC"} {
+		if want := !slices.Contains(allowed, cc); strings.Contains(out, what) != want {
+			t.Errorf("%s allowed: %v; the summary names %q: %v, want %v:\n%s", cc, !want, what, !want, want, out)
+		}
+	}
+	if n := strings.Count(out, "degraded:"); n > 1 {
+		t.Errorf("%d degraded lines, want at most 1:\n%s", n, out)
+	}
 }
