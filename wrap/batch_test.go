@@ -131,3 +131,30 @@ func TestUntarTraces(t *testing.T) {
 		t.Errorf("a.1.trace holds %q", got)
 	}
 }
+
+func TestWithOarsh(t *testing.T) {
+	none := func(string) string { return "" }
+	oarsh := []string{"oarsh"}
+	for _, tc := range []struct {
+		f        Flavour
+		argv     []string
+		launcher []string
+		want     []string
+	}{
+		{OpenMPI, []string{"mpirun", "-np", "4", "./a"}, oarsh, []string{"mpirun", "--mca", "plm_rsh_agent", "oarsh", "-np", "4", "./a"}},
+		{OpenMPI, []string{"mpirun", "--mca", "plm_rsh_agent", "ssh", "./a"}, oarsh, []string{"mpirun", "--mca", "plm_rsh_agent", "ssh", "./a"}},
+		{Hydra, []string{"mpiexec", "-n", "2", "./a"}, []string{"/usr/bin/oarsh"}, []string{"mpiexec", "-launcher", "ssh", "-launcher-exec", "/usr/bin/oarsh", "-n", "2", "./a"}},
+		{Hydra, []string{"mpiexec", "-launcher", "rsh", "./a"}, oarsh, []string{"mpiexec", "-launcher", "rsh", "./a"}},
+		{OpenMPI, []string{"mpirun", "./a"}, []string{"ssh"}, []string{"mpirun", "./a"}},
+		{Slurm, []string{"srun", "./a"}, oarsh, []string{"srun", "./a"}},
+	} {
+		got, _ := withOarsh(tc.f, tc.argv, tc.launcher, none)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%v %q with --launcher %q: %q, want %q", tc.f, tc.argv, tc.launcher, got, tc.want)
+		}
+	}
+	got, _ := withOarsh(OpenMPI, []string{"mpirun", "./a"}, oarsh, func(k string) string { return map[string]string{"OMPI_MCA_plm_rsh_agent": "x"}[k] })
+	if !slices.Equal(got, []string{"mpirun", "./a"}) {
+		t.Errorf("with $OMPI_MCA_plm_rsh_agent set: %q", got)
+	}
+}

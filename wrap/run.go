@@ -85,6 +85,10 @@ func Run(ctx context.Context, c Config) (int, error) {
 			return 2, err
 		}
 	}
+	if argv, added := withOarsh(f, c.Argv, c.Launcher, c.Getenv); added != "" {
+		fmt.Fprintf(c.Stderr, "mpi5k: --launcher oarsh: %s starts its daemons with %s too\n", filepath.Base(c.Argv[0]), added)
+		c.Argv = argv
+	}
 	hosts, src, err := HostsFromArgs(f, c.Argv)
 	if err != nil {
 		return 2, err
