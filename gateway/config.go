@@ -89,16 +89,16 @@ type Config struct {
 	// answers 409 unless X is this tag (mpi5k run's check that the
 	// gateway on a port is the one it started).
 	ReadyTag string
+	// RetireTimeout: how long the streams of a peer that a reload took out
+	// of the map may finish before its links close (default 10 min).
+	RetireTimeout time.Duration
 
 	DialTimeout  time.Duration // LAN connect to a destination (default 10 s)
 	OpenTimeout  time.Duration // how long an OPEN waits for a WAN link (default 2 s)
 	PingInterval time.Duration // WAN keepalive (default 1 s)
 	DeadAfter    time.Duration // a link silent this long is dead; also TCP_USER_TIMEOUT (default 10 × PingInterval)
 	DrainTimeout time.Duration // SIGTERM: how long streams may finish (default 10 s)
-	// RetireTimeout: how long the streams of a peer that a reload took out
-	// of the map may finish before its links close (default 10 min).
-	RetireTimeout time.Duration
-	FirstFrame    time.Duration // how long a LAN connection may take to send OPEN/PEER_QUERY (default 10 s)
+	FirstFrame   time.Duration // how long a LAN connection may take to send OPEN/PEER_QUERY (default 10 s)
 
 	Transport LANTransport // nil = kernel TCP with the LAN options
 	Logger    *slog.Logger

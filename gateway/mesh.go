@@ -87,7 +87,7 @@ func (g *Gateway) setLink(p *peer, i int, l *relay.Link, priming bool) {
 			p.links[i] = nil
 		}
 		g.peersMu.Unlock()
-		if lost && !g.draining.Load() && !p.removed.Load() {
+		if lost && !g.draining.Load() {
 			// WAN links do not resume streams yet: each one through this
 			// link is reset (code 7), and its rank sees its connection fail.
 			g.log.Warn("WAN link lost: streams through it were reset; MPI jobs using them fail",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -175,6 +176,15 @@ func (g *Gateway) retire(p *peer) {
 // retireLinks drains and closes links of the removed peer p, on a
 // goroutine the gateway's stop waits for.
 func (g *Gateway) retireLinks(p *peer, links ...*relay.Link) {
+	// Out of p's slots first: the close of a link still in its slot is
+	// logged as a lost link whose streams were reset, which these are not.
+	g.peersMu.Lock()
+	for i, x := range p.links {
+		if slices.Contains(links, x) {
+			p.links[i] = nil
+		}
+	}
+	g.peersMu.Unlock()
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
