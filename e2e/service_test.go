@@ -29,25 +29,25 @@ import (
 	"github.com/mpi5k/mpi5k/testbed"
 )
 
-// TestServiceHelper is not a test: it is the checksummed-stream program
-// run inside lab hosts when MPI5K_SVCHELPER is set: "serve ADDR" (a
+// TestServiceTraffic is not a test: it is the checksummed-stream program
+// run inside lab hosts when MPI5K_SVCTRAFFIC is set: "serve ADDR" (a
 // SumServer), or "send DST GW SIZE SEED": open DST through the gateway's
 // LAN listener GW, send half of SIZE bytes, print "half", wait for a line
 // on standard input, send the rest and print "ok" if the SHA-256 came back
 // right.
-func TestServiceHelper(t *testing.T) {
-	spec := os.Getenv("MPI5K_SVCHELPER")
+func TestServiceTraffic(t *testing.T) {
+	spec := os.Getenv("MPI5K_SVCTRAFFIC")
 	if spec == "" {
-		t.Skip("helper process only")
+		t.Skip("traffic process only")
 	}
-	if err := svcHelper(strings.Fields(spec)); err != nil {
-		fmt.Fprintln(os.Stderr, "helper:", err)
+	if err := svcTraffic(strings.Fields(spec)); err != nil {
+		fmt.Fprintln(os.Stderr, "traffic:", err)
 		os.Exit(1)
 	}
 	os.Exit(0)
 }
 
-func svcHelper(a []string) error {
+func svcTraffic(a []string) error {
 	switch a[0] {
 	case "serve":
 		ln, err := net.Listen("tcp", a[1])
@@ -104,10 +104,10 @@ func svcHelper(a []string) error {
 		fmt.Println("ok")
 		return nil
 	}
-	return fmt.Errorf("unknown helper mode %q", a[0])
+	return fmt.Errorf("unknown traffic mode %q", a[0])
 }
 
-// gatedSend is a running "send" helper, stopped after its first half.
+// gatedSend is a running "send" traffic process, stopped after its first half.
 type gatedSend struct {
 	cmd   *exec.Cmd
 	in    io.WriteCloser
@@ -121,10 +121,10 @@ type gatedSend struct {
 // waits until its first half is sent.
 func startSend(t *testing.T, l *testbed.Lab, host string, dst, gw netip.AddrPort, size int, seed uint64) *gatedSend {
 	t.Helper()
-	c := l.Command(host, os.Args[0], "-test.run=^TestServiceHelper$")
-	// The helper speaks to the gateway itself: no shim under it.
+	c := l.Command(host, os.Args[0], "-test.run=^TestServiceTraffic$")
+	// The sender speaks to the gateway itself: no shim under it.
 	c.Env = slices.DeleteFunc(c.Env, func(e string) bool { return strings.HasPrefix(e, "LD_PRELOAD=") })
-	c.Env = append(c.Env, fmt.Sprintf("MPI5K_SVCHELPER=send %v %v %d %d", dst, gw, size, seed))
+	c.Env = append(c.Env, fmt.Sprintf("MPI5K_SVCTRAFFIC=send %v %v %d %d", dst, gw, size, seed))
 	s := &gatedSend{cmd: c, out: &lockedBuffer{want: "half", seen: make(chan struct{})}, exit: make(chan error, 1),
 		what: fmt.Sprintf("stream %s -> %v (%d bytes)", host, dst, size)}
 	seen := s.out.seen
@@ -337,8 +337,8 @@ func TestServiceGateways(t *testing.T) {
 
 	// Sinks for the checksummed streams.
 	for _, host := range []string{"node-1.site2", "node-1.site3"} {
-		c := l.Command(host, os.Args[0], "-test.run=^TestServiceHelper$")
-		c.Env = append(c.Env, "MPI5K_SVCHELPER=serve "+netip.AddrPortFrom(l.Addr(host), 7100).String())
+		c := l.Command(host, os.Args[0], "-test.run=^TestServiceTraffic$")
+		c.Env = append(c.Env, "MPI5K_SVCTRAFFIC=serve "+netip.AddrPortFrom(l.Addr(host), 7100).String())
 		out, _ := c.StdoutPipe()
 		if err := c.Start(); err != nil {
 			t.Fatal(err)
