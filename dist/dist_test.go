@@ -71,7 +71,7 @@ func TestMakeInstall(t *testing.T) {
 	unit, _ := os.ReadFile(filepath.Join(dest, "usr/local/lib/systemd/system/mpi5k-gateway.service"))
 	for _, want := range []string{"ExecStart=/usr/local/bin/mpi5k-gateway --map ${MPI5K_MAP}",
 		"ExecStartPre=+/usr/local/lib/mpi5k/keep-warm start", "ExecStopPost=+/usr/local/lib/mpi5k/keep-warm stop",
-		"EnvironmentFile=/etc/mpi5k/gateway.env"} {
+		"EnvironmentFile=/etc/mpi5k/gateway.env", "ExecReload=/bin/kill -HUP $MAINPID"} {
 		if !strings.Contains(string(unit), want) {
 			t.Errorf("installed unit lacks %q", want)
 		}

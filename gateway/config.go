@@ -85,6 +85,13 @@ type Config struct {
 
 	ReadyFile   string // written once every WAN link is up and primed (tuning.Prime)
 	MetricsAddr string // HTTP listener for /metrics and /ready ("" = none)
+	// ReadyTag names the job a per-job gateway serves: /ready?tag=X
+	// answers 409 unless X is this tag (mpi5k run's check that the
+	// gateway on a port is the one it started).
+	ReadyTag string
+	// RetireTimeout: how long the streams of a peer that a reload took out
+	// of the map may finish before its links close (default 10 min).
+	RetireTimeout time.Duration
 
 	DialTimeout  time.Duration // LAN connect to a destination (default 10 s)
 	OpenTimeout  time.Duration // how long an OPEN waits for a WAN link (default 2 s)

@@ -21,6 +21,8 @@
 //   - lan.go: the LAN transport interface.
 //   - tcpevents.go, metrics.go: TCP_INFO sampling of the WAN links and the
 //     /metrics and /ready endpoints.
+//   - reload.go: a new site map in force while streams run (service mode);
+//     degraded.go: what the gateway runs without, exported for the summary.
 //
 // The multiplexing itself (streams, trunks, queue control, the poller
 // thread) is package relay; the WAN tuning policies the gateway applies to
@@ -70,6 +72,17 @@ type Gateway struct {
 	guard    *tuning.ProbeGuard
 	draining atomic.Bool // SIGTERM: refuse new streams from peers
 
+	// smap is the site map in force (Reload replaces it; peersMu orders
+	// it with peers). reloadMu orders Reload with Run's start and drain:
+	// a reload starts dial loops only while running.
+	smap     atomic.Pointer[sitemap.Map]
+	reloadMu sync.Mutex
+	running  bool
+
+	// degraded: features this gateway runs without, and why (degraded.go).
+	degradedMu sync.Mutex
+	degraded   []string
+
 	// Limits (Config.Max*): what is in use, and the refusal log.
 	lanConns, lanPending, wanPending atomic.Int64
 	sources                          sourceTable
@@ -116,7 +129,9 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.WAN.NotSentLowat == 0 {
 		cfg.WAN.NotSentLowat = 128 << 10
 	}
+	var degraded []string
 	if err := cfg.WAN.CheckTimers(); errors.Is(err, unix.ENOPROTOOPT) {
+		degraded = append(degraded, degradedTimers)
 		cfg.Logger.Warn("this kernel has no TCP_RTO_MIN_US / TCP_DELACK_MAX_US (Linux 6.15 or newer has them): WAN sockets keep the 200 ms RTO floor, and a lone lost message waits about 200 ms more",
 			"wan_rto_min", cfg.WAN.RTOMin, "wan_delack_max", cfg.WAN.DelackMax)
 		cfg.WAN.RTOMin, cfg.WAN.DelackMax = 0, 0
@@ -138,6 +153,7 @@ func New(cfg Config) (*Gateway, error) {
 			cfg.WAN.CC = "bbr"
 		} else if errors.Is(err, unix.EPERM) {
 			cfg.Logger.Warn("WAN sockets keep the system's default congestion control instead of BBR", "err", err)
+			degraded = append(degraded, degradedBBR)
 		}
 	}
 	if cfg.ExpressCC == "" && cfg.WAN.CC != "" {
@@ -155,6 +171,7 @@ func New(cfg Config) (*Gateway, error) {
 			cfg.ExpressCC = "cubic"
 		} else if errors.Is(err, unix.EPERM) {
 			cfg.Logger.Warn("the express link runs "+cfg.WAN.CC+" instead of CUBIC", "err", err)
+			degraded = append(degraded, degradedCubic)
 		}
 	}
 	for _, cc := range []string{cfg.LAN.CC, cfg.WAN.CC, cfg.ExpressCC} {
@@ -173,6 +190,9 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.DrainTimeout == 0 {
 		cfg.DrainTimeout = 10 * time.Second
+	}
+	if cfg.RetireTimeout == 0 {
+		cfg.RetireTimeout = defaultRetireTimeout
 	}
 	if cfg.FirstFrame == 0 {
 		cfg.FirstFrame = 10 * time.Second
@@ -198,6 +218,7 @@ func New(cfg Config) (*Gateway, error) {
 	g := &Gateway{cfg: cfg, site: site, log: cfg.Logger.With("site", site.Name),
 		peers: map[uint8]*peer{}, readyc: make(chan struct{}), stopped: make(chan struct{})}
 	g.guard = tuning.NewProbeGuard()
+	g.degraded = degraded
 	g.sources.m = map[netip.Addr]int{}
 	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, ExpressMax: cfg.ExpressMax,
 		PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log,
@@ -211,17 +232,16 @@ func New(cfg Config) (*Gateway, error) {
 	if g.lan == nil {
 		g.lan = &TCPTransport{Opts: cfg.LAN}
 	}
+	g.smap.Store(cfg.Map)
 	for _, s := range cfg.Map.Sites() {
 		if s.ID != site.ID {
-			p := &peer{site: s, dialer: site.ID < s.ID, links: make([]*relay.Link, g.numLinks()), renew: make(chan struct{}, 1)}
-			p.trunk = relay.NewTrunk(p.dialer, relay.HandlerFunc(g.openFromWAN))
-			p.trunk.OnRenew(func() { kickRenew(p) })
-			g.peers[s.ID] = p
+			g.peers[s.ID] = g.newPeer(s)
 		}
 	}
 	g.records.m = map[recordKey]record{}
 	g.records.locals = map[netip.AddrPort]int{}
 	g.m = newMetrics(g)
+	g.m.reg.MustRegister(degradedCollector{g})
 	var err error
 	if g.lanLn, err = g.lan.Listen(site.LAN); err != nil {
 		return nil, fmt.Errorf("gateway: LAN listener %v: %w", site.LAN, err)
@@ -264,17 +284,19 @@ func (g *Gateway) Run(ctx context.Context) error {
 		switch {
 		case err != nil:
 			g.log.Warn("cannot tell whether the WAN links stay warm", "err", err)
+			g.degrade(degradedWarmUnknown)
 			keepWarmState = "unknown"
 		case !warm:
 			g.log.Warn("the CUBIC express link will restart from 10 segments after every pause longer than its RTO: net.ipv4.tcp_slow_start_after_idle is not 0 on this host, and the gateway changes no host setting",
 				"fix", tuning.KeepWarmFix)
+			g.degrade(degradedWarm)
 			keepWarmState = state
 		default:
 			keepWarmState = state
 		}
 	}
 	g.log.Info("gateway up", "id", g.site.ID, "lan", g.lanLn.Addr().String(), "wan", g.wanLn.Addr().String(),
-		"peers", len(g.peers), "wan_conns", g.cfg.WANConns, "express", g.cfg.Express, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
+		"peers", len(g.peerList()), "wan_conns", g.cfg.WANConns, "express", g.cfg.Express, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
 		"wan_pace_bps", g.cfg.WANPace, "wan_queue", g.cfg.WANQueue.String(), "probe_rtt_guard", g.cfg.ProbeRTTGuard,
 		"express_cc", g.cfg.ExpressCC, "prime", g.cfg.Prime, "keep_warm", keepWarmState,
 		"max_lan_conns", g.cfg.MaxLANConns, "max_source_streams", g.cfg.MaxSourceStreams, "max_peer_streams", g.cfg.MaxPeerStreams)
@@ -289,17 +311,17 @@ func (g *Gateway) Run(ctx context.Context) error {
 			g.guard.Run(g.ctx, g.allLinks)
 		}()
 	}
-	for _, p := range g.peers {
-		if p.dialer {
-			for i := range p.links {
-				g.wg.Add(1)
-				go g.dialLoop(p, i)
-			}
-		}
+	g.reloadMu.Lock()
+	for _, p := range g.peerList() {
+		g.startPeer(p)
 	}
+	g.running = true
+	g.reloadMu.Unlock()
 	<-ctx.Done()
 	g.log.Info("draining", "timeout", g.cfg.DrainTimeout.String())
+	g.reloadMu.Lock()
 	g.draining.Store(true)
+	g.reloadMu.Unlock()
 	g.lanLn.Close()
 	g.wanLn.Close()
 	dctx, dcancel := context.WithTimeout(context.Background(), g.cfg.DrainTimeout)

@@ -37,6 +37,9 @@ type peer struct {
 	// primeMu: one link of the pair primes at a time, so each measures
 	// the path's rate rather than a share of it (tuning.Prime).
 	primeMu sync.Mutex
+	// removed: a reload took the peer out of the map (reload.go); its
+	// links drain and are not redialed.
+	removed atomic.Bool
 }
 
 func (g *Gateway) allLinks() []*relay.Link {
@@ -278,7 +281,7 @@ func (g *Gateway) dialLoop(p *peer, i int) {
 	defer g.wg.Done()
 	backoff := 50 * time.Millisecond
 	log := g.log.With("peer", p.site.Name, "link", i)
-	for g.ctx.Err() == nil {
+	for g.ctx.Err() == nil && !p.removed.Load() {
 		l, err := g.dialOnce(p, i)
 		if err != nil {
 			// The first failures are normal while peers start up.
@@ -296,6 +299,10 @@ func (g *Gateway) dialLoop(p *peer, i int) {
 			backoff = min(2*backoff, 5*time.Second)
 			continue
 		}
+		if p.removed.Load() { // removed while dialing: retire missed this link
+			g.retireLinks(p, l)
+			return
+		}
 		backoff = 50 * time.Millisecond
 		log.Info("WAN link up", "remote", l.Conn().RemoteAddr().String())
 		var lastRenew time.Time
@@ -309,7 +316,7 @@ func (g *Gateway) dialLoop(p *peer, i int) {
 			case <-l.Breaks():
 				l = g.resumeLoop(p, i, l, log)
 			case <-l.Done():
-				if g.draining.Load() {
+				if g.draining.Load() || p.removed.Load() {
 					return
 				}
 				log.Info("reconnecting the lost WAN link", "err", l.Err())
@@ -320,7 +327,7 @@ func (g *Gateway) dialLoop(p *peer, i int) {
 			case <-renew:
 				// At most one renewal per renewGap, whoever asks; a request
 				// that comes sooner waits for the gap to pass.
-				if g.draining.Load() || later != nil {
+				if g.draining.Load() || p.removed.Load() || later != nil {
 					continue
 				}
 				if wait := renewGap - time.Since(lastRenew); wait > 0 {
@@ -533,7 +540,7 @@ func (g *Gateway) acceptWAN(c *net.TCPConn) {
 	since := time.Now().Add(-acceptLag)
 	remote := unmapAP(c.RemoteAddr().(*net.TCPAddr).AddrPort())
 	var cands []*peer
-	for _, p := range g.peers {
+	for _, p := range g.peerList() {
 		if !p.dialer && p.site.WAN.Addr() == remote.Addr() {
 			cands = append(cands, p)
 		}

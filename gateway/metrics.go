@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 
 	"github.com/mpi5k/mpi5k/relay"
@@ -224,6 +225,22 @@ func (m *metrics) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/ready", func(w http.ResponseWriter, r *http.Request) {
+		// ?tag=: the asker started a gateway with this ReadyTag and must
+		// not take another job's gateway on the same port for its own.
+		if tag := r.URL.Query().Get("tag"); tag != "" && tag != m.g.cfg.ReadyTag {
+			http.Error(w, "this gateway was started for another job (--ready-tag differs)", http.StatusConflict)
+			return
+		}
+		// ?sites=a,b: a service gateway serves jobs of some sites while
+		// others may be down; a job asks for the links it needs.
+		if q := r.URL.Query().Get("sites"); q != "" {
+			if err := m.g.upFor(strings.Split(q, ",")); err != nil {
+				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ready")
+			return
+		}
 		if m.g.allUp() {
 			fmt.Fprintln(w, "ready")
 			return

@@ -84,11 +84,12 @@ func (g *Gateway) handleLAN(c LANConn) {
 	}
 	defer unpend()
 	remote := c.Remote()
-	if s, ok := g.cfg.Map.Lookup(remote.Addr()); !ok || s.ID != g.site.ID {
+	m := g.curMap()
+	if s, ok := m.Lookup(remote.Addr()); !ok || s.ID != g.site.ID {
 		g.refuseLAN(c, "lan_source", "source is not a node of this site")
 		return
 	}
-	if gs, ok := g.cfg.Map.GatewaySite(remote.Addr()); ok && (gs.ID != g.site.ID || g.records.isLocal(remote)) {
+	if gs, ok := m.GatewaySite(remote.Addr()); ok && (gs.ID != g.site.ID || g.records.isLocal(remote)) {
 		// A gateway never has a reason to open a stream: this is a
 		// connection the gateway dialed to a destination that led back
 		// here (a loop), or another site's gateway.
@@ -145,12 +146,13 @@ func (g *Gateway) openFromLAN(c LANConn, h header.Header, body []byte) *relay.St
 		g.refuseLAN(c, "lan_open", "OPEN source differs from the connection's source", "src", o.Src.String())
 		return nil
 	}
-	dsite, ok := g.cfg.Map.Lookup(o.Dst.Addr())
+	m := g.curMap()
+	dsite, ok := m.Lookup(o.Dst.Addr())
 	if !ok || dsite.ID == g.site.ID {
 		g.refuseLAN(c, "lan_open", "destination is not in another site of the map", "dst", o.Dst.String())
 		return nil
 	}
-	if gs, ok := g.cfg.Map.GatewaySite(o.Dst.Addr()); ok {
+	if gs, ok := m.GatewaySite(o.Dst.Addr()); ok {
 		g.refuseLAN(c, "dst_gateway", "destination is a gateway: gateways are never relayed to (a loop)", "dst", o.Dst.String(), "gateway_site", gs.Name)
 		return nil
 	}
@@ -158,7 +160,13 @@ func (g *Gateway) openFromLAN(c LANConn, h header.Header, body []byte) *relay.St
 		g.refuseLAN(c, "source_streams", "the source host has too many streams open", "limit", g.cfg.MaxSourceStreams)
 		return nil
 	}
-	p := g.peers[dsite.ID]
+	// A reload between the map's lookup and this one leaves no peer.
+	p := g.peer(dsite.ID)
+	if p == nil {
+		g.sources.release(o.Src.Addr())
+		g.refuseLAN(c, "no_link", "destination's site left the site map (reloaded)", "dst", o.Dst.String(), "peer", dsite.Name)
+		return nil
+	}
 	l := g.pickLink(p)
 	if l == nil {
 		g.sources.release(o.Src.Addr())
@@ -181,29 +189,31 @@ func (g *Gateway) openFromLAN(c LANConn, h header.Header, body []byte) *relay.St
 // goroutine; DATA the peer pipelined waits in the stream's window meanwhile.
 func (g *Gateway) openFromWAN(s *relay.Stream, o *header.Open) {
 	peerID := s.Link().Peer().SiteID
-	psite, _ := g.cfg.Map.SiteByID(peerID)
-	if g.draining.Load() {
+	m, p := g.curMap(), g.peer(peerID)
+	if g.draining.Load() || p == nil {
+		// p == nil: a reload took the peer out of the map; its streams
+		// drain, and it opens no new one.
 		s.Refuse(header.CodeShutdown)
 		return
 	}
+	psite := p.site
 	o.Dst, o.Src = unmapAP(o.Dst), unmapAP(o.Src)
-	if d, ok := g.cfg.Map.Lookup(o.Dst.Addr()); !ok || d.ID != g.site.ID {
+	if d, ok := m.Lookup(o.Dst.Addr()); !ok || d.ID != g.site.ID {
 		g.refused("wan_open_dst", "WAN OPEN refused: destination not in this site", "peer", psite.Name, "dst", o.Dst.String())
 		s.Refuse(header.CodePolicy)
 		return
 	}
-	if gs, ok := g.cfg.Map.GatewaySite(o.Dst.Addr()); ok {
+	if gs, ok := m.GatewaySite(o.Dst.Addr()); ok {
 		g.refused("dst_gateway", "WAN OPEN refused: destination is a gateway: gateways are never relayed to (a loop)",
 			"peer", psite.Name, "dst", o.Dst.String(), "gateway_site", gs.Name)
 		s.Refuse(header.CodePolicy)
 		return
 	}
-	if src, ok := g.cfg.Map.Lookup(o.Src.Addr()); !ok || src.ID != peerID {
+	if src, ok := m.Lookup(o.Src.Addr()); !ok || src.ID != peerID {
 		g.refused("wan_open_src", "WAN OPEN refused: source not in the peer's site", "peer", psite.Name, "src", o.Src.String())
 		s.Refuse(header.CodePolicy)
 		return
 	}
-	p := g.peers[peerID]
 	if !takeSlot(&p.streamsIn, g.cfg.MaxPeerStreams) {
 		g.refused("peer_streams", "WAN OPEN refused: the peer site has too many streams open into this site",
 			"peer", psite.Name, "limit", g.cfg.MaxPeerStreams)

@@ -47,6 +47,7 @@ type siteRec struct {
 	name     string
 	id       int // 0 = missing
 	lan, wan netip.AddrPort
+	ready    netip.AddrPort // optional
 }
 
 type netRec struct {
@@ -211,7 +212,10 @@ func (r *records) build(knownBroken map[string]bool) (*Map, []*Error) {
 			knownBroken[rec.name] = true
 			continue
 		}
-		s := &Site{Name: rec.name, ID: uint8(rec.id), LAN: rec.lan, WAN: rec.wan}
+		if rec.ready.IsValid() && (rec.ready.Port() == 0 || rec.ready.Addr().IsUnspecified()) {
+			fail(rec.at, "site %s: ready address %s: want the service gateway's --metrics address, with a port and not unspecified", rec.name, rec.ready)
+		}
+		s := &Site{Name: rec.name, ID: uint8(rec.id), LAN: rec.lan, WAN: rec.wan, Ready: rec.ready}
 		m.byName[s.Name] = s
 		m.byID[s.ID] = s
 		m.sites = append(m.sites, s)

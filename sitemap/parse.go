@@ -134,18 +134,21 @@ func parseSite(f []string, at pos) (siteRec, string) {
 				return s, fmt.Sprintf("site %s: id 0 out of range 1-255", s.name)
 			}
 			s.id = n
-		case "lan", "wan":
+		case "lan", "wan", "ready":
 			ap, err := netip.ParseAddrPort(v)
 			if err != nil {
 				return s, fmt.Sprintf("site %s: bad %s address %q: want ip:port ([ipv6]:port): %s", s.name, k, v, reason(err))
 			}
-			if k == "lan" {
+			switch k {
+			case "lan":
 				s.lan = ap
-			} else {
+			case "wan":
 				s.wan = ap
+			default:
+				s.ready = ap
 			}
 		default:
-			return s, fmt.Sprintf("site %s: unknown key %q (want id, lan, wan)", s.name, k)
+			return s, fmt.Sprintf("site %s: unknown key %q (want id, lan, wan, ready)", s.name, k)
 		}
 	}
 	return s, ""

@@ -130,7 +130,9 @@ func TestParseErrors(t *testing.T) {
 		{"site without name", "site\n", "t.map:1: site: missing name"},
 		{"site name is a key", "site id=1 lan=1.1.1.1:1 wan=1.1.1.1:2\n", `t.map:1: site: missing name before "id=1"`},
 		{"bad key=value", "site a id=1 lan=10.0.1.2:5000 wan 10.0.1.2:5001\n", `t.map:1: site a: bad field "wan": want key=value`},
-		{"unknown key", "site a id=1 lan=10.0.1.2:5000 wan=10.0.1.2:5001 mtu=9000\n", `t.map:1: site a: unknown key "mtu" (want id, lan, wan)`},
+		{"unknown key", "site a id=1 lan=10.0.1.2:5000 wan=10.0.1.2:5001 mtu=9000\n", `t.map:1: site a: unknown key "mtu" (want id, lan, wan, ready)`},
+		{"ready without port", "site a id=1 lan=10.0.1.2:5000 wan=10.0.1.2:5001 ready=10.0.1.2\n", `t.map:1: site a: bad ready address "10.0.1.2"`},
+		{"ready port 0", "site a id=1 lan=10.0.1.2:5000 wan=10.0.1.2:5001 ready=10.0.1.2:0\n", "t.map:1: site a: ready address 10.0.1.2:0: want the service gateway's --metrics address"},
 		{"duplicate key", "site a id=1 id=2 lan=10.0.1.2:5000 wan=10.0.1.2:5001\n", "t.map:1: site a: duplicate key id"},
 		{"id not a number", "site a id=x lan=10.0.1.2:5000 wan=10.0.1.2:5001\n", `t.map:1: site a: bad id "x": want a number 1-255`},
 		{"id negative", "site a id=-1 lan=10.0.1.2:5000 wan=10.0.1.2:5001\n", `t.map:1: site a: bad id "-1": want a number 1-255`},
@@ -309,6 +311,13 @@ func TestRoundTrip(t *testing.T) {
 		}
 	}
 	t.Run("two sites", func(t *testing.T) { check(t, mustParse(t, twoSites)) })
+	t.Run("ready", func(t *testing.T) {
+		m := mustParse(t, "site a id=1 lan=10.0.1.2:5000 wan=10.0.1.2:5001 ready=127.0.0.1:9105\nsite b id=2 wan=10.0.2.2:5001 lan=10.0.2.2:5000\n")
+		if s, _ := m.Site("a"); s.Ready != netip.MustParseAddrPort("127.0.0.1:9105") {
+			t.Fatalf("ready= not read: %v", s.Ready)
+		}
+		check(t, m)
+	})
 	for seed := uint64(1); seed <= 50; seed++ {
 		m, err := randomMap(seed, 1+int(seed%12), int(seed*7%120)).Build()
 		if err != nil {

@@ -24,7 +24,11 @@ type Site struct {
 	ID   uint8          // 1..255, unique in the map
 	LAN  netip.AddrPort // gateway listener for the site's own nodes (shims)
 	WAN  netip.AddrPort // gateway listener for peer gateways
-	Nets []netip.Prefix // sorted by address, then length
+	// Ready, if valid, is the HTTP listener (--metrics) of the site's
+	// service gateway: `mpi5k run` uses that gateway when its /ready
+	// answers, and starts none of its own for the site.
+	Ready netip.AddrPort
+	Nets  []netip.Prefix // sorted by address, then length
 	// Hosts are the site's explicit hosts, sorted by name.
 	Hosts []Host
 }
@@ -153,7 +157,11 @@ func (m *Map) WriteTo(w io.Writer) (int64, error) {
 		if i > 0 {
 			b.WriteByte('\n')
 		}
-		fmt.Fprintf(&b, "site %s id=%d lan=%s wan=%s\n", s.Name, s.ID, s.LAN, s.WAN)
+		fmt.Fprintf(&b, "site %s id=%d lan=%s wan=%s", s.Name, s.ID, s.LAN, s.WAN)
+		if s.Ready.IsValid() {
+			fmt.Fprintf(&b, " ready=%s", s.Ready)
+		}
+		b.WriteByte('\n')
 		for _, p := range s.Nets {
 			fmt.Fprintf(&b, "net %s %s\n", s.Name, p)
 		}

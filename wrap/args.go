@@ -31,6 +31,16 @@ var optionArity = map[Flavour]map[string]int{
 }
 
 func init() {
+	// srun's options with a value; long ones are usually written
+	// --name=value, which scanArgs reads whatever the arity.
+	optionArity[Slurm] = map[string]int{
+		"-n": 1, "--ntasks": 1, "-N": 1, "--nodes": 1, "-w": 1, "--nodelist": 1, "-x": 1, "--exclude": 1,
+		"-F": 1, "--nodefile": 1, "-c": 1, "--cpus-per-task": 1, "--ntasks-per-node": 1, "--mpi": 1,
+		"-p": 1, "--partition": 1, "-t": 1, "--time": 1, "-A": 1, "--account": 1, "--export": 1,
+		"-o": 1, "--output": 1, "-e": 1, "--error": 1, "-J": 1, "--job-name": 1, "-D": 1, "--chdir": 1,
+		"-m": 1, "--distribution": 1, "--mem": 1, "--mem-per-cpu": 1, "-C": 1, "--constraint": 1,
+		"-q": 1, "--qos": 1, "--cpu-bind": 1, "-G": 1, "--gpus": 1,
+	}
 	optionArity[PRRTE] = optionArity[OpenMPI]
 	intel := map[string]int{"-genvall": 0, "-perhost": 1, "-rr": 0, "-print-rank-map": 0}
 	for k, v := range optionArity[Hydra] {

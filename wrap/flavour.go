@@ -23,6 +23,7 @@ const (
 	PRRTE            // prterun / prun (Open MPI 5)
 	Hydra            // MPICH's mpiexec.hydra
 	IntelMPI         // Intel MPI's mpiexec.hydra / mpirun
+	Slurm            // srun: Slurm starts the ranks itself (PMI/PMIx)
 )
 
 func (f Flavour) String() string {
@@ -35,6 +36,8 @@ func (f Flavour) String() string {
 		return "mpich-hydra"
 	case IntelMPI:
 		return "intel-mpi"
+	case Slurm:
+		return "slurm"
 	}
 	return "unknown"
 }
@@ -82,6 +85,8 @@ func flavourOfName(base string) Flavour {
 		return PRRTE
 	case "mpiexec.hydra", "mpiexec.mpich", "mpirun.mpich", "mpiexec.mpich2":
 		return Hydra
+	case "srun":
+		return Slurm
 	}
 	return Unknown
 }
@@ -97,8 +102,10 @@ func ParseFlavour(s string) (Flavour, error) {
 		return Hydra, nil
 	case "intel", "intel-mpi", "impi":
 		return IntelMPI, nil
+	case "slurm", "srun":
+		return Slurm, nil
 	}
-	return Unknown, fmt.Errorf("unknown MPI flavour %q (want openmpi, prrte, mpich or intel)", s)
+	return Unknown, fmt.Errorf("unknown MPI flavour %q (want openmpi, prrte, mpich, intel or slurm)", s)
 }
 
 // lookPath is a variable so tests can fake the PATH.

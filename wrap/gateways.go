@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -55,6 +56,8 @@ type gateway struct {
 	site    *Site
 	argv    []string
 	metrics string // host:port of /ready and /metrics
+	tag     string // its --ready-tag: /ready?tag= tells it from another job's
+	sites   string // a service gateway's /ready?sites=: the job's sites
 	cmd     *exec.Cmd
 	stdin   io.WriteCloser
 	logPath string
@@ -142,7 +145,14 @@ func (g *gateway) logTail() string {
 
 // probe asks the gateway's /ready once: nil when every WAN link is up.
 func (g *gateway) probe(ctx context.Context, client *http.Client) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+g.metrics+"/ready", nil)
+	u := "http://" + g.metrics + "/ready"
+	switch {
+	case g.tag != "":
+		u += "?tag=" + url.QueryEscape(g.tag)
+	case g.sites != "":
+		u += "?sites=" + url.QueryEscape(g.sites)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return err
 	}
@@ -152,13 +162,23 @@ func (g *gateway) probe(ctx context.Context, client *http.Client) error {
 	}
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusConflict:
+		return errOtherJob
+	default:
 		return errLinkDown
 	}
 	return nil
 }
 
 var errLinkDown = errors.New("a WAN link is down")
+
+// errOtherJob: the gateway answering on the port is another job's.
+var errOtherJob = errors.New("another job's gateway answers on this port")
+
+// errPortTaken: a gateway exited because one of its ports was in use.
+var errPortTaken = errors.New("a gateway port is in use")
 
 // waitReady polls every gateway's /ready until all are ready, one exits,
 // or the timeout passes; errors name the site.
@@ -171,8 +191,12 @@ func waitReady(ctx context.Context, gws []*gateway, timeout time.Duration) error
 		for _, g := range pending {
 			select {
 			case <-g.done:
-				return fmt.Errorf("site %s: the gateway on %s exited before it was ready (%v):\n%s",
+				err := fmt.Errorf("site %s: the gateway on %s exited before it was ready (%v):\n%s",
 					g.site.Name, g.site.Gateway.Name, g.waitErr, g.logTail())
+				if portTaken(g.logTail()) {
+					err = fmt.Errorf("%w: %w", errPortTaken, err)
+				}
+				return err
 			default:
 			}
 			if g.probe(ctx, client) != nil {

@@ -43,6 +43,9 @@ func hostOptions(f Flavour) map[string]hostOption {
 			"-hostfile": {true}, "--hostfile": {true},
 			"-hosts": {false}, "-host": {false}, "--hosts": {false}, "--host": {false},
 		}
+	case Slurm:
+		// -x is --exclude for srun: not a host list.
+		return map[string]hostOption{"-w": {false}, "--nodelist": {false}, "-F": {true}, "--nodefile": {true}}
 	}
 	return nil
 }
@@ -64,10 +67,13 @@ func HostsFromArgs(f Flavour, args []string) (hosts []Host, src []HostSource, er
 		val := o.Values[0]
 		s := HostSource{Option: o.Name, ArgIdx: o.Index}
 		var hs []Host
-		if ho.file {
+		switch {
+		case ho.file:
 			s.File = val
 			hs, err = readHostfile(f, val)
-		} else {
+		case f == Slurm:
+			hs, err = slurmHosts(val)
+		default:
 			hs, err = parseHostList(val)
 		}
 		if err != nil {
@@ -313,4 +319,20 @@ func expandItem(it string) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// slurmHosts reads a Slurm host list (node[1-4],gpu7), as srun -w takes it.
+func slurmHosts(list string) ([]Host, error) {
+	names, err := expandSlurm(list)
+	if err != nil {
+		return nil, err
+	}
+	hs := make([]Host, len(names))
+	for i, n := range names {
+		if err := checkHostName(n); err != nil {
+			return nil, err
+		}
+		hs[i] = Host{Name: n}
+	}
+	return hs, nil
 }

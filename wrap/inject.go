@@ -47,6 +47,9 @@ func (in Inject) Command(f Flavour, argv []string, getenv func(string) string) (
 	if len(argv) == 0 {
 		return nil, fmt.Errorf("no mpirun command")
 	}
+	if f == Slurm {
+		return in.slurmCommand(argv, getenv)
+	}
 	var extra []string
 	for _, kv := range in.vars(getenv) {
 		switch f {
@@ -78,6 +81,17 @@ func WithoutHosts(f Flavour, argv []string, hosts []Host, src []HostSource, drop
 	}
 	if len(keep) == 0 {
 		return nil, fmt.Errorf("--dedicated-gateways leaves no host for ranks")
+	}
+	if f == Slurm {
+		if len(src) > 0 && src[0].ArgIdx >= 0 {
+			return nil, fmt.Errorf("--dedicated-gateways with srun %s: list the ranks' nodes without the gateway hosts yourself, or leave out %s (the allocation minus --exclude is then used)", src[0].Option, src[0].Option)
+		}
+		var gws []string
+		for name := range drop {
+			gws = append(gws, name)
+		}
+		sort.Strings(gws)
+		return append([]string{argv[0], "--exclude=" + strings.Join(gws, ",")}, argv[1:]...), nil
 	}
 	out := append([]string(nil), argv...)
 	if len(src) == 0 || src[0].ArgIdx < 0 {
@@ -162,4 +176,51 @@ func writeHostfile(f Flavour, dir, name string, hosts []Host) (string, error) {
 	}
 	p := filepath.Join(dir, name)
 	return p, os.WriteFile(p, []byte(b.String()), 0o644)
+}
+
+// slurmCommand passes the variables with srun's --export: ALL keeps the
+// user's environment (srun's default), the list adds ours. A --export the
+// user gave gets ours appended, since srun takes the last one. (-x is
+// --exclude for srun, never an environment option.)
+func (in Inject) slurmCommand(argv []string, getenv func(string) string) ([]string, error) {
+	var kvs []string
+	for _, kv := range in.vars(getenv) {
+		if strings.Contains(kv[1], ",") {
+			return nil, fmt.Errorf("%s=%q holds a comma, which srun --export cannot carry (it separates variables): set it without one, e.g. unset %s before mpi5k run", kv[0], kv[1], kv[0])
+		}
+		kvs = append(kvs, kv[0]+"="+kv[1])
+	}
+	ours := strings.Join(kvs, ",")
+	opts, _ := scanArgs(Slurm, argv)
+	out := append([]string(nil), argv...)
+	for _, o := range opts {
+		if o.Name != "--export" || len(o.Values) != 1 {
+			continue
+		}
+		v := o.Values[0] + "," + ours
+		if o.Inline {
+			out[o.Index] = "--export=" + v
+		} else {
+			out[o.Index+1] = v
+		}
+		return out, nil
+	}
+	return append([]string{argv[0], "--export=ALL," + ours}, argv[1:]...), nil
+}
+
+// WithBatchHostfile gives a launcher without a host option the batch
+// system's node file (OAR, PBS): Open MPI and MPICH read no $OAR_NODEFILE
+// and would start every rank on this host. The file's repeated lines
+// count as slots for both, as when a user writes -machinefile
+// $OAR_NODEFILE. srun needs nothing: Slurm knows its allocation.
+func WithBatchHostfile(f Flavour, argv []string, b HostSource) ([]string, []HostSource) {
+	if b.File == "" || f == Slurm || len(argv) == 0 {
+		return argv, nil
+	}
+	opt := "--hostfile"
+	if f == Hydra || f == IntelMPI {
+		opt = "-f"
+	}
+	out := append([]string{argv[0], opt, b.File}, argv[1:]...)
+	return out, []HostSource{{Option: opt, File: b.File, ArgIdx: 1}}
 }

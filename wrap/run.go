@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,13 +22,14 @@ type Config struct {
 	Argv                          []string // the user's mpirun command, unmodified
 	Flavour                       Flavour  // Unknown = detect from Argv[0]
 	SitesFile                     string   // --sites FILE; "" = Grid'5000 naming
+	MapFile                       string   // --map FILE ($MPI5K_SITE_MAP): a site map in the documented format
 	Gateways                      map[string]string
 	Dedicated                     bool
 	Launcher                      []string // how to run a command on a host: ssh by default
 	GatewayBin                    string   // mpi5k-gateway, same path on every gateway host
 	Preload                       string   // libmpi5k.so, same path on every host
 	GatewayArgs                   []string // --lan-cc, --wan-cc, --wan-conns, --chunk, --window ... passed on
-	LANPort, WANPort, MetricsPort int
+	LANPort, WANPort, MetricsPort int      // 0: drawn per job (ports.go)
 	ReadyTimeout                  time.Duration
 	WorkDir                       string // where the map and logs go; must be valid on every host if SharedFS
 	SharedFS                      bool   // WorkDir is visible on every host: skip copying the map
@@ -56,15 +58,6 @@ func (c *Config) defaults() {
 	if len(c.Launcher) == 0 {
 		c.Launcher = []string{"ssh"}
 	}
-	if c.LANPort == 0 {
-		c.LANPort = 5000
-	}
-	if c.WANPort == 0 {
-		c.WANPort = 5001
-	}
-	if c.MetricsPort == 0 {
-		c.MetricsPort = 5002
-	}
 	if c.ReadyTimeout == 0 {
 		c.ReadyTimeout = 30 * time.Second
 	}
@@ -92,6 +85,10 @@ func Run(ctx context.Context, c Config) (int, error) {
 			return 2, err
 		}
 	}
+	if argv, added := withOarsh(f, c.Argv, c.Launcher, c.Getenv); added != "" {
+		fmt.Fprintf(c.Stderr, "mpi5k: --launcher oarsh: %s starts its daemons with %s too\n", filepath.Base(c.Argv[0]), added)
+		c.Argv = argv
+	}
 	hosts, src, err := HostsFromArgs(f, c.Argv)
 	if err != nil {
 		return 2, err
@@ -105,6 +102,17 @@ func Run(ctx context.Context, c Config) (int, error) {
 			return 2, fmt.Errorf("no host list: the command has no hostfile/host option and no batch system ($OAR_NODEFILE, $PBS_NODEFILE, $SLURM_JOB_NODELIST) is set")
 		}
 		hosts = bh
+		if argv, fsrc := WithBatchHostfile(f, c.Argv, *bsrc); fsrc != nil {
+			fmt.Fprintf(c.Stderr, "mpi5k: %s names the hosts: passing it to %s as %s %s (without it every rank would run on this host)\n",
+				bsrc.Option, filepath.Base(c.Argv[0]), fsrc[0].Option, bsrc.File)
+			c.Argv, src = argv, fsrc
+		}
+	}
+	if c.MapFile == "" {
+		c.MapFile = c.Getenv("MPI5K_SITE_MAP")
+	}
+	if c.MapFile != "" {
+		return c.runWithMap(ctx, f, hosts)
 	}
 	po := PlanOptions{Gateways: c.Gateways, Dedicated: c.Dedicated, Resolve: c.Resolve, EnvGateways: map[string]string{}}
 	if c.DryRun && po.Resolve == nil {
@@ -170,6 +178,9 @@ func Run(ctx context.Context, c Config) (int, error) {
 		}
 	}
 	mapPath := filepath.Join(c.WorkDir, "sites.conf")
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
+	userPorts := c.ports()
+	c.setPorts(pickPorts(rng, userPorts.lan, userPorts.wan, userPorts.metrics))
 	mapText := plan.MapText(c.LANPort, c.WANPort)
 	if !plan.Unresolved() {
 		if _, err := sitemap.Parse(strings.NewReader(mapText), "the site map built from the host list"); err != nil {
@@ -205,10 +216,8 @@ func Run(ctx context.Context, c Config) (int, error) {
 	if err != nil {
 		return 2, err
 	}
-	gws := make([]*gateway, len(plan.Sites))
-	for i, s := range plan.Sites {
-		gws[i] = &gateway{site: s, argv: c.gatewayCommand(s, mapPath), metrics: s.Gateway.hostPort(c.MetricsPort)}
-	}
+	tag := fmt.Sprintf("%d-%x", os.Getpid(), rng.Uint64())
+	gws := c.gateways(plan, mapPath, tag)
 
 	if c.DryRun {
 		fmt.Fprintf(c.Stdout, "# flavour: %s\n", f)
@@ -229,46 +238,92 @@ func Run(ctx context.Context, c Config) (int, error) {
 		for _, g := range gws {
 			fmt.Fprintln(c.Stdout, shellJoin(g.argv))
 		}
+		c.printTrace(c.Stdout, traceHosts(hosts))
 		fmt.Fprintf(c.Stdout, "# mpirun:\n%s\n", strings.ReplaceAll(shellJoin(mpiArgv), fileDir, c.WorkDir))
 		return 0, nil
 	}
 
-	if !c.SharedFS {
-		if err := c.distribute(ctx, plan, mapPath, mapText); err != nil {
+	if c.TraceDir != "" {
+		if err := c.prepareTrace(ctx, traceHosts(hosts)); err != nil {
 			return 1, err
 		}
 	}
-	defer func() {
-		var wg sync.WaitGroup
-		for _, g := range gws {
-			wg.Add(1)
-			go func() { defer wg.Done(); g.stop(c.Stderr) }()
+	for try := 1; ; try++ {
+		err := c.startGateways(ctx, plan, gws, mapPath, mapText)
+		if err == nil {
+			break
 		}
-		wg.Wait()
-	}()
-	for _, g := range gws {
-		if err := g.start(c.WorkDir); err != nil {
-			return 1, fmt.Errorf("site %s: starting the gateway on %s: %v", g.site.Name, g.site.Gateway.Name, err)
+		stopAll(gws, c.Stderr)
+		if !errors.Is(err, errPortTaken) || userPorts == c.ports() || try == portTries {
+			return 1, err
 		}
+		// Another job (or program) holds a port on a gateway host.
+		fmt.Fprintf(c.Stderr, "mpi5k: a gateway port of %d, %d, %d is in use on a gateway host; drawing others\n",
+			c.LANPort, c.WANPort, c.MetricsPort)
+		c.setPorts(pickPorts(rng, userPorts.lan, userPorts.wan, userPorts.metrics))
+		mapText = plan.MapText(c.LANPort, c.WANPort)
+		if err := os.WriteFile(mapPath, []byte(mapText), 0o644); err != nil {
+			return 1, err
+		}
+		gws = c.gateways(plan, mapPath, tag)
 	}
-	if err := waitReady(ctx, gws, c.ReadyTimeout); err != nil {
-		return 1, err
-	}
+	defer stopAll(gws, c.Stderr)
 	start := snapshot(gws)
 	wctx, unwatch := context.WithCancel(ctx)
 	code, err := runMPI(ctx, c, mpiArgv, watch(wctx, gws, c.Outage))
 	unwatch()
+	if c.TraceDir != "" {
+		c.collectTrace(ctx, traceHosts(hosts))
+	}
 	if s := summary(gws, start); s != "" {
 		fmt.Fprint(c.Stderr, s)
 	}
 	return code, err
 }
 
-func (c *Config) gatewayCommand(s *Site, mapPath string) []string {
+// startGateways copies the map (unless shared), starts every gateway and
+// waits until all are ready. The caller stops gws whatever happens.
+func (c *Config) startGateways(ctx context.Context, plan *Plan, gws []*gateway, mapPath, mapText string) error {
+	if !c.SharedFS {
+		if err := c.distribute(ctx, plan, mapPath, mapText); err != nil {
+			return err
+		}
+	}
+	for _, g := range gws {
+		if err := g.start(c.WorkDir); err != nil {
+			return fmt.Errorf("site %s: starting the gateway on %s: %v", g.site.Name, g.site.Gateway.Name, err)
+		}
+	}
+	return waitReady(ctx, gws, c.ReadyTimeout)
+}
+
+func stopAll(gws []*gateway, w io.Writer) {
+	var wg sync.WaitGroup
+	for _, g := range gws {
+		wg.Add(1)
+		go func() { defer wg.Done(); g.stop(w) }()
+	}
+	wg.Wait()
+}
+
+func (c *Config) ports() ports { return ports{c.LANPort, c.WANPort, c.MetricsPort} }
+
+func (c *Config) setPorts(p ports) { c.LANPort, c.WANPort, c.MetricsPort = p.lan, p.wan, p.metrics }
+
+// gateways is the per-job gateway of each site, not started.
+func (c *Config) gateways(plan *Plan, mapPath, tag string) []*gateway {
+	gws := make([]*gateway, len(plan.Sites))
+	for i, s := range plan.Sites {
+		gws[i] = &gateway{site: s, argv: c.gatewayCommand(s, mapPath, tag), metrics: s.Gateway.hostPort(c.MetricsPort), tag: tag}
+	}
+	return gws
+}
+
+func (c *Config) gatewayCommand(s *Site, mapPath, tag string) []string {
 	argv := append([]string(nil), c.Launcher...)
 	argv = append(argv, s.Gateway.Name, c.GatewayBin, "--map", mapPath, "--site", s.Name,
 		"--metrics", s.Gateway.hostPort(c.MetricsPort),
-		"--exit-on-stdin-eof")
+		"--exit-on-stdin-eof", "--ready-tag", tag)
 	return append(argv, c.GatewayArgs...)
 }
 

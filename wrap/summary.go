@@ -160,11 +160,19 @@ func value(m *dto.Metric) float64 {
 func summary(gws []*gateway, start []usage) string {
 	var b strings.Builder
 	var lines []string
+	degraded := map[string][]string{} // what the gateways run without -> sites
+	var whats []string
 	for i, g := range gws {
 		fams, err := scrape(g.metrics)
 		if err != nil {
 			lines = append(lines, fmt.Sprintf("  %s: no metrics (%v)", g.site.Name, err))
 			continue
+		}
+		if w := degradedOf(fams); w != "" {
+			if degraded[w] == nil {
+				whats = append(whats, w)
+			}
+			degraded[w] = append(degraded[w], g.site.Name)
 		}
 		stats := map[string]*pairStats{}
 		perPeer(fams, metricBytes, "tx", stats, func(s *pairStats) *float64 { return &s.sent })
@@ -197,6 +205,15 @@ func summary(gws []*gateway, start []usage) string {
 		}
 		lines = append(lines, cpuLines(g.site.Name, u0, usageOf(fams))...)
 	}
+	if len(whats) > 0 {
+		// One line, whatever the number of gateways: sites that run
+		// without the same features are named together.
+		var parts []string
+		for _, w := range whats {
+			parts = append(parts, strings.Join(degraded[w], ", ")+": "+w)
+		}
+		lines = append(lines, "  degraded: "+strings.Join(parts, " | "))
+	}
 	if len(lines) == 0 {
 		return ""
 	}
@@ -218,4 +235,26 @@ func human(v float64) string {
 		return fmt.Sprintf("%.0f %s", v, units[i])
 	}
 	return fmt.Sprintf("%.1f %s", v, units[i])
+}
+
+// metricDegraded is 1 per feature a gateway runs without; its label
+// "what" says which and why (package gateway, degraded.go).
+const metricDegraded = "mpi5k_degraded"
+
+// degradedOf joins a gateway's degradations ("" if none).
+func degradedOf(fams map[string]*dto.MetricFamily) string {
+	f := fams[metricDegraded]
+	if f == nil {
+		return ""
+	}
+	var whats []string
+	for _, m := range f.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "what" && value(m) > 0 {
+				whats = append(whats, l.GetValue())
+			}
+		}
+	}
+	sort.Strings(whats)
+	return strings.Join(whats, "; ")
 }

@@ -74,3 +74,24 @@ func TestCPULines(t *testing.T) {
 		}
 	}
 }
+
+// TestSummaryDegraded: the gateways' degradations make one line, sites
+// with the same ones named together.
+func TestSummaryDegraded(t *testing.T) {
+	serve := func(text string) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, text) }))
+		t.Cleanup(srv.Close)
+		return strings.TrimPrefix(srv.URL, "http://")
+	}
+	const two = "# TYPE mpi5k_degraded gauge\nmpi5k_degraded{what=\"no BBR\"} 1\nmpi5k_degraded{what=\"not warm\"} 1\n"
+	gws := []*gateway{{site: &Site{Name: "a"}, metrics: serve(two)}, {site: &Site{Name: "b"}, metrics: serve(two)},
+		{site: &Site{Name: "c"}, metrics: serve("# TYPE mpi5k_degraded gauge\nmpi5k_degraded{what=\"not warm\"} 1\n")},
+		{site: &Site{Name: "d"}, metrics: serve("# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1\n")}}
+	out := summary(gws, nil)
+	if n := strings.Count(out, "degraded"); n != 1 {
+		t.Errorf("%d lines mention degraded, want 1:\n%s", n, out)
+	}
+	if want := "  degraded: a, b: no BBR; not warm | c: not warm\n"; !strings.Contains(out, want) {
+		t.Errorf("summary lacks %q:\n%s", want, out)
+	}
+}

@@ -389,6 +389,7 @@ func testConfig(t *testing.T, argv ...string) (Config, *bytes.Buffer, *bytes.Buf
 		GatewayBin: writeFile(t, dir, "mpi5k-gateway", "#!/bin/sh\n"),
 		Preload:    writeFile(t, dir, "libmpi5k.so", ""),
 		WorkDir:    filepath.Join(dir, "work"), SharedFS: true,
+		LANPort: 5000, WANPort: 5001, MetricsPort: 5002,
 		Getenv: func(k string) string { return map[string]string{"MPI5K_GATEWAYS": "site1=gw.site1,site2=gw.site2"}[k] },
 	}, &out, &errb
 }

@@ -204,7 +204,7 @@ func (e *LabExecutor) startCross(d time.Duration) error {
 	return nil
 }
 
-// Ports of the relay chain (the gateways use 5000-5002).
+// Ports of the relay chain (gateways use 5000-5999: mpi5k run draws there).
 const (
 	relayServerPort = 7101
 	relayHop2Port   = 7102

@@ -46,6 +46,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	helpAdv := fs.Bool("help-advanced", false, "list the advanced tuning flags and exit")
 	stdinEOF := fs.Bool("exit-on-stdin-eof", false, "drain and exit when standard input closes (set by mpi5k run: a gateway started through ssh then dies with its launcher)")
 	cli.MarkAdvanced(fs, "exit-on-stdin-eof")
+	readyTag := fs.String("ready-tag", "", "answer /ready?tag=X only for this X (set by mpi5k run, which draws one per job)")
+	cli.MarkAdvanced(fs, "ready-tag")
 	cmd := cli.Command{Name: "mpi5k-gateway", Stdout: stdout, Stderr: stderr, Help: func(w io.Writer) {
 		fmt.Fprintf(w, "%sflags:\n%s\n%d advanced tuning flags: mpi5k-gateway --help-advanced\n%s",
 			synopsis, fs.FlagUsages(), strings.Count(cli.AdvancedUsages(fs), "\n"), cli.ExitStatusHelp(false))
@@ -82,6 +84,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	level.UnmarshalText([]byte(logLevel)) // a word cli.Choice took
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	cfg.Map, cfg.Site, cfg.ReadyFile, cfg.MetricsAddr, cfg.Logger = m, *site, *ready, *metrics, log
+	cfg.ReadyTag = *readyTag
 	g, err := gateway.New(cfg)
 	if err != nil {
 		return cmd.Failf("%v", err)
@@ -93,6 +96,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		// ssh gives a remote command no SIGHUP without a tty, but closes its
 		// stdin when the local ssh ends: that is the launcher's last word.
 		ctx = stopOnStdinEOF(ctx, log)
+	} else {
+		// A service gateway outlives its site map: SIGHUP (systemctl
+		// reload) reads --map again. Under ssh, SIGHUP keeps its default.
+		// Notify before Run, so that an early SIGHUP cannot kill the process.
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		go reloadOnHUP(ctx, hup, g, *mapPath, log)
 	}
 	if err := g.Run(ctx); err != nil {
 		log.Error("gateway failed", "err", err)
@@ -109,6 +120,27 @@ func checkListenAddr(a string) error {
 		return fmt.Errorf("want HOST:PORT or :PORT, e.g. :9105")
 	}
 	return cli.Port(new(int)).Set(port)
+}
+
+// reloadOnHUP reloads the site map on every SIGHUP until ctx ends. A map
+// that does not parse, or that the gateway refuses, is logged with its
+// reason and the map in force stays.
+func reloadOnHUP(ctx context.Context, hup <-chan os.Signal, g *gateway.Gateway, path string, log *slog.Logger) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+		}
+		m, err := sitemap.Load(path)
+		if err == nil {
+			if _, err = g.Reload(m); err == nil {
+				continue // Reload logs what changed
+			}
+		}
+		log.Error("SIGHUP: site map not reloaded; the map in force stays", "map", path, "err", err,
+			"fix", "correct the file (mpi5k sitemap check "+path+") and send SIGHUP again")
+	}
 }
 
 func stopOnStdinEOF(parent context.Context, log *slog.Logger) context.Context {

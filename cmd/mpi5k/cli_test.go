@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -101,13 +102,13 @@ func TestCommandLines(t *testing.T) {
 		{[]string{"mpi5k", "doctor", "--help"}, 0, nil, "usage: mpi5k doctor"},
 		{[]string{"mpi5k", "run", "--help"}, 0, nil, "the MPI launcher's own status"},
 		{[]string{"mpi5k", "run", "--help-advanced"}, 0, nil, "--wan-rto-min"},
-		{run(), 0, nil, "--site y --metrics 127.0.0.3:5002 --exit-on-stdin-eof\n"},
+		{run("--lan-port", "5000", "--wan-port", "5001", "--metrics-port", "5002"), 0, nil, "--site y --metrics 127.0.0.3:5002 --exit-on-stdin-eof --ready-tag "},
 		{run("--frobnicate"), 2, []string{"mpi5k run: unknown flag: --frobnicate", "Run 'mpi5k run " + hint}, ""},
 		{run("--lan-port", "70000"), 2, []string{`invalid argument "70000" for "--lan-port" flag: port 70000 out of range 1..65535`, hint}, ""},
 		{run("--lan-port", "-1"), 2, []string{`invalid argument "-1" for "--lan-port" flag: port -1 out of range 1..65535`, hint}, ""},
 		{run("--wan-port", "0"), 2, []string{`invalid argument "0" for "--wan-port" flag: port 0 out of range`, hint}, ""},
 		{run("--metrics-port", "65537"), 2, []string{`invalid argument "65537" for "--metrics-port" flag: port 65537 out of range 1..65535`, hint}, ""},
-		{run("--metrics-port", "5000"), 2, []string{"--metrics-port 5000: --lan-port is 5000 too", hint}, ""},
+		{run("--lan-port", "5000", "--metrics-port", "5000"), 2, []string{"--metrics-port 5000: --lan-port is 5000 too", hint}, ""},
 		{run("--wan-conns", "0"), 2, []string{`invalid argument "0" for "--wan-conns" flag: bulk WAN connections 0 out of range 1..63`, hint}, ""},
 		{run("--wan-conns", "-3"), 2, []string{`invalid argument "-3" for "--wan-conns"`, hint}, ""},
 		{run("--wan-cc", "bogus"), 2, []string{`invalid argument "bogus" for "--wan-cc" flag: no congestion control is called "bogus"`, hint}, ""},
@@ -198,13 +199,24 @@ func TestCommandLines(t *testing.T) {
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("dry run: %v\n%s", err, stderr.String())
 	}
-	for _, want := range []string{
-		"site lyon id=1 lan=node-2.lyon.invalid:5000 wan=node-2.lyon.invalid:5001\n",
-		"--site rennes --metrics node-2.rennes.invalid:5002 --exit-on-stdin-eof --wan-conns=2\n",
-		"/hosts.0:\nnode-1.lyon.invalid\nnode-1.rennes.invalid\n",
-	} {
-		if !strings.Contains(stdout.String(), want) {
-			t.Errorf("dry run output lacks %q:\n%s", want, stdout.String())
+	// No port given: the job draws one triple of 5000-5999.
+	m := regexp.MustCompile(`site lyon id=1 lan=node-2.lyon.invalid:(5\d\d\d) wan=node-2.lyon.invalid:(5\d\d\d)\n`).FindStringSubmatch(stdout.String())
+	if m == nil {
+		t.Errorf("dry run output lacks lyon's site record with ports of 5000-5999:\n%s", stdout.String())
+	} else {
+		lan, _ := strconv.Atoi(m[1])
+		wan, _ := strconv.Atoi(m[2])
+		for _, want := range []string{
+			fmt.Sprintf("--site rennes --metrics node-2.rennes.invalid:%d --exit-on-stdin-eof --ready-tag ", lan+2),
+			" --wan-conns=2\n",
+			"/hosts.0:\nnode-1.lyon.invalid\nnode-1.rennes.invalid\n",
+		} {
+			if !strings.Contains(stdout.String(), want) {
+				t.Errorf("dry run output lacks %q:\n%s", want, stdout.String())
+			}
+		}
+		if wan != lan+1 || (lan-5000)%3 != 0 {
+			t.Errorf("drawn ports lan %d wan %d: want a triple 5000+3k, +1, +2", lan, wan)
 		}
 	}
 	for _, d := range []string{filepath.Join(dir, ".mpi5k"), tmp} {

@@ -37,20 +37,22 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	fs.SetInterspersed(false) // everything from the launcher word on is the launcher's
 	self, _ := os.Executable()
 	bindir := filepath.Dir(self)
-	c := wrap.Config{Stdout: stdout, Stderr: stderr, LANPort: 5000, WANPort: 5001, MetricsPort: 5002}
+	c := wrap.Config{Stdout: stdout, Stderr: stderr}
 	var (
-		flavour  = fs.String("flavour", "", "MPI flavour (openmpi, prrte, mpich, intel); detected from the launcher name by default")
+		flavour  = fs.String("flavour", "", "MPI flavour (openmpi, prrte, mpich, intel, slurm for srun); detected from the launcher name by default")
 		gateways = fs.StringArray("gateway", nil, "SITE=HOST: run SITE's gateway on HOST (repeatable; default $MPI5K_GATEWAYS, else the last host of the site)")
 		launcher = fs.String("launcher", "ssh", "command that runs a command on a host, e.g. oarsh")
 		helpAdv  = fs.Bool("help-advanced", false, "list the advanced tuning flags of the gateways and exit")
 	)
 	fs.StringVar(&c.SitesFile, "sites", "", "FILE of \"<host-or-CIDR> <site>\" lines (default: Grid'5000 names <cluster>-<n>.<site>)")
+	fs.StringVar(&c.MapFile, "map", "", "site map FILE in the documented format (docs/sitemap-format.md): sites, nets, hosts, each site's lan=/wan= and the ready= of a running gateway (default $MPI5K_SITE_MAP)")
 	fs.BoolVar(&c.Dedicated, "dedicated-gateways", false, "gateway hosts run no ranks")
 	fs.StringVar(&c.GatewayBin, "gateway-bin", filepath.Join(bindir, "mpi5k-gateway"), "path of mpi5k-gateway on the gateway hosts")
 	fs.StringVar(&c.Preload, "preload", shimPath(bindir), "path of libmpi5k.so on the rank hosts")
-	fs.Var(cli.Port(&c.LANPort), "lan-port", "gateway port for its site's ranks")
-	fs.Var(cli.Port(&c.WANPort), "wan-port", "gateway port for peer gateways")
-	fs.Var(cli.Port(&c.MetricsPort), "metrics-port", "gateway HTTP port for /ready and /metrics")
+	drawn := fmt.Sprintf(" (default: drawn per job in %d-%d, so concurrent jobs never share one)", wrap.PortsFrom, wrap.PortsTo)
+	fs.Var(cli.Port(&c.LANPort), "lan-port", "gateway port for its site's ranks"+drawn)
+	fs.Var(cli.Port(&c.WANPort), "wan-port", "gateway port for peer gateways"+drawn)
+	fs.Var(cli.Port(&c.MetricsPort), "metrics-port", "gateway HTTP port for /ready and /metrics"+drawn)
 	c.ReadyTimeout = 30 * time.Second
 	fs.Var(cli.Duration{P: &c.ReadyTimeout}, "ready-timeout", "how long to wait for every WAN link")
 	fs.StringVar(&c.WorkDir, "workdir", "", "directory for the site map and gateway logs (default ~/.mpi5k/run-PID-TIME)")
@@ -102,6 +104,9 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		flag string
 		v    int
 	}{{"--lan-port", c.LANPort}, {"--wan-port", c.WANPort}, {"--metrics-port", c.MetricsPort}} {
+		if p.v == 0 {
+			continue // drawn
+		}
 		if other, dup := ports[p.v]; dup {
 			return cmd.Usagef("%s %d: %s is %d too; the gateway needs three different ports", p.flag, p.v, other, p.v)
 		}
@@ -113,7 +118,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		return cmd.Usagef("%v", err)
 	}
 	c.GatewayArgs = gf.Args()
-	for _, p := range []*string{&c.TraceDir, &c.WorkDir, &c.GatewayBin, &c.Preload} {
+	for _, p := range []*string{&c.TraceDir, &c.WorkDir, &c.GatewayBin, &c.Preload, &c.MapFile} {
 		if *p != "" {
 			if abs, err := filepath.Abs(*p); err == nil {
 				*p = abs

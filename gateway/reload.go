@@ -1,0 +1,245 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/mpi5k/mpi5k/relay"
+	"github.com/mpi5k/mpi5k/sitemap"
+)
+
+// A service gateway lives longer than any job, so its site map changes
+// under it: Reload swaps the map in while streams run. The policy checks
+// (serve.go) read the current map on every OPEN; peers whose gateway is
+// unchanged keep their links; a peer removed from the map, or whose
+// gateway moved, stops being dialed and accepted, and its links drain: the
+// streams they carry finish (up to RetireTimeout), then the links close. A
+// moved peer is then reached at its new address by a fresh peer.
+
+// ReloadResult says what a reload changed, by site name.
+type ReloadResult struct {
+	Added, Removed, Moved []string
+}
+
+func (r ReloadResult) String() string {
+	if len(r.Added)+len(r.Removed)+len(r.Moved) == 0 {
+		return "no peer changed"
+	}
+	var b []string
+	for _, x := range []struct {
+		what  string
+		names []string
+	}{{"added", r.Added}, {"removed", r.Removed}, {"moved", r.Moved}} {
+		if len(x.names) > 0 {
+			b = append(b, x.what+" "+strings.Join(x.names, ","))
+		}
+	}
+	return strings.Join(b, "; ")
+}
+
+// defaultRetireTimeout bounds how long a removed peer's streams may run
+// after a reload: long enough for a job to finish, short enough that a
+// removed site does not stay reachable for good.
+const defaultRetireTimeout = 10 * time.Minute
+
+// errNotRunning: Reload outside Run.
+var errNotRunning = errors.New("gateway is not running (starting or draining): reload refused")
+
+// curMap is the site map in force.
+func (g *Gateway) curMap() *sitemap.Map { return g.smap.Load() }
+
+// peer returns the current peer with site id, or nil.
+func (g *Gateway) peer(id uint8) *peer {
+	g.peersMu.Lock()
+	defer g.peersMu.Unlock()
+	return g.peers[id]
+}
+
+// peerList is a snapshot of the current peers.
+func (g *Gateway) peerList() []*peer {
+	g.peersMu.Lock()
+	defer g.peersMu.Unlock()
+	ps := make([]*peer, 0, len(g.peers))
+	for _, p := range g.peers {
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+// newPeer makes the peer state for site s (not started).
+func (g *Gateway) newPeer(s *sitemap.Site) *peer {
+	p := &peer{site: s, dialer: g.site.ID < s.ID, links: make([]*relay.Link, g.numLinks()), renew: make(chan struct{}, 1)}
+	p.trunk = relay.NewTrunk(p.dialer, relay.HandlerFunc(g.openFromWAN))
+	p.trunk.OnRenew(func() { kickRenew(p) })
+	return p
+}
+
+// startPeer starts dialing p's links if this side dials. Callers hold
+// reloadMu with the gateway running, so g.wg cannot be waited on yet.
+func (g *Gateway) startPeer(p *peer) {
+	if !p.dialer {
+		return
+	}
+	for i := range p.links {
+		g.wg.Add(1)
+		go g.dialLoop(p, i)
+	}
+}
+
+// Reload puts m in force. This site must keep its id and its lan=/wan=
+// listeners (they are bound sockets: moving them needs a restart);
+// everything else may change. On error the old map stays in force.
+func (g *Gateway) Reload(m *sitemap.Map) (ReloadResult, error) {
+	var res ReloadResult
+	s, ok := m.Site(g.site.Name)
+	switch {
+	case !ok:
+		return res, fmt.Errorf("site %q (this gateway's) is not in the new map: put it back, or stop the service to take this gateway out", g.site.Name)
+	case s.ID != g.site.ID:
+		return res, fmt.Errorf("site %q changes id %d -> %d: peers know a site by its id; restart every gateway to renumber", s.Name, g.site.ID, s.ID)
+	case s.LAN != g.site.LAN || s.WAN != g.site.WAN:
+		return res, fmt.Errorf("site %q moves its listeners lan=%v wan=%v -> lan=%v wan=%v: restart the service to move them",
+			s.Name, g.site.LAN, g.site.WAN, s.LAN, s.WAN)
+	}
+	g.reloadMu.Lock()
+	defer g.reloadMu.Unlock()
+	if !g.running || g.draining.Load() {
+		return res, errNotRunning
+	}
+	next := map[uint8]*sitemap.Site{}
+	for _, ps := range m.Sites() {
+		if ps.ID != s.ID {
+			next[ps.ID] = ps
+		}
+	}
+	var gone, started []*peer
+	g.peersMu.Lock()
+	for id, p := range g.peers {
+		ns, ok := next[id]
+		switch {
+		case !ok:
+			res.Removed = append(res.Removed, p.site.Name)
+		case ns.Name != p.site.Name || ns.WAN != p.site.WAN:
+			res.Moved = append(res.Moved, ns.Name)
+		default:
+			// The same gateway (name, id, WAN listener): it keeps its links
+			// and its record, which holds nothing else the mesh uses.
+			continue
+		}
+		p.removed.Store(true)
+		delete(g.peers, id)
+		gone = append(gone, p)
+	}
+	for id, ns := range next {
+		if _, ok := g.peers[id]; ok {
+			continue
+		}
+		if !contains(res.Moved, ns.Name) {
+			res.Added = append(res.Added, ns.Name)
+		}
+		p := g.newPeer(ns)
+		g.peers[id] = p
+		started = append(started, p)
+	}
+	// The map and the peers change together: an OPEN sees either the old
+	// pair or the new one (serve.go looks both up under peersMu).
+	g.smap.Store(m)
+	g.peersMu.Unlock()
+	for _, p := range started {
+		g.startPeer(p)
+	}
+	for _, p := range gone {
+		g.retire(p)
+	}
+	g.log.Info("site map reloaded", "changes", res.String(), "sites", len(m.Sites()))
+	return res, nil
+}
+
+// retire drains a peer that left the map: its streams may finish within
+// RetireTimeout (or until the gateway stops), then its links close.
+func (g *Gateway) retire(p *peer) {
+	g.peersMu.Lock()
+	links := make([]*relay.Link, 0, len(p.links))
+	for _, l := range p.links {
+		if l != nil {
+			links = append(links, l)
+		}
+	}
+	g.peersMu.Unlock()
+	g.retireLinks(p, links...)
+}
+
+// retireLinks drains and closes links of the removed peer p, on a
+// goroutine the gateway's stop waits for.
+func (g *Gateway) retireLinks(p *peer, links ...*relay.Link) {
+	// Out of p's slots first: the close of a link still in its slot is
+	// logged as a lost link whose streams were reset, which these are not.
+	g.peersMu.Lock()
+	for i, x := range p.links {
+		if slices.Contains(links, x) {
+			p.links[i] = nil
+		}
+	}
+	g.peersMu.Unlock()
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		ctx, cancel := context.WithTimeout(g.ctx, g.cfg.RetireTimeout)
+		defer cancel()
+		// A link being primed has PAD frames queued, which closing it
+		// mid-way trips over in relay (Link.fail and a PAD's nil stream):
+		// let priming end first (tuning.PrimeMaxTime at most).
+		p.primeMu.Lock()
+		p.primeMu.Unlock()
+		streams := p.trunk.NumStreams()
+		start := time.Now()
+		for _, l := range links {
+			l.Drain(ctx)
+		}
+		for _, l := range links {
+			l.Close()
+		}
+		g.log.Info("removed peer's WAN links closed", "peer", p.site.Name, "links", len(links), "streams_at_reload", streams,
+			"drained_in", time.Since(start).Round(time.Millisecond).String(), "cut_short", ctx.Err() != nil)
+	}()
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+// upFor reports whether every link to the named sites is up (this site's
+// own name is skipped): a site the map does not name, or a link down, is
+// the error.
+func (g *Gateway) upFor(names []string) error {
+	g.peersMu.Lock()
+	defer g.peersMu.Unlock()
+	byName := map[string]*peer{}
+	for _, p := range g.peers {
+		byName[p.site.Name] = p
+	}
+	for _, n := range names {
+		if n == g.site.Name || n == "" {
+			continue
+		}
+		p := byName[n]
+		if p == nil {
+			return fmt.Errorf("site %s is not in this gateway's site map", n)
+		}
+		for i, l := range p.links {
+			if l == nil {
+				return fmt.Errorf("WAN link %d to site %s is down", i, n)
+			}
+		}
+	}
+	return nil
+}
