@@ -64,6 +64,7 @@ type hostRec struct {
 
 type records struct {
 	sites []siteRec
+	keys  []keyRec
 	nets  []netRec
 	hosts []hostRec
 }
@@ -345,6 +346,7 @@ func (r *records) build(knownBroken map[string]bool) (*Map, []*Error) {
 		stack = append(stack, cur)
 	}
 
+	r.buildKeys(m, knownBroken, fail)
 	if len(errs) > 0 {
 		return nil, errs
 	}
