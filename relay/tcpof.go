@@ -1,0 +1,33 @@
+package relay
+
+import (
+	"net"
+	"syscall"
+)
+
+// TCPOf returns the kernel TCP connection under c: c itself, or the
+// connection a wrapper such as *tls.Conn runs over (its NetConn method),
+// unwrapped as deep as it goes; nil if there is none (a pipe in tests).
+// Readers of TCP_INFO and setters of socket options use it, so a link
+// over an encrypting conn keeps its socket tuning and queue control.
+func TCPOf(c net.Conn) *net.TCPConn {
+	for range 8 { // wrappers do not nest deeper; a cycle must not hang
+		switch x := c.(type) {
+		case *net.TCPConn:
+			return x
+		case interface{ NetConn() net.Conn }:
+			c = x.NetConn()
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// sockOf is TCPOf as a syscall.Conn (nil if there is no socket).
+func sockOf(c net.Conn) syscall.Conn {
+	if tc := TCPOf(c); tc != nil {
+		return tc
+	}
+	return nil
+}
