@@ -15,6 +15,8 @@ func TCPOf(c net.Conn) *net.TCPConn {
 		switch x := c.(type) {
 		case *net.TCPConn:
 			return x
+		case TCPConn:
+			return x.TCPConn
 		case interface{ NetConn() net.Conn }:
 			c = x.NetConn()
 		default:
@@ -24,8 +26,12 @@ func TCPOf(c net.Conn) *net.TCPConn {
 	return nil
 }
 
-// sockOf is TCPOf as a syscall.Conn (nil if there is no socket).
+// sockOf is c's socket: c itself if it has one, else TCPOf's (nil if
+// there is none).
 func sockOf(c net.Conn) syscall.Conn {
+	if sc, ok := c.(syscall.Conn); ok {
+		return sc
+	}
 	if tc := TCPOf(c); tc != nil {
 		return tc
 	}
