@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"crypto/ed25519"
 	"fmt"
 	"log/slog"
 	"time"
@@ -82,6 +83,13 @@ type Config struct {
 	// of Go's runtime epoll registration (package relay, rtquiet.go), so an
 	// arriving message wakes one thread, not two.
 	QuietRuntime bool
+
+	// KeyFile is this gateway's Ed25519 private key (GenerateKey), needed
+	// when the map lists gateway keys: the WAN links are then mutually
+	// authenticated and encrypted with TLS 1.3 (docs/security.md). Key,
+	// if set, is used instead of reading KeyFile.
+	KeyFile string
+	Key     ed25519.PrivateKey
 
 	ReadyFile   string // written once every WAN link is up and primed (tuning.Prime)
 	MetricsAddr string // HTTP listener for /metrics and /ready ("" = none)

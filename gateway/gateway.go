@@ -30,6 +30,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -56,6 +57,10 @@ type Gateway struct {
 	rcfg  relay.Config
 	lan   LANTransport
 	peers map[uint8]*peer // by site id
+	// auth authenticates and encrypts WAN links (nil: a keyless map);
+	// acceptTLS is its server configuration.
+	auth      *peerAuth
+	acceptTLS *tls.Config
 
 	lanLn LANListener
 	wanLn *net.TCPListener
@@ -217,6 +222,9 @@ func New(cfg Config) (*Gateway, error) {
 			p.trunk.OnRenew(func() { kickRenew(p) })
 			g.peers[s.ID] = p
 		}
+	}
+	if err := g.initAuth(); err != nil {
+		return nil, err
 	}
 	g.records.m = map[recordKey]record{}
 	g.records.locals = map[netip.AddrPort]int{}

@@ -181,19 +181,22 @@ func (g *Gateway) wanCreate() tuning.SockOpts {
 //
 // since is a time before the TCP connection was established: the PROBE_RTT
 // guard starts its BBR min_rtt clock there.
-func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello, since time.Time) *relay.Link {
+func (g *Gateway) addLink(p *peer, i int, c net.Conn, ph header.Hello, since time.Time) *relay.Link {
 	x := g.isExpress(i)
 	var err error
 	switch {
 	case x && g.cfg.WAN.MaxPacingRate > 0:
-		err = tuning.TuneLink(c, true, "")
+		err = tuning.TuneLink(relay.TCPOf(c), true, "")
 	case !x && g.cfg.ExpressCC != "" && g.cfg.ExpressCC != g.cfg.WAN.CC:
-		err = tuning.TuneLink(c, false, g.cfg.WAN.CC)
+		err = tuning.TuneLink(relay.TCPOf(c), false, g.cfg.WAN.CC)
 	}
 	if err != nil {
 		g.log.Warn("WAN link: socket options not set", "peer", p.site.Name, "link", i, "express", x, "err", err)
 	}
 	l := p.trunk.Add(c, g.rcfg, ph, i, x)
+	if wc, ok := c.(*wanConn); ok {
+		wc.link.Store(l) // its Close tells a failure from a retirement
+	}
 	if !x && g.cfg.ProbeRTTGuard {
 		g.guard.Begin(l, since) // before setLink publishes l to the guard
 	}
@@ -365,15 +368,22 @@ func (g *Gateway) checkExpress() {
 }
 
 func (g *Gateway) dialOnce(p *peer, i int) (*relay.Link, error) {
-	d := net.Dialer{Timeout: 5 * time.Second, Control: g.wanCreate().Control(nil),
-		LocalAddr: &net.TCPAddr{IP: g.site.WAN.Addr().AsSlice()}} // the acceptor checks our source address
+	d := net.Dialer{Timeout: 5 * time.Second, Control: g.wanCreate().Control(nil)}
+	if g.auth == nil {
+		d.LocalAddr = &net.TCPAddr{IP: g.site.WAN.Addr().AsSlice()} // a keyless acceptor checks our source address
+	}
 	since := time.Now()
-	c, err := d.DialContext(g.ctx, "tcp", p.site.WAN.String())
+	tc, err := d.DialContext(g.ctx, "tcp", p.site.WAN.String())
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
 	defer cancel()
+	c, err := g.secureDial(ctx, tc.(*net.TCPConn), p)
+	if err != nil {
+		tc.Close()
+		return nil, err
+	}
 	ph, err := relay.Handshake(ctx, c, g.hello(i))
 	if err == nil {
 		// The acceptor answers before it knows our index: only the
@@ -384,7 +394,7 @@ func (g *Gateway) dialOnce(p *peer, i int) (*relay.Link, error) {
 		c.Close()
 		return nil, err
 	}
-	return g.addLink(p, i, c.(*net.TCPConn), ph, since), nil
+	return g.addLink(p, i, c, ph, since), nil
 }
 
 func (g *Gateway) checkHello(h header.Hello, p *peer, i int) error {
@@ -424,29 +434,25 @@ func (g *Gateway) serveWAN() {
 // accept queue before acceptWAN runs.
 const acceptLag = 20 * time.Millisecond
 
-// acceptWAN admits a peer gateway: its source address must be the WAN
-// address of a site with a higher id than ours, and its HELLO must name
-// that site.
-func (g *Gateway) acceptWAN(c *net.TCPConn) {
+// acceptWAN admits a peer gateway of a site with a higher id than ours:
+// one that proves a key the map lists for that site (keyed maps, any
+// source address), or whose source address is that site's WAN address
+// (keyless maps); its HELLO must name that site.
+func (g *Gateway) acceptWAN(tc *net.TCPConn) {
 	// The kernel established the connection just before accept returned
 	// (the accept loop never lags by more than a scheduling delay).
 	since := time.Now().Add(-acceptLag)
-	remote := unmapAP(c.RemoteAddr().(*net.TCPAddr).AddrPort())
-	var cands []*peer
-	for _, p := range g.peers {
-		if !p.dialer && p.site.WAN.Addr() == remote.Addr() {
-			cands = append(cands, p)
-		}
-	}
-	if len(cands) == 0 {
-		g.refused("wan_source", "WAN connection refused: source is no peer gateway in the site map", "remote", remote.String())
-		g.m.wanRefused.Inc()
-		c.SetLinger(0)
-		c.Close()
-		return
-	}
+	remote := unmapAP(tc.RemoteAddr().(*net.TCPAddr).AddrPort())
 	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
 	defer cancel()
+	c, cands, reason, err := g.admitWAN(ctx, tc, remote)
+	if err != nil {
+		g.refused(reason, "WAN connection refused", "remote", remote.String(), "err", err)
+		g.m.wanRefused.Inc()
+		tc.SetLinger(0)
+		tc.Close()
+		return
+	}
 	ph, err := relay.Handshake(ctx, c, g.hello(0))
 	var p *peer
 	if err == nil {
@@ -456,6 +462,8 @@ func (g *Gateway) acceptWAN(c *net.TCPConn) {
 			}
 		}
 		switch {
+		case p == nil && g.auth != nil:
+			err = fmt.Errorf("HELLO claims site id %d, but the peer proved the key of site %s", ph.SiteID, cands[0].site.Name)
 		case p == nil:
 			err = fmt.Errorf("HELLO claims site id %d, which does not have WAN address %v", ph.SiteID, remote.Addr())
 		case int(ph.LinkIndex) >= g.numLinks():
@@ -464,7 +472,7 @@ func (g *Gateway) acceptWAN(c *net.TCPConn) {
 			err = g.checkHello(ph, p, int(ph.LinkIndex))
 		}
 	}
-	reason := "wan_hello"
+	reason = "wan_hello"
 	if err == nil {
 		if err = g.linkInUse(p, int(ph.LinkIndex)); err != nil {
 			reason = "wan_link_in_use"
@@ -473,8 +481,8 @@ func (g *Gateway) acceptWAN(c *net.TCPConn) {
 	if err != nil {
 		g.refused(reason, "WAN connection refused", "remote", remote.String(), "err", err)
 		g.m.wanRefused.Inc()
-		c.SetLinger(0)
-		c.Close()
+		tc.SetLinger(0)
+		tc.Close()
 		return
 	}
 	// Our HELLO went out with index 0 before we knew theirs; only the
