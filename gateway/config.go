@@ -91,8 +91,14 @@ type Config struct {
 	KeyFile string
 	Key     ed25519.PrivateKey
 
+	// AllowPorts is the destination policy: the ports of this site's hosts
+	// that streams from other sites may reach (nil = DefaultAllowPorts).
+	// Any other port is refused (OPEN_REFUSED, policy; counted as
+	// dst_port).
+	AllowPorts PortSet
+
 	ReadyFile   string // written once every WAN link is up and primed (tuning.Prime)
-	MetricsAddr string // HTTP listener for /metrics and /ready ("" = none)
+	MetricsAddr string // HTTP listener for /metrics and /ready ("" = none; no host = loopback)
 
 	DialTimeout  time.Duration // LAN connect to a destination (default 10 s)
 	OpenTimeout  time.Duration // how long an OPEN waits for a WAN link (default 2 s)
@@ -146,6 +152,7 @@ func DefaultConfig() Config {
 		Chunk: 128 << 10, Window: 4 << 20, WANConns: 1,
 		Express: true, Renew: true, ProbeRTTGuard: true, Prime: true, KeepWarm: true,
 		PollThread: true, QuietRuntime: true, WANQueue: time.Millisecond,
+		AllowPorts: DefaultAllowPorts,
 	}
 }
 
