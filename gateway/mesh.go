@@ -193,8 +193,13 @@ func (g *Gateway) addLink(p *peer, i int, c net.Conn, ph header.Hello, since tim
 	if err != nil {
 		g.log.Warn("WAN link: socket options not set", "peer", p.site.Name, "link", i, "express", x, "err", err)
 	}
-	l := p.trunk.Add(c, g.rcfg, ph, i, x)
-	if wc, ok := c.(*wanConn); ok {
+	rcfg := g.rcfg
+	wc, tlsLink := c.(*wanConn)
+	if tlsLink {
+		rcfg.NoPoller = tlsNoPoller
+	}
+	l := p.trunk.Add(c, rcfg, ph, i, x)
+	if tlsLink {
 		wc.link.Store(l) // its Close tells a failure from a retirement
 	}
 	if !x && g.cfg.ProbeRTTGuard {

@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -229,11 +230,12 @@ func (a *peerAuth) acceptor(accept func(*sitemap.Site) bool) *tls.Config {
 // handshake runs TLS over c and returns the link's conn and the site whose
 // key the peer proved.
 func (a *peerAuth) handshake(ctx context.Context, c *net.TCPConn, cfg *tls.Config, client bool) (*wanConn, *sitemap.Site, error) {
+	bc := &batchConn{TCPConn: c}
 	var tc *tls.Conn
 	if client {
-		tc = tls.Client(c, cfg)
+		tc = tls.Client(bc, cfg)
 	} else {
-		tc = tls.Server(c, cfg)
+		tc = tls.Server(bc, cfg)
 	}
 	if err := tc.HandshakeContext(ctx); err != nil {
 		return nil, nil, fmt.Errorf("TLS handshake with %v: %w", c.RemoteAddr(), err)
@@ -244,7 +246,7 @@ func (a *peerAuth) handshake(ctx context.Context, c *net.TCPConn, cfg *tls.Confi
 		return nil, nil, err
 	}
 	s, _ := a.m.SiteByKey(k) // VerifyPeerCertificate found it
-	return &wanConn{Conn: tc, tcp: c}, s, nil
+	return &wanConn{Conn: tc, tcp: c, bc: bc}, s, nil
 }
 
 func certsDER(cs []*x509.Certificate) [][]byte {
@@ -255,14 +257,83 @@ func certsDER(cs []*x509.Certificate) [][]byte {
 	return out
 }
 
-// wanConn is a WAN link's encrypted conn. NetConn (promoted from
-// *tls.Conn) gives relay.TCPOf the socket, for TCP_INFO and socket
-// options; having no SyscallConn of its own, the link reads it with plain
-// Read, not on the relay's poller thread, which would read ciphertext.
+// wanConn is a WAN link's encrypted conn. NetConn gives relay.TCPOf the
+// socket, for TCP_INFO and socket options; having no SyscallConn of its
+// own, the link reads it with plain Read, not on the relay's poller
+// thread, which would read ciphertext.
 type wanConn struct {
 	*tls.Conn
 	tcp  *net.TCPConn
+	bc   *batchConn
+	wmu  sync.Mutex
 	link atomic.Pointer[relay.Link]
+}
+
+// tlsNoPoller: a TLS link runs without the relay's poller thread, and so
+// do the streams homed on it. The thread cannot read a TLS link (it reads
+// the raw socket), and a stream it served would hand every frame to the
+// link's writer goroutine, a thread wake-up more per message, instead of
+// writing it inline as a stream pump on Go's poller does
+// (bench/figures/security).
+const tlsNoPoller = true
+
+// NetConn is the TCP connection under TLS.
+func (c *wanConn) NetConn() net.Conn { return c.tcp }
+
+// Write encrypts p and sends its records with one write(2): crypto/tls
+// writes each record (at most 16 KiB) with a call of its own, nine system
+// calls for one 128 KiB chunk.
+func (c *wanConn) Write(p []byte) (int, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.bc.begin()
+	n, err := c.Conn.Write(p)
+	if ferr := c.bc.flush(); err == nil {
+		err = ferr
+	}
+	return n, err
+}
+
+// batchConn is the socket under TLS: between begin and flush it collects
+// what TLS writes; otherwise (the handshake, an alert sent while reading)
+// it writes through.
+type batchConn struct {
+	*net.TCPConn
+	mu       sync.Mutex
+	batching bool
+	buf      []byte
+}
+
+func (b *batchConn) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.batching {
+		b.buf = append(b.buf, p...)
+		return len(p), nil
+	}
+	return b.TCPConn.Write(p)
+}
+
+func (b *batchConn) begin() {
+	b.mu.Lock()
+	b.batching = true
+	b.mu.Unlock()
+}
+
+func (b *batchConn) flush() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.batching = false
+	if len(b.buf) == 0 {
+		return nil
+	}
+	_, err := b.TCPConn.Write(b.buf)
+	if cap(b.buf) > 1<<20 {
+		b.buf = nil // a one-off large write does not pin its buffer
+	} else {
+		b.buf = b.buf[:0]
+	}
+	return err
 }
 
 // Close closes the socket without TLS's close_notify, which could wait up
