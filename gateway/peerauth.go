@@ -155,7 +155,7 @@ func newPeerAuth(m *sitemap.Map, site *sitemap.Site, key ed25519.PrivateKey, key
 }
 
 // base is what both ends share: TLS 1.3 only (no renegotiation, no
-// static-RSA or CBC suites, forward secrecy), no session resumption (so no
+// static-RSA or CBC suites, forward secrecy), no resumption (so no
 // 0-RTT data and no ticket to replay), full-size records from the start.
 func (a *peerAuth) base() *tls.Config {
 	return &tls.Config{
