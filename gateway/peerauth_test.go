@@ -500,3 +500,31 @@ func FuzzParseKeyFile(f *testing.F) {
 }
 
 func discardLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// TestKeyRotation: while a site lists two keys, its gateway links with
+// either, so it can move to the new key while its peers keep running.
+func TestKeyRotation(t *testing.T) {
+	ks := newKeys(t, "a", "b")
+	next := newKeys(t, "a")["a"]
+	lanA, wanA, lanB, wanB := ports(t)
+	m, err := sitemap.NewBuilder().
+		AddSite("a", 1, lanA, wanA).AddSite("b", 2, lanB, wanB).
+		AddNet("a", netip.MustParsePrefix("127.1.0.0/16")).AddNet("b", netip.MustParsePrefix("127.2.0.0/16")).
+		AddKey("a", ks.pub("a")).AddKey("a", next.Public().(ed25519.PublicKey)).AddKey("b", ks.pub("b")).
+		Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := startGW(t, m, "b", withKey(ks))
+	for i, k := range []ed25519.PrivateKey{ks["a"], next} {
+		a := startGW(t, m, "a", func(c *Config) { c.Key = k })
+		waitReady(t, a, b)
+		for _, l := range b.allLinks() {
+			if l.Peer().Name != "a" {
+				t.Fatalf("key %d: link to %q", i, l.Peer().Name)
+			}
+		}
+		a.stop()
+		<-a.done
+	}
+}
