@@ -528,3 +528,47 @@ func TestKeyRotation(t *testing.T) {
 		<-a.done
 	}
 }
+
+// FuzzAcceptorHandshake: whatever bytes a client sends first, the
+// acceptor's TLS configuration never completes a handshake with them (a
+// client must prove a listed key, which takes its private key and the
+// server's fresh key share) and never panics. Seeds: an honest
+// ClientHello, and a truncated record.
+func FuzzAcceptorHandshake(f *testing.F) {
+	ks := newKeys(f, "a", "b")
+	lanA, wanA, lanB, wanB := ports(f)
+	m := keyedMap(f, lanA, wanA, lanB, wanB, ks)
+	acc, err := newPeerAuth(m, mustSite(f, m, "b"), ks["b"], "test")
+	if err != nil {
+		f.Fatal(err)
+	}
+	dial, err := newPeerAuth(m, mustSite(f, m, "a"), ks["a"], "test")
+	if err != nil {
+		f.Fatal(err)
+	}
+	cfg := acc.acceptor(func(*sitemap.Site) bool { return true })
+	// The honest client's first flight, caught on a pipe.
+	c, s := net.Pipe()
+	go tls.Client(c, dial.dialer(mustSite(f, m, "b"))).Handshake()
+	hello := make([]byte, 4096)
+	n, _ := s.Read(hello)
+	c.Close()
+	s.Close()
+	f.Add(hello[:n])
+	f.Add([]byte{0x16, 0x03, 0x01, 0x00, 0x05, 0x01})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, s := net.Pipe()
+		go io.Copy(io.Discard, c) // the server's answers and alerts
+		go func() {
+			c.Write(data)
+			c.Close() // then the end
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		err := tls.Server(s, cfg).HandshakeContext(ctx)
+		s.Close()
+		if err == nil {
+			t.Fatalf("the acceptor completed a handshake with %d fuzzed bytes", len(data))
+		}
+	})
+}
