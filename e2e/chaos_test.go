@@ -435,7 +435,7 @@ func TestChaosWANKill(t *testing.T) {
 	w := newWANLab(t, 10*time.Millisecond)
 	sum := netip.AddrPortFrom(w.dst, 7003).String()
 	startServer(t, w.ctx, w.l, w.dstHost, "sumserve", sum)
-	startLabGateways(t, w.ctx, w.l, "--metrics", ":9105")
+	startLabGateways(t, w.ctx, w.l, "--metrics", "0.0.0.0:9105")
 	site2, _ := w.m.Site("site2")
 	wanPort := strconv.Itoa(int(site2.WAN.Port())) // site1 dials site2: every WAN connection has this port
 	gws := []string{w.l.Gateway("site1"), w.l.Gateway("site2")}

@@ -399,7 +399,7 @@ func newLossyWANLab(t *testing.T, rtt time.Duration, loss string) *wanLab {
 }
 
 // scrape returns the /metrics text of the gateway at gw (started with
-// --metrics :9105), fetched from host.
+// --metrics 0.0.0.0:9105: a bare port listens on loopback only), fetched from host.
 func (w *wanLab) scrape(t *testing.T, host string, gw netip.Addr) (string, error) {
 	out, err := helper(t, w.ctx, w.l, host, "get", "http://"+netip.AddrPortFrom(gw, 9105).String()+"/metrics").Output()
 	return string(out), err
@@ -491,7 +491,7 @@ func TestGatewayWAN(t *testing.T) {
 	}
 	w := newWANLab(t, rtt)
 	l, ctx, src, dstHost, dst, sink, echo, gwLAN := w.l, w.ctx, w.src, w.dstHost, w.dst, w.sink, w.echo, w.gwLAN
-	gwArgs = append(gwArgs, "--metrics", ":9105")
+	gwArgs = append(gwArgs, "--metrics", "0.0.0.0:9105")
 	stopGW := startLabGateways(t, ctx, l, gwArgs...)
 	site1, _ := w.m.Site("site1")
 	site2, _ := w.m.Site("site2")
@@ -712,7 +712,7 @@ func TestGatewayLossyExpress(t *testing.T) {
 	t.Logf("direct TCP: 64 KiB ping-pong p50/p99 %.2f/%.2f ms", d[0]/1e3, d[1]/1e3)
 	p50 := map[bool]time.Duration{}
 	for _, renew := range []bool{true, false} {
-		stop := startLabGateways(t, w.ctx, w.l, "--wan-cc", "bbr", "--metrics", ":9105", "--wan-express-renew="+strconv.FormatBool(renew))
+		stop := startLabGateways(t, w.ctx, w.l, "--wan-cc", "bbr", "--metrics", "0.0.0.0:9105", "--wan-express-renew="+strconv.FormatBool(renew))
 		g := run(t, w.ctx, w.l, w.src, "pingpong", w.echo, w.gwLAN, n, strconv.Itoa(64<<10))
 		t.Logf("gateways, --wan-express-renew=%v: 64 KiB ping-pong p50/p99 %.2f/%.2f ms; site1 %s; site2 %s",
 			renew, g[0]/1e3, g[1]/1e3, w.windows(t, w.src, site1.LAN.Addr()), w.windows(t, w.dstHost, site2.LAN.Addr()))

@@ -29,7 +29,7 @@ func TestResumeFigures(t *testing.T) {
 	reps, _ := strconv.Atoi(os.Getenv("MPI5K_RESUME_REPEATS"))
 	reps = max(reps, 1)
 	w := newWANLab(t, 20*time.Millisecond)
-	startLabGateways(t, w.ctx, w.l, "--metrics", ":9105")
+	startLabGateways(t, w.ctx, w.l, "--metrics", "0.0.0.0:9105")
 	site1, _ := w.m.Site("site1")
 	site2, _ := w.m.Site("site2")
 	port := strconv.Itoa(int(site2.WAN.Port()))

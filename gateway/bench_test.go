@@ -144,6 +144,9 @@ func childGateway(spec string) int {
 		return 2
 	}
 	cfg.ReadyFile = f[2]
+	if len(f) > 3 {
+		cfg.KeyFile = f[3] // a keyed map (startChildrenMap)
+	}
 	if v := os.Getenv("MPI5K_GW_MEMSTATS"); v != "" {
 		childMemStats(v)
 	}
@@ -168,10 +171,16 @@ type childPair struct {
 // with mpi5k-gateway flags: those given, then $MPI5K_GW_FLAGS (e.g.
 // MPI5K_GW_FLAGS=--poll-thread=false for every benchmark).
 func startChildren(b testing.TB, flags ...string) *childPair {
+	b.Helper()
+	return startChildrenMap(b, testMap(b), nil, flags...)
+}
+
+// startChildrenMap is startChildren with map m and, for a keyed map, each
+// site's key file.
+func startChildrenMap(b testing.TB, m *sitemap.Map, keyFiles map[string]string, flags ...string) *childPair {
 	flags = append(flags, strings.Fields(os.Getenv("MPI5K_GW_FLAGS"))...)
 	b.Helper()
 	dir := b.TempDir()
-	m := testMap(b)
 	mp := filepath.Join(dir, "sites.conf")
 	f, _ := os.Create(mp)
 	m.WriteTo(f)
@@ -179,7 +188,11 @@ func startChildren(b testing.TB, flags ...string) *childPair {
 	cp := &childPair{m: m}
 	for _, site := range []string{"a", "b"} {
 		c := exec.Command(os.Args[0], append([]string{"-test.run=^$", "--"}, flags...)...)
-		c.Env = append(os.Environ(), "MPI5K_GW_CHILD="+mp+","+site+","+filepath.Join(dir, site+".ready"))
+		spec := mp + "," + site + "," + filepath.Join(dir, site+".ready")
+		if keyFiles != nil {
+			spec += "," + keyFiles[site]
+		}
+		c.Env = append(os.Environ(), "MPI5K_GW_CHILD="+spec)
 		c.Stderr = os.Stderr
 		c.SysProcAttr = diesWithParent
 		if err := c.Start(); err != nil {

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"crypto/ed25519"
 	"fmt"
 	"log/slog"
 	"time"
@@ -83,8 +84,21 @@ type Config struct {
 	// arriving message wakes one thread, not two.
 	QuietRuntime bool
 
+	// KeyFile is this gateway's Ed25519 private key (GenerateKey), needed
+	// when the map lists gateway keys: the WAN links are then mutually
+	// authenticated and encrypted with TLS 1.3 (docs/security.md). Key,
+	// if set, is used instead of reading KeyFile.
+	KeyFile string
+	Key     ed25519.PrivateKey
+
+	// AllowPorts is the destination policy: the ports of this site's hosts
+	// that streams from other sites may reach (nil = DefaultAllowPorts).
+	// Any other port is refused (OPEN_REFUSED, policy; counted as
+	// dst_port).
+	AllowPorts PortSet
+
 	ReadyFile   string // written once every WAN link is up and primed (tuning.Prime)
-	MetricsAddr string // HTTP listener for /metrics and /ready ("" = none)
+	MetricsAddr string // HTTP listener for /metrics and /ready ("" = none; no host = loopback)
 	// ReadyTag names the job a per-job gateway serves: /ready?tag=X
 	// answers 409 unless X is this tag (mpi5k run's check that the
 	// gateway on a port is the one it started).
@@ -155,6 +169,7 @@ func DefaultConfig() Config {
 		Express: true, Renew: true, ProbeRTTGuard: true, Prime: true, KeepWarm: true,
 		PollThread: true, QuietRuntime: true, WANQueue: time.Millisecond,
 		ResumeWithin: time.Minute,
+		AllowPorts:   DefaultAllowPorts,
 	}
 }
 

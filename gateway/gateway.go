@@ -32,6 +32,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -58,6 +59,10 @@ type Gateway struct {
 	rcfg  relay.Config
 	lan   LANTransport
 	peers map[uint8]*peer // by site id
+	// auth authenticates and encrypts WAN links (nil: a keyless map);
+	// acceptTLS is its server configuration.
+	auth      *peerAuth
+	acceptTLS *tls.Config
 
 	lanLn LANListener
 	wanLn *net.TCPListener
@@ -238,6 +243,12 @@ func New(cfg Config) (*Gateway, error) {
 			g.peers[s.ID] = g.newPeer(s)
 		}
 	}
+	if g.cfg.AllowPorts == nil {
+		g.cfg.AllowPorts = DefaultAllowPorts
+	}
+	if err := g.initAuth(); err != nil {
+		return nil, err
+	}
 	g.records.m = map[recordKey]record{}
 	g.records.locals = map[netip.AddrPort]int{}
 	g.m = newMetrics(g)
@@ -269,7 +280,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	defer close(g.stopped)
 	var srv *http.Server
 	if g.cfg.MetricsAddr != "" {
-		ln, err := net.Listen("tcp", g.cfg.MetricsAddr)
+		ln, err := net.Listen("tcp", metricsListen(g.cfg.MetricsAddr))
 		if err != nil {
 			return fmt.Errorf("gateway: metrics listener: %w", err)
 		}
@@ -299,6 +310,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		"peers", len(g.peerList()), "wan_conns", g.cfg.WANConns, "express", g.cfg.Express, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
 		"wan_pace_bps", g.cfg.WANPace, "wan_queue", g.cfg.WANQueue.String(), "probe_rtt_guard", g.cfg.ProbeRTTGuard,
 		"express_cc", g.cfg.ExpressCC, "prime", g.cfg.Prime, "keep_warm", keepWarmState,
+		"wan_auth", g.auth != nil, "wan_allow_ports", g.cfg.AllowPorts.String(),
 		"max_lan_conns", g.cfg.MaxLANConns, "max_source_streams", g.cfg.MaxSourceStreams, "max_peer_streams", g.cfg.MaxPeerStreams)
 	g.wg.Add(3)
 	go g.serveLAN()

@@ -194,14 +194,22 @@ func (g *Gateway) wanCreate() tuning.SockOpts {
 //
 // since is a time before the TCP connection was established: the PROBE_RTT
 // guard starts its BBR min_rtt clock there.
-func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello, since time.Time, local uint64) *relay.Link {
+func (g *Gateway) addLink(p *peer, i int, c net.Conn, ph header.Hello, since time.Time, local uint64) *relay.Link {
 	x := g.isExpress(i)
 	g.tuneLink(p, i, c)
+	rcfg := g.rcfg
+	wc, tlsLink := c.(*wanConn)
+	if tlsLink {
+		rcfg.NoPoller = tlsNoPoller
+	}
 	var l *relay.Link
 	if local != 0 && ph.Session != 0 {
-		l = p.trunk.AddResumable(c, g.rcfg, ph, i, x, local)
+		l = p.trunk.AddResumable(c, rcfg, ph, i, x, local)
 	} else {
-		l = p.trunk.Add(c, g.rcfg, ph, i, x)
+		l = p.trunk.Add(c, rcfg, ph, i, x)
+	}
+	if tlsLink {
+		wc.link.Store(l) // its Close tells a failure from a retirement
 	}
 	if !x && g.cfg.ProbeRTTGuard {
 		g.guard.Begin(l, since) // before setLink publishes l to the guard
@@ -217,14 +225,14 @@ func (g *Gateway) addLink(p *peer, i int, c *net.TCPConn, ph header.Hello, since
 // sockets' own. The express link is exempt from --wan-pace (it carries
 // only messages, and they must not wait for a pacing slot) and may have
 // its own congestion control.
-func (g *Gateway) tuneLink(p *peer, i int, c *net.TCPConn) {
+func (g *Gateway) tuneLink(p *peer, i int, c net.Conn) {
 	x := g.isExpress(i)
 	var err error
 	switch {
 	case x && g.cfg.WAN.MaxPacingRate > 0:
-		err = tuning.TuneLink(c, true, "")
+		err = tuning.TuneLink(relay.TCPOf(c), true, "")
 	case !x && g.cfg.ExpressCC != "" && g.cfg.ExpressCC != g.cfg.WAN.CC:
-		err = tuning.TuneLink(c, false, g.cfg.WAN.CC)
+		err = tuning.TuneLink(relay.TCPOf(c), false, g.cfg.WAN.CC)
 	}
 	if err != nil {
 		g.log.Warn("WAN link: socket options not set", "peer", p.site.Name, "link", i, "express", x, "err", err)
@@ -234,8 +242,11 @@ func (g *Gateway) tuneLink(p *peer, i int, c *net.TCPConn) {
 // resumed moves link l of p onto the new connection c, whose HELLO
 // exchange (ph) resumed it. A resumed connection is not primed: its
 // streams are waiting, and they are what fills it.
-func (g *Gateway) resumed(p *peer, i int, l *relay.Link, c *net.TCPConn, ph header.Hello, since time.Time) error {
+func (g *Gateway) resumed(p *peer, i int, l *relay.Link, c net.Conn, ph header.Hello, since time.Time) error {
 	g.tuneLink(p, i, c)
+	if wc, ok := c.(*wanConn); ok {
+		wc.link.Store(l)
+	}
 	if err := l.Resume(c, ph); err != nil {
 		return err
 	}
@@ -420,18 +431,26 @@ func (g *Gateway) dialOnce(p *peer, i int) (*relay.Link, error) {
 	return g.addLink(p, i, c, ph, since, h.Session), nil
 }
 
-// dialHello connects to p's gateway and exchanges HELLOs, ours h; since
-// is a time before the connection was established.
-func (g *Gateway) dialHello(p *peer, h header.Hello) (*net.TCPConn, header.Hello, time.Time, error) {
-	d := net.Dialer{Timeout: 5 * time.Second, Control: g.wanCreate().Control(nil),
-		LocalAddr: &net.TCPAddr{IP: g.site.WAN.Addr().AsSlice()}} // the acceptor checks our source address
+// dialHello connects to p's gateway, runs TLS over the connection when
+// the map has keys, and exchanges HELLOs, ours h; since is a time before
+// the connection was established.
+func (g *Gateway) dialHello(p *peer, h header.Hello) (net.Conn, header.Hello, time.Time, error) {
+	d := net.Dialer{Timeout: 5 * time.Second, Control: g.wanCreate().Control(nil)}
+	if g.auth == nil {
+		d.LocalAddr = &net.TCPAddr{IP: g.site.WAN.Addr().AsSlice()} // a keyless acceptor checks our source address
+	}
 	since := time.Now()
-	c, err := d.DialContext(g.ctx, "tcp", p.site.WAN.String())
+	tc, err := d.DialContext(g.ctx, "tcp", p.site.WAN.String())
 	if err != nil {
 		return nil, header.Hello{}, since, err
 	}
 	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
 	defer cancel()
+	c, err := g.secureDial(ctx, tc.(*net.TCPConn), p)
+	if err != nil {
+		tc.Close()
+		return nil, header.Hello{}, since, err
+	}
 	ph, err := relay.Handshake(ctx, c, h)
 	if err == nil {
 		// The acceptor's index is informational: only the dialer's is
@@ -442,7 +461,7 @@ func (g *Gateway) dialHello(p *peer, h header.Hello) (*net.TCPConn, header.Hello
 		c.Close()
 		return nil, ph, since, err
 	}
-	return c.(*net.TCPConn), ph, since, nil
+	return c, ph, since, nil
 }
 
 // resumeLoop reconnects link i to p, which broke, and resumes it on the
@@ -531,33 +550,29 @@ func (g *Gateway) serveWAN() {
 // accept queue before acceptWAN runs.
 const acceptLag = 20 * time.Millisecond
 
-// acceptWAN admits a peer gateway: its source address must be the WAN
-// address of a site with a higher id than ours, and its HELLO must name
-// that site.
-func (g *Gateway) acceptWAN(c *net.TCPConn) {
+// acceptWAN admits a peer gateway of a site with a higher id than ours:
+// one that proves a key the map lists for that site (keyed maps, any
+// source address), or whose source address is that site's WAN address
+// (keyless maps); its HELLO must name that site.
+func (g *Gateway) acceptWAN(tc *net.TCPConn) {
 	// The kernel established the connection just before accept returned
 	// (the accept loop never lags by more than a scheduling delay).
 	since := time.Now().Add(-acceptLag)
-	remote := unmapAP(c.RemoteAddr().(*net.TCPAddr).AddrPort())
-	var cands []*peer
-	for _, p := range g.peerList() {
-		if !p.dialer && p.site.WAN.Addr() == remote.Addr() {
-			cands = append(cands, p)
-		}
-	}
-	if len(cands) == 0 {
-		g.refused("wan_source", "WAN connection refused: source is no peer gateway in the site map", "remote", remote.String())
-		g.m.wanRefused.Inc()
-		c.SetLinger(0)
-		c.Close()
-		return
-	}
+	remote := unmapAP(tc.RemoteAddr().(*net.TCPAddr).AddrPort())
 	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
 	defer cancel()
+	c, cands, reason, err := g.admitWAN(ctx, tc, remote)
+	if err != nil {
+		g.refused(reason, "WAN connection refused", "remote", remote.String(), "err", err)
+		g.m.wanRefused.Inc()
+		tc.SetLinger(0)
+		tc.Close()
+		return
+	}
 	var p *peer
 	var resume *relay.Link // the link the HELLO resumes, if any
 	var local uint64       // the session our HELLO gives a new link
-	reason := "wan_hello"
+	reason = "wan_hello"
 	ph, err := relay.Answer(ctx, c, func(ph header.Hello) (header.Hello, error) {
 		for _, q := range cands {
 			if q.site.ID == ph.SiteID {
@@ -566,6 +581,8 @@ func (g *Gateway) acceptWAN(c *net.TCPConn) {
 		}
 		i := int(ph.LinkIndex)
 		switch {
+		case p == nil && g.auth != nil:
+			return header.Hello{}, fmt.Errorf("HELLO claims site id %d, but the peer proved the key of site %s", ph.SiteID, cands[0].site.Name)
 		case p == nil:
 			return header.Hello{}, fmt.Errorf("HELLO claims site id %d, which does not have WAN address %v", ph.SiteID, remote.Addr())
 		case i >= g.numLinks():
@@ -594,7 +611,7 @@ func (g *Gateway) acceptWAN(c *net.TCPConn) {
 	if err != nil {
 		g.refused(reason, "WAN connection refused", "remote", remote.String(), "err", err)
 		g.m.wanRefused.Inc()
-		c.SetLinger(0)
+		tc.SetLinger(0)
 		c.Close()
 		return
 	}
@@ -602,7 +619,7 @@ func (g *Gateway) acceptWAN(c *net.TCPConn) {
 	if resume != nil {
 		if err := g.resumed(p, i, resume, c, ph, since); err != nil {
 			g.log.Warn("WAN link resume failed", "peer", p.site.Name, "link", i, "remote", remote.String(), "err", err)
-			c.SetLinger(0)
+			tc.SetLinger(0)
 			c.Close()
 		}
 		return

@@ -199,13 +199,19 @@ func (g *Gateway) openFromWAN(s *relay.Stream, o *header.Open) {
 	psite := p.site
 	o.Dst, o.Src = unmapAP(o.Dst), unmapAP(o.Src)
 	if d, ok := m.Lookup(o.Dst.Addr()); !ok || d.ID != g.site.ID {
-		g.refused("wan_open_dst", "WAN OPEN refused: destination not in this site", "peer", psite.Name, "dst", o.Dst.String())
+		g.refused("wan_open_dst", "WAN OPEN refused: destination not in this site", "peer", psite.Name, "src", o.Src.String(), "dst", o.Dst.String())
 		s.Refuse(header.CodePolicy)
 		return
 	}
 	if gs, ok := m.GatewaySite(o.Dst.Addr()); ok {
 		g.refused("dst_gateway", "WAN OPEN refused: destination is a gateway: gateways are never relayed to (a loop)",
-			"peer", psite.Name, "dst", o.Dst.String(), "gateway_site", gs.Name)
+			"peer", psite.Name, "src", o.Src.String(), "dst", o.Dst.String(), "gateway_site", gs.Name)
+		s.Refuse(header.CodePolicy)
+		return
+	}
+	if !g.cfg.AllowPorts.Has(o.Dst.Port()) {
+		g.refused("dst_port", "WAN OPEN refused: destination port outside the policy (--wan-allow-ports)",
+			"peer", psite.Name, "src", o.Src.String(), "dst", o.Dst.String(), "allowed", g.cfg.AllowPorts.String())
 		s.Refuse(header.CodePolicy)
 		return
 	}

@@ -3,7 +3,6 @@ package relay
 import (
 	"log/slog"
 	"slices"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -416,8 +415,7 @@ func (a *queueAgg) merge(now time.Time, ls []linkQueueSample, messages bool) que
 // queueCapped reports whether queue control caps l: a bulk link on a TCP
 // socket whose peer applies CLAMP frames, with a queue target set.
 func (l *Link) queueCapped() bool {
-	_, ok := l.Conn().(syscall.Conn)
-	return ok && l.cfg.QueueTarget > 0 && !l.express && l.peer.Features&header.FeatureClamp != 0
+	return sockOf(l.Conn()) != nil && l.cfg.QueueTarget > 0 && !l.express && l.peer.Features&header.FeatureClamp != 0
 }
 
 // startQueueControl starts the trunk's queue control for a new link it
@@ -561,7 +559,7 @@ func (t *Trunk) controlQueue(target time.Duration, log *slog.Logger) {
 		}
 		ls = ls[:0]
 		for _, l := range links {
-			if err := tcpinfo.ReadConn(l.Conn().(syscall.Conn), &in); err != nil {
+			if err := tcpinfo.ReadConn(sockOf(l.Conn()), &in); err != nil {
 				continue // closing: the next round finds it dead
 			}
 			ls = append(ls, linkQueueSample{key: l, srtt: in.RTT, minRTT: in.MinRTT, acked: in.BytesAcked,
@@ -599,8 +597,8 @@ func (t *Trunk) controlQueue(target time.Duration, log *slog.Logger) {
 // applyClamp caps this side's receive window as the peer asked (CLAMP).
 func (l *Link) applyClamp(n uint32) {
 	l.Stats.PeerClamp.Store(n)
-	sc, ok := l.conn.(syscall.Conn)
-	if !ok {
+	sc := sockOf(l.conn)
+	if sc == nil {
 		return // not a kernel socket (tests over pipes): nothing to cap
 	}
 	v := n

@@ -65,6 +65,7 @@ type hostRec struct {
 
 type records struct {
 	sites []siteRec
+	keys  []keyRec
 	nets  []netRec
 	hosts []hostRec
 }
@@ -349,6 +350,7 @@ func (r *records) build(knownBroken map[string]bool) (*Map, []*Error) {
 		stack = append(stack, cur)
 	}
 
+	r.buildKeys(m, knownBroken, fail)
 	if len(errs) > 0 {
 		return nil, errs
 	}

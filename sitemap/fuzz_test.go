@@ -10,6 +10,7 @@ import (
 // canonical text that parses back to an equal map with the same text.
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(twoSites))
+	f.Add([]byte(keySites + "key s1 " + keyA + "\nkey s2 " + keyB + "\nkey s1 " + keyC + "\n"))
 	f.Add([]byte("site a id=1 lan=127.0.0.1:7001 wan=127.0.0.1:7002\nhost a x 127.0.0.2\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := Parse(bytes.NewReader(data), "fuzz")

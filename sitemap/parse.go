@@ -79,8 +79,19 @@ func Parse(r io.Reader, filename string) (*Map, error) {
 			if !bad {
 				recs.hosts = append(recs.hosts, h)
 			}
+		case "key":
+			if len(f) != 3 {
+				fail(line, "key: want \"key <site> %s<base64>\", got %d fields", KeyPrefix, len(f))
+				continue
+			}
+			k, err := ParseKey(f[2])
+			if err != nil {
+				fail(line, "key %s: %v", f[1], err)
+				continue
+			}
+			recs.keys = append(recs.keys, keyRec{at: at, site: f[1], key: k})
 		default:
-			fail(line, "unknown record %q: want site, net or host", f[0])
+			fail(line, "unknown record %q: want site, key, net or host", f[0])
 		}
 	}
 	if err := sc.Err(); err != nil {

@@ -126,7 +126,7 @@ func TestParseErrors(t *testing.T) {
 	const s1 = "site a id=1 lan=10.0.1.2:5000 wan=10.0.1.2:5001\n" // line 1
 	const s2 = "site b id=2 lan=10.0.2.2:5000 wan=10.0.2.2:5001\n" // line 2
 	for _, tc := range []struct{ name, text, want string }{
-		{"unknown keyword", s1 + "nett a 10.0.0.0/8\n", `t.map:2: unknown record "nett": want site, net or host`},
+		{"unknown keyword", s1 + "nett a 10.0.0.0/8\n", `t.map:2: unknown record "nett": want site, key, net or host`},
 		{"site without name", "site\n", "t.map:1: site: missing name"},
 		{"site name is a key", "site id=1 lan=1.1.1.1:1 wan=1.1.1.1:2\n", `t.map:1: site: missing name before "id=1"`},
 		{"bad key=value", "site a id=1 lan=10.0.1.2:5000 wan 10.0.1.2:5001\n", `t.map:1: site a: bad field "wan": want key=value`},

@@ -10,6 +10,7 @@
 package sitemap
 
 import (
+	"crypto/ed25519"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -31,6 +32,9 @@ type Site struct {
 	Nets  []netip.Prefix // sorted by address, then length
 	// Hosts are the site's explicit hosts, sorted by name.
 	Hosts []Host
+	// Keys are the public keys its gateway may prove (key records, in
+	// their order): several while a key is replaced.
+	Keys []ed25519.PublicKey
 }
 
 // Host is an explicitly listed host. Addrs keep the order of the record:
@@ -150,7 +154,7 @@ func (m *Map) GatewaySite(a netip.Addr) (*Site, bool) {
 }
 
 // WriteTo writes the map in canonical text form: per site (by id) its site
-// record, its nets, then its hosts. Parse reads it back to an equal Map.
+// record, its keys, its nets, then its hosts. Parse reads it back to an equal Map.
 func (m *Map) WriteTo(w io.Writer) (int64, error) {
 	var b strings.Builder
 	for i, s := range m.sites {
@@ -162,6 +166,9 @@ func (m *Map) WriteTo(w io.Writer) (int64, error) {
 			fmt.Fprintf(&b, " ready=%s", s.Ready)
 		}
 		b.WriteByte('\n')
+		for _, k := range s.Keys {
+			fmt.Fprintf(&b, "key %s %s\n", s.Name, FormatKey(k))
+		}
 		for _, p := range s.Nets {
 			fmt.Fprintf(&b, "net %s %s\n", s.Name, p)
 		}

@@ -2,7 +2,6 @@ package tuning
 
 import (
 	"errors"
-	"syscall"
 
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/tcpinfo"
@@ -12,8 +11,8 @@ import (
 // (raw is scratch) and, if it runs BBR, BBR's model into b (haveBBR). *cc
 // caches the socket's congestion control; an empty one is read first.
 func ReadLinkSocket(l *relay.Link, cc *string, raw *tcpinfo.Raw, in *tcpinfo.Info, b *tcpinfo.BBR) (haveBBR bool, err error) {
-	sc, ok := l.Conn().(syscall.Conn)
-	if !ok {
+	sc := relay.TCPOf(l.Conn()) // through an encrypting wrapper
+	if sc == nil {
 		return false, errors.New("tuning: WAN link without a socket")
 	}
 	rc, err := sc.SyscallConn()

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mpi5k/mpi5k/relay"
 )
 
 // SockOpts are the per-side socket options. They are applied on the raw
@@ -220,11 +222,12 @@ func readCCList(name string) string {
 
 func availableCC() string { return readCCList("tcp_available_congestion_control") }
 
-// TCPInfo reads the kernel's TCP_INFO of c. (A tcpinfo package will take
-// this over; until then the gateway reads it directly.)
+// TCPInfo reads the kernel's TCP_INFO of c, or of the TCP connection an
+// encrypting wrapper runs over. (A tcpinfo package will take this over;
+// until then the gateway reads it directly.)
 func TCPInfo(c net.Conn) (*unix.TCPInfo, error) {
-	tc, ok := c.(*net.TCPConn)
-	if !ok {
+	tc := relay.TCPOf(c)
+	if tc == nil {
 		return nil, fmt.Errorf("not a TCP connection")
 	}
 	rc, err := tc.SyscallConn()

@@ -38,7 +38,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	mapPath := fs.String("map", "", "site map file, docs/sitemap-format.md (required)")
 	site := fs.String("site", "", "this gateway's site name in the map (required)")
 	gf := gateway.NewFlags(fs, false)
-	metrics := fs.String("metrics", "", "listen address of the HTTP server for /metrics and /ready, e.g. :9105")
+	key := fs.String("key", "", "this gateway's private key file, needed when the site map lists gateway keys (docs/security.md)")
+	genKey := fs.String("gen-key", "", "write a new private key to FILE (mode 0600, never overwritten), print its public key for the site map, and exit")
+	metrics := fs.String("metrics", "", "listen address of the HTTP server for /metrics and /ready, e.g. 127.0.0.1:9105 (a bare :9105 listens on loopback only)")
 	ready := fs.String("ready-file", "", "file written once every WAN link is up (and primed)")
 	logLevel := "info"
 	fs.Var(cli.Choice{P: &logLevel, Words: []string{"debug", "info", "warn", "error"}}, "log-level", "debug, info, warn or error")
@@ -61,6 +63,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return cli.ExitOK
 	case *helpAdv:
 		fmt.Fprintf(stdout, "advanced flags of mpi5k-gateway (defaults set by measurements; for experiments):\n%s", cli.AdvancedUsages(fs))
+		return cli.ExitOK
+	case *genKey != "":
+		pub, err := gateway.GenerateKey(*genKey)
+		if err != nil {
+			return cmd.Failf("--gen-key: %v", err)
+		}
+		name := *site
+		if name == "" {
+			name = "SITE"
+		}
+		fmt.Fprintln(stdout, sitemap.FormatKey(pub))
+		fmt.Fprintf(stderr, "private key written to %s; list the public key in the site map of every gateway:\n  key %s %s\n",
+			*genKey, name, sitemap.FormatKey(pub))
 		return cli.ExitOK
 	case fs.NArg() > 0:
 		return cmd.Usagef("unexpected argument %q (every setting is a --flag)", fs.Arg(0))
@@ -85,6 +100,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	cfg.Map, cfg.Site, cfg.ReadyFile, cfg.MetricsAddr, cfg.Logger = m, *site, *ready, *metrics, log
 	cfg.ReadyTag = *readyTag
+	cfg.KeyFile = *key
 	g, err := gateway.New(cfg)
 	if err != nil {
 		return cmd.Failf("%v", err)

@@ -1,0 +1,110 @@
+package gateway
+
+import (
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// PortSet is the destination policy of streams from other sites: the TCP
+// ports of this site's hosts they may reach (ranges, inclusive). Ranks run
+// as users, so their listeners are never on a privileged port: the
+// default, 1024-65535, keeps every root service of a site (ssh, rpcbind,
+// LDAP, Kerberos...) out of reach, and a site narrows it to the ports its
+// ranks listen on (docs/security.md).
+type PortSet []PortRange
+
+// PortRange is an inclusive range of TCP ports.
+type PortRange struct{ Lo, Hi uint16 }
+
+// DefaultAllowPorts is the policy of DefaultConfig.
+var DefaultAllowPorts = PortSet{{1024, 65535}}
+
+// Has reports whether port p is allowed.
+func (s PortSet) Has(p uint16) bool {
+	for _, r := range s {
+		if p >= r.Lo && p <= r.Hi {
+			return true
+		}
+	}
+	return false
+}
+
+// String writes the set as Set reads it.
+func (s PortSet) String() string {
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		if r.Lo == r.Hi {
+			fmt.Fprintf(&b, "%d", r.Lo)
+		} else {
+			fmt.Fprintf(&b, "%d-%d", r.Lo, r.Hi)
+		}
+	}
+	return b.String()
+}
+
+// ParsePortSet parses a comma-separated list of ports and ranges, e.g.
+// "32768-60999,5201"; "any" is 1-65535.
+func ParsePortSet(v string) (PortSet, error) {
+	if v == "any" {
+		return PortSet{{1, 65535}}, nil
+	}
+	var s PortSet
+	for _, f := range strings.Split(v, ",") {
+		lo, hi, isRange := strings.Cut(strings.TrimSpace(f), "-")
+		a, err := parsePort(lo)
+		if err != nil {
+			return nil, fmt.Errorf("%q: %v: want ports and ranges like 32768-60999,5201 (or any)", v, err)
+		}
+		b := a
+		if isRange {
+			if b, err = parsePort(hi); err != nil {
+				return nil, fmt.Errorf("%q: %v: want ports and ranges like 32768-60999,5201 (or any)", v, err)
+			}
+			if b < a {
+				return nil, fmt.Errorf("%q: range %d-%d runs backwards", v, a, b)
+			}
+		}
+		s = append(s, PortRange{a, b})
+	}
+	slices.SortFunc(s, func(x, y PortRange) int { return int(x.Lo) - int(y.Lo) })
+	return s, nil
+}
+
+func parsePort(v string) (uint16, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 65535 {
+		return 0, fmt.Errorf("bad port %q (1-65535)", v)
+	}
+	return uint16(n), nil
+}
+
+// portFlag is a PortSet as a flag value.
+type portFlag struct{ p *PortSet }
+
+func (f portFlag) String() string { return f.p.String() }
+func (f portFlag) Type() string   { return "ports" }
+func (f portFlag) Set(v string) error {
+	s, err := ParsePortSet(v)
+	if err == nil {
+		*f.p = s
+	}
+	return err
+}
+
+// metricsListen is where /metrics and /ready listen: an address without a
+// host (":9105") means loopback, since the metrics name every peer and
+// link of the site and need no network to be scraped locally; a host
+// given (0.0.0.0:9105, the gateway's address) is taken as it is.
+func metricsListen(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err == nil && host == "" {
+		return net.JoinHostPort("127.0.0.1", port)
+	}
+	return addr
+}
