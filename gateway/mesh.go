@@ -67,6 +67,9 @@ func (g *Gateway) setLink(p *peer, i int, l *relay.Link, priming bool) {
 	}
 	all := g.allUpLocked()
 	g.peersMu.Unlock()
+	if !p.dialer && l.Resumable() {
+		go g.watchDown(p, l)
+	}
 	// A renewal is counted by the new link: the retired one may already
 	// have closed (and left the slot nil) when both RETIREs crossed
 	// before we got here.
@@ -626,6 +629,48 @@ func (g *Gateway) acceptWAN(tc *net.TCPConn) {
 	}
 	g.addLink(p, i, c, ph, since, local)
 	g.log.Info("WAN link up", "peer", p.site.Name, "link", ph.LinkIndex, "remote", remote.String())
+}
+
+// watchDown fails an accepted link that stays down while no gateway
+// listens at the peer's WAN address. Only the dialer reconnects, so a
+// dialer that died (its sockets reset rather than closed) leaves nothing
+// to resume the link, and its streams would wait --wan-resume-within. A
+// link the dialer resumes within a second is never probed; a path that
+// does not answer (a blackhole, a NAT) proves nothing and the link waits.
+func (g *Gateway) watchDown(p *peer, l *relay.Link) {
+	for {
+		select {
+		case <-l.Breaks():
+		case <-l.Done():
+			return
+		case <-g.ctx.Done():
+			return
+		}
+		for wait := time.Second; l.Down(); wait = 5 * time.Second {
+			select {
+			case <-time.After(wait):
+			case <-l.Done():
+				return
+			case <-g.ctx.Done():
+				return
+			}
+			if !l.Down() {
+				break
+			}
+			d := net.Dialer{Timeout: 2 * time.Second}
+			c, err := d.DialContext(g.ctx, "tcp", p.site.WAN.String())
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				g.log.Warn("WAN link cannot resume: the peer gateway is not running; its streams are reset",
+					"peer", p.site.Name, "link", l.Index(), "addr", p.site.WAN.String())
+				l.Close()
+				return
+			}
+			if err == nil {
+				c.(*net.TCPConn).SetLinger(0)
+				c.Close()
+			}
+		}
+	}
 }
 
 // resumable returns p's link i if its session is session, taking down

@@ -379,20 +379,23 @@ func TestBitFlip(t *testing.T) {
 				t.Fatal("the proxy flipped no bit")
 			}
 			if keyed {
+				// TLS finds the flipped record, the connection is torn
+				// down, and the link resumes on a new one (the proxy
+				// flips once): the stream completes intact.
 				if w := wrong.Load(); w >= 0 {
 					t.Fatalf("a corrupted byte reached the destination at offset %d", w)
 				}
-				if got.Load() >= size {
-					t.Fatalf("the stream completed (%d bytes) across a corrupted link", got.Load())
+				if got.Load() != size {
+					t.Fatalf("the destination got %d of %d bytes", got.Load(), size)
 				}
+				var resumes uint64
 				for _, l := range before {
-					select {
-					case <-l.Done():
-						return // torn down
-					case <-time.After(5 * time.Second):
-					}
+					resumes += l.ResumeStats().Resumes
 				}
-				t.Fatal("no link went down after the corrupted record")
+				if resumes == 0 {
+					t.Fatal("no link was torn down and resumed after the corrupted record")
+				}
+				return
 			}
 			if wrong.Load() < 0 {
 				t.Fatalf("keyless: the flipped bit was not delivered (got %d bytes): the test cannot tell", got.Load())
