@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -171,16 +172,24 @@ func TestThousandStreams(t *testing.T) {
 		maxSize = 1 << 20
 	}
 	const n = 1000
+	start := time.Now()
+	total := sumStreams(t, a, dst, n, maxSize, 42)
+	d := time.Since(start)
+	t.Logf("%d streams, %d bytes in %v (%.0f Mbit/s)", n, total, d.Round(time.Millisecond), float64(total)*8/d.Seconds()/1e6)
+}
+
+// sumStreams runs n concurrent checksummed streams of random sizes up to
+// maxSize from a's site to dst, reports each failure, and returns the
+// bytes checked.
+func sumStreams(t *testing.T, a *testGW, dst netip.AddrPort, n, maxSize int, seed uint64) int64 {
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
-	var mu sync.Mutex
-	var total int64
-	start := time.Now()
+	var total atomic.Int64
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := rand.New(rand.NewPCG(42, uint64(i)))
+			r := rand.New(rand.NewPCG(seed, uint64(i)))
 			size := testnet.StreamSize(r, maxSize)
 			c, err := lanOpen(a.LANAddr(), nodeA, dst)
 			if err != nil {
@@ -192,9 +201,7 @@ func TestThousandStreams(t *testing.T) {
 				errs <- fmt.Errorf("stream %d: %w", i, err)
 				return
 			}
-			mu.Lock()
-			total += int64(size)
-			mu.Unlock()
+			total.Add(int64(size))
 		}()
 	}
 	wg.Wait()
@@ -202,8 +209,7 @@ func TestThousandStreams(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	d := time.Since(start)
-	t.Logf("%d streams, %d bytes in %v (%.0f Mbit/s)", n, total, d.Round(time.Millisecond), float64(total)*8/d.Seconds()/1e6)
+	return total.Load()
 }
 
 // TestSmallMessageAllocs: a 1-byte ping-pong through the gateway pair (in

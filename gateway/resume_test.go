@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -59,39 +58,13 @@ func TestWANResume(t *testing.T) {
 		}
 	}()
 	const n = 1000
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	var total atomic.Int64
 	start := time.Now()
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := rand.New(rand.NewPCG(43, uint64(i)))
-			size := testnet.StreamSize(r, maxSize)
-			c, err := lanOpen(a.LANAddr(), nodeA, dst)
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer c.Close()
-			if err := testnet.SendAndCheck(c, r, size); err != nil {
-				errs <- fmt.Errorf("stream %d: %w", i, err)
-				return
-			}
-			total.Add(int64(size))
-		}()
-	}
-	wg.Wait()
+	total := sumStreams(t, a, dst, n, maxSize, 43)
 	close(stop)
 	kwg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
 	resumes := counter(t, a, "mpi5k_wan_resumes_total") + counter(t, b, "mpi5k_wan_resumes_total")
 	t.Logf("%d streams, %d bytes in %v; %d connections reset, %v resumes counted by the two gateways",
-		n, total.Load(), time.Since(start).Round(time.Millisecond), kills.Load(), resumes)
+		n, total, time.Since(start).Round(time.Millisecond), kills.Load(), resumes)
 	if kills.Load() < 5 {
 		t.Fatalf("only %d resets: the test did not break the links", kills.Load())
 	}

@@ -123,14 +123,7 @@ func Answer(ctx context.Context, conn net.Conn, reply func(peer header.Hello) (h
 		conn.SetDeadline(d)
 		defer conn.SetDeadline(time.Time{})
 	}
-	h, p, err := header.ReadOne(conn, header.MaxControl)
-	if err == nil && h.Type != header.TypeHello {
-		err = fmt.Errorf("relay: first frame is %v, want HELLO", h.Type)
-	}
-	var peer header.Hello
-	if err == nil {
-		peer, err = header.ParseHello(p)
-	}
+	peer, err := readHello(conn)
 	if err != nil {
 		return peer, fmt.Errorf("relay: hello from %v: %w", conn.RemoteAddr(), err)
 	}
@@ -148,6 +141,19 @@ func Answer(ctx context.Context, conn net.Conn, reply func(peer header.Hello) (h
 	return peer, nil
 }
 
+// readHello reads the peer's HELLO, with no read-ahead: the link's Reader
+// takes over the connection afterwards.
+func readHello(conn net.Conn) (header.Hello, error) {
+	h, p, err := header.ReadOne(conn, header.MaxControl)
+	if err == nil && h.Type != header.TypeHello {
+		err = fmt.Errorf("relay: first frame is %v, want HELLO", h.Type)
+	}
+	if err != nil {
+		return header.Hello{}, err
+	}
+	return header.ParseHello(p)
+}
+
 // Handshake sends our HELLO and reads the peer's, both before ctx's
 // deadline. The caller checks the peer's identity before NewLink.
 func Handshake(ctx context.Context, conn net.Conn, local header.Hello) (header.Hello, error) {
@@ -161,15 +167,7 @@ func Handshake(ctx context.Context, conn net.Conn, local header.Hello) (header.H
 	}
 	errc := make(chan error, 1)
 	go func() { _, err := conn.Write(header.AppendFrame(nil, header.TypeHello, 0, body)); errc <- err }()
-	// No read-ahead: the link's Reader takes over the connection afterwards.
-	h, p, err := header.ReadOne(conn, header.MaxControl)
-	if err == nil && h.Type != header.TypeHello {
-		err = fmt.Errorf("relay: first frame is %v, want HELLO", h.Type)
-	}
-	var peer header.Hello
-	if err == nil {
-		peer, err = header.ParseHello(p)
-	}
+	peer, err := readHello(conn)
 	if werr := <-errc; err == nil && werr != nil {
 		err = werr
 	}
