@@ -42,9 +42,17 @@ func TestDoctorHosts(t *testing.T) {
 	bin := buildMpi5k(t)
 	launcher := filepath.Join(t.TempDir(), "launch")
 	os.WriteFile(launcher, []byte("#!/bin/sh\nshift\nexec sh -c \"$*\"\n"), 0o755)
-	wan := strconv.Itoa(freePort(t))
-	out, err := exec.Command(bin, "doctor", "--launcher", launcher, "--mpi5k", bin, "--lan-port", "0", "--wan-port", wan,
-		"--preload", "", "127.0.0.1", "localhost").Output()
+	var wan string
+	var out []byte
+	var err error
+	for range 3 { // a port found free may be taken by another process before doctor checks it
+		wan = strconv.Itoa(freePort(t))
+		out, err = exec.Command(bin, "doctor", "--launcher", launcher, "--mpi5k", bin, "--lan-port", "0", "--wan-port", wan,
+			"--preload", "", "127.0.0.1", "localhost").Output()
+		if !strings.Contains(string(out), "TCP "+wan+" is in use") {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatalf("mpi5k doctor: %v\n%s", err, out)
 	}
