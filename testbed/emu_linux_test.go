@@ -88,8 +88,10 @@ func TestLinkPipeline(t *testing.T) {
 	// The reader may drain the burst while earlier packets already left, so
 	// a little more than queue/size gets in (more on a slow machine: the
 	// burst is written by this goroutine); never the whole burst.
-	if len(arrivals) < 20 || len(arrivals) > 50 {
-		t.Errorf("%d packets accepted from a burst of %d into a 20-packet queue", len(arrivals), burst)
+	// A starved emulator (its lateness shows it) reads the burst slower
+	// than the link drains it, and then rightly drops nothing.
+	if len(arrivals) < 20 || len(arrivals) > 50 && s.Late.P99 < time.Millisecond {
+		t.Errorf("%d packets accepted from a burst of %d into a 20-packet queue (emulator lateness p99 %v)", len(arrivals), burst, s.Late.P99)
 	}
 	for i := 1; i < len(ports); i++ {
 		if ports[i] <= ports[i-1] {
