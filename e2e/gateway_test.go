@@ -124,18 +124,7 @@ func gwHelper(a []string) error {
 		fmt.Println(n)
 		return nil
 	case "sumserve":
-		ln, err := net.Listen("tcp", a[1])
-		if err != nil {
-			return err
-		}
-		fmt.Println("listening")
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return err
-			}
-			go testnet.SumServer(c.(*net.TCPConn))
-		}
+		return serveSums(a[1])
 	case "sumsend":
 		return sumSend(a[1], a[2], a[3], a[4], a[5])
 	case "get":
@@ -241,6 +230,23 @@ func sumSend(dst, gw, streams, maxBytes, seed string) error {
 	}
 	fmt.Printf("%d %d %f\n", n, total.Load(), time.Since(start).Seconds())
 	return nil
+}
+
+// serveSums answers every connection to addr with testnet.SumServer,
+// after printing "listening".
+func serveSums(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Println("listening")
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		go testnet.SumServer(c.(*net.TCPConn))
+	}
 }
 
 // helperDial connects to dst directly (gw "-") or through the site gateway

@@ -50,18 +50,7 @@ func TestServiceTraffic(t *testing.T) {
 func svcTraffic(a []string) error {
 	switch a[0] {
 	case "serve":
-		ln, err := net.Listen("tcp", a[1])
-		if err != nil {
-			return err
-		}
-		fmt.Println("listening")
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return err
-			}
-			go testnet.SumServer(c.(*net.TCPConn))
-		}
+		return serveSums(a[1])
 	case "send":
 		c, err := helperDial(a[1], a[2])
 		if err != nil {
