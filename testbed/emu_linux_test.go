@@ -85,13 +85,21 @@ func TestLinkPipeline(t *testing.T) {
 	if uint64(len(arrivals))+s.QueueDrops != burst || s.DeliveredPackets != uint64(len(arrivals)) {
 		t.Errorf("delivered %d + dropped %d != %d (stats delivered %d)", len(arrivals), s.QueueDrops, burst, s.DeliveredPackets)
 	}
-	// The reader may drain the burst while earlier packets already left, so
-	// a little more than queue/size gets in (more on a slow machine: the
-	// burst is written by this goroutine); never the whole burst.
-	// A starved emulator (its lateness shows it) reads the burst slower
-	// than the link drains it, and then rightly drops nothing.
-	if len(arrivals) < 20 || len(arrivals) > 50 && s.Late.P99 < time.Millisecond {
-		t.Errorf("%d packets accepted from a burst of %d into a 20-packet queue (emulator lateness p99 %v)", len(arrivals), burst, s.Late.P99)
+	// How many of the burst get in depends on how fast the reader goroutine
+	// drains the socket, which a busy machine slows (TestShaperRateAndQueue
+	// checks the queue's arithmetic on a synthetic clock). What holds on any
+	// machine: at least the queue's 20 get in, no packet waits longer than
+	// the queue holds, and a drop happens only against a full queue.
+	if len(arrivals) < 20 {
+		t.Errorf("%d packets accepted from a burst of %d into a 20-packet queue", len(arrivals), burst)
+	}
+	full := 19 * 100 * time.Microsecond // 19 packets ahead of the next
+	// (The histogram's buckets are 1/16 of an octave wide.)
+	if s.QueueDelay.Max > (full+100*time.Microsecond)*17/16 {
+		t.Errorf("a packet waited %v in a queue that holds %v", s.QueueDelay.Max, full)
+	}
+	if s.QueueDrops > 0 && s.QueueDelay.Max < full-200*time.Microsecond {
+		t.Errorf("%d queue drops, yet the longest wait was %v, short of a full queue's %v", s.QueueDrops, s.QueueDelay.Max, full)
 	}
 	for i := 1; i < len(ports); i++ {
 		if ports[i] <= ports[i-1] {
