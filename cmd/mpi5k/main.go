@@ -42,7 +42,10 @@ func usage(w io.Writer) {
 	fmt.Fprintf(w, "\nRun 'mpi5k <command> --help' for a command's flags; docs/cli.md lists them all.\n%s", cli.ExitStatusHelp(true))
 }
 
-func main() { os.Exit(mpi5k(os.Args[1:], os.Stdout, os.Stderr)) }
+func main() {
+	_ = cli.CloseInheritedOnExec() // best effort: without /proc the command still runs
+	os.Exit(mpi5k(os.Args[1:], os.Stdout, os.Stderr))
+}
 
 func mpi5k(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {

@@ -2,12 +2,16 @@ package cli
 
 import (
 	"bytes"
+	"fmt"
 	"io"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 )
 
 // Each value type refuses what is out of its range, naming the value.
@@ -70,5 +74,26 @@ func TestCommandParse(t *testing.T) {
 	}
 	if code, done := cmd.Parse(fs, []string{"--knob"}); code != ExitOK || done {
 		t.Errorf("an advanced flag is not taken: %d %v", code, done)
+	}
+}
+
+// TestCloseInheritedOnExec: a descriptor opened without O_CLOEXEC, as one
+// inherited from flock(1) is, does not reach a child after the call.
+func TestCloseInheritedOnExec(t *testing.T) {
+	fd, err := unix.Open(os.DevNull, unix.O_RDONLY, 0) // no O_CLOEXEC
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	path := fmt.Sprintf("/proc/self/fd/%d", fd)
+	probe := func() bool { return exec.Command("test", "-e", path).Run() == nil }
+	if !probe() {
+		t.Fatalf("the child did not inherit fd %d before the call: the probe cannot tell", fd)
+	}
+	if err := CloseInheritedOnExec(); err != nil {
+		t.Fatal(err)
+	}
+	if probe() {
+		t.Errorf("fd %d still reaches a child", fd)
 	}
 }
