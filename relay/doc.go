@@ -130,23 +130,14 @@
 // # Queue control
 //
 // A bulk link left to itself fills the WAN bottleneck's queue, and every
-// message waits behind it there. With Config.QueueTarget set, one
-// controller per trunk (queue.go) works while messages cross the express
-// link: from TCP_INFO of the bulk links it measures the rate and the queue
-// (srtt above min_rtt), and has the peer cap the bulk links' receive
-// windows (CLAMP frames, TCP_WINDOW_CLAMP) at rate x (min_rtt + target),
-// split over the links. Without messages the cap is off, so bulk alone
-// keeps its full rate. The controller lowers the cap by at most half per
-// round trip as the link sees it (srtt), keeps sampling while a loss
-// stalls the cumulative ACK, and engages from the best rate of the last 2
-// busy seconds. A queue it cannot drain by lowering the cap (another
-// flow's, above target + 2 ms for 4 round trips) makes it step aside; a
-// link counts as held by its cap by its peer's window when it has bytes
-// waiting, by its bytes in flight when it has none. Min RTT can read up to
-// 1 ms low (a round trip timed by TCP timestamps) and srtt sits above the
-// floor by ACK timing: when a lower cap lowers only the rate, never the
-// queue, the controller counts that excess as offset, not queue.
-// Figures: bench/figures/queuecontrol, bench/figures/quietlink.
+// message waits behind it there. Queue control caps the bulk links'
+// receive windows while messages cross: with Config.QueueControl set, one
+// controller per trunk (a QueueController; package tuning has the policy)
+// gets the bulk links' TCP_INFO samples every few milliseconds (queue.go)
+// and decides a cap, which the relay carries to the peer in CLAMP frames;
+// the peer sets TCP_WINDOW_CLAMP on its socket. The relay knows only the
+// samples, the cap and the frames. Figures: bench/figures/queuecontrol,
+// bench/figures/quietlink.
 //
 // # What the gateway drives from outside
 //
@@ -171,7 +162,7 @@
 //     two connections, Resume.
 //   - stream.go: Stream, one relayed connection, its windows and pumps.
 //   - trunk.go: Trunk, a site pair's links and the streams they share.
-//   - queue.go: queue control of the bulk links.
+//   - queue.go: the queue-control hook: sampling the bulk links, CLAMP.
 //   - poller.go, rtquiet.go, rawsys.go: the poller thread and how it keeps
 //     Go's runtime out of the small-message path.
 //   - grid.go: the shared 100 ms grid of idle periodic work.
