@@ -32,8 +32,10 @@ import (
 // Go's runtime is kept from waking for the same bytes: rtquiet.go). The step
 // never blocks (non-blocking reads and writes, short mutexes); anything it
 // cannot finish without blocking (a frame larger than the reader's buffer,
-// no credit, end of file, an error) it hands back to the socket's goroutine,
-// which carries on as before. A streaming socket keeps waiting in Go's
+// a read that fills a stream's buffer, end of file, an error) it hands to a
+// goroutine: the link's reader, or one the stream's out-stage starts
+// (stage.go); a stream waiting for credit or a token waits for a kick,
+// without a goroutine. A streaming socket keeps waiting in Go's
 // poller (its bytes are due at once), so bulk payload never crosses the
 // poller thread; the WINDOW frames coming back for it still wake the
 // thread, which costs bulk forwarding about 10 % more CPU per byte.
@@ -215,7 +217,7 @@ const schedEvery = 5 * time.Millisecond
 // sweepEvery is how often the poller looks for sockets closed under it.
 // Closing a socket removes it from the epoll set without an event, so a
 // socket closed by someone other than its stream or link (which cancel
-// first) would leave its goroutine waiting; the sweep hands it back.
+// first) would leave its owner waiting; the sweep hands it back.
 const sweepEvery = 100 * time.Millisecond
 
 // sweepTicks is how many busy ticks apart the sweep runs.

@@ -17,7 +17,7 @@ import (
 // TryWriter is implemented by a Conn that can attempt a non-blocking write.
 // The link reader then delivers a small payload straight to the
 // application when the stream has nothing queued, instead of waking the
-// stream's pump goroutine.
+// stream's in-stage.
 type TryWriter interface {
 	TryWrite(p []byte) (int, error)
 }
@@ -172,7 +172,7 @@ func (s *Stream) end(code header.Code) bool {
 	if conn != nil {
 		conn.Abort()
 	}
-	if conn == nil { // no pump owns the queue: recycle it here
+	if conn == nil { // no in-stage owns the queue: recycle it here
 		for _, p := range q {
 			putBuf(p)
 		}
@@ -337,7 +337,7 @@ func (s *Stream) pushAt(off uint32, at bool, p *[]byte) error {
 	eof := s.checkEnd()
 	s.push(p)
 	if eof {
-		s.in.kick() // the fast path may have delivered p without waking pumpIn
+		s.in.kick() // the fast path may have delivered p without kicking the in-stage
 	}
 	return nil
 }
@@ -394,7 +394,7 @@ func (s *Stream) push(p *[]byte) {
 		w := s.credited(int64(n))
 		if n == len(*p) {
 			// In a trunk another link's reader may have queued the next
-			// bytes while we wrote; pumpIn waited for us and must be woken.
+			// bytes while we wrote; the in-stage waited for us and must be kicked.
 			more := len(s.recvq) > 0 || s.recvEOF
 			s.mu.Unlock()
 			putBuf(p)
@@ -404,7 +404,7 @@ func (s *Stream) push(p *[]byte) {
 			}
 			return
 		}
-		// Partial write: queue the rest for pumpIn, ahead of whatever another
+		// Partial write: queue the rest for the in-stage, ahead of whatever another
 		// link's reader queued meanwhile.
 		rest := getBuf(len(*p) - n)
 		copy(*rest, (*p)[n:])
