@@ -563,7 +563,7 @@ func (s *Stream) grant() (w waitOn, ok bool) {
 		s.mu.Unlock()
 		return onSignal, false
 	}
-	s.stalled = false
+	s.stalled, s.outWaits = false, false
 	s.free--
 	n := int(min(int64(s.l.chunk), s.credit))
 	s.mu.Unlock()
