@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/mpi5k/mpi5k/internal/testnet"
 )
 
 // TestStageKicks: kicks from many goroutines never run the step twice at
@@ -123,5 +125,31 @@ func TestIdleStreamsHoldNoGoroutine(t *testing.T) {
 	}
 	for i := range n {
 		roundTrip(i)
+	}
+}
+
+// TestAfterDone: the functions run once the stream ends, also when
+// registered after its end.
+func TestAfterDone(t *testing.T) {
+	a, _ := pair(t, Config{})
+	app, s := openVia(t, a, testnet.Echo(t, loopback))
+	defer app.Close()
+	ran := make(chan int, 2)
+	s.AfterDone(func() { ran <- 1 })
+	select {
+	case <-ran:
+		t.Fatal("ran before the stream ended")
+	case <-time.After(50 * time.Millisecond):
+	}
+	s.Reset(0)
+	s.AfterDone(func() { ran <- 2 })
+	got := 0
+	for range 2 {
+		select {
+		case v := <-ran:
+			got += v
+		case <-time.After(5 * time.Second):
+			t.Fatalf("after the reset, AfterDone functions ran: sum %d of 3", got)
+		}
 	}
 }

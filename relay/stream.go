@@ -76,6 +76,7 @@ type Stream struct {
 	ended      bool
 	code       header.Code // why it ended (0: both directions closed cleanly)
 	done       chan struct{}
+	afterDone  []func() // AfterDone's, run once it has ended
 }
 
 // segment is a DATA_AT payload waiting for the bytes before it.
@@ -99,6 +100,28 @@ func (s *Stream) Link() *Link { return s.l }
 
 // Done is closed when the stream has ended (cleanly or by a reset).
 func (s *Stream) Done() <-chan struct{} { return s.done }
+
+// AfterDone arranges for f to run, on a goroutine of its own, once the
+// stream has ended (at once if it has). A caller that only waits for the
+// end of a stream to release what it accounted to it holds no goroutine
+// while the stream idles.
+func (s *Stream) AfterDone(f func()) {
+	s.mu.Lock()
+	if !s.ended {
+		s.afterDone = append(s.afterDone, f)
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	go f()
+}
+
+// runAfterDone starts the AfterDone functions of a stream that has just ended.
+func runAfterDone(fs []func()) {
+	for _, f := range fs {
+		go f()
+	}
+}
 
 // Code is why the stream ended: 0 when both directions closed cleanly, else
 // the reset or refusal code.
@@ -159,6 +182,8 @@ func (s *Stream) end(code header.Code) bool {
 		return false
 	}
 	s.ended, s.code = true, code
+	after := s.afterDone
+	s.afterDone = nil
 	conn := s.conn
 	w := s.w
 	q := s.recvq
@@ -168,6 +193,7 @@ func (s *Stream) end(code header.Code) bool {
 	s.mu.Unlock()
 	s.l.t.early.Add(-early)
 	close(s.done)
+	runAfterDone(after)
 	w.close() // before the socket closes: its number may be reused
 	if conn != nil {
 		conn.Abort()
@@ -195,10 +221,13 @@ func (s *Stream) maybeFinish() {
 		return
 	}
 	s.ended = true
+	after := s.afterDone
+	s.afterDone = nil
 	conn := s.conn
 	w := s.w
 	s.mu.Unlock()
 	close(s.done)
+	runAfterDone(after)
 	w.close()
 	conn.Close()
 	s.l.t.remove(s)
