@@ -153,3 +153,15 @@ func TestAfterDone(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamsWithoutPoller: without the poller thread the same steps run
+// on goroutines that wait in Go's poller: many streams of mixed sizes
+// through small windows arrive whole.
+func TestStreamsWithoutPoller(t *testing.T) {
+	a, _ := pair(t, Config{Chunk: 32 << 10, Window: 128 << 10, NoPoller: true})
+	if a.w != nil {
+		t.Fatal("NoPoller link registered with the poller thread")
+	}
+	dst := testnet.Serve(t, loopback, testnet.SumServer)
+	runStreams(t, a, dst, 100, 1<<20, 3)
+}
