@@ -1,6 +1,9 @@
 package relay
 
-import "sync/atomic"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // Stages: each direction of a stream's data path, written once.
 //
@@ -22,9 +25,9 @@ import "sync/atomic"
 //   - finished: the stage is over.
 //
 // The stage runs its step on at most one goroutine or the poller thread at
-// a time. A waiting stage holds no goroutine: a kick starts one (the Go
-// runtime keeps freed goroutines and their stacks for reuse), which runs
-// the step until it waits again and exits. So an idle stream costs its
+// a time. A waiting stage holds no goroutine: a kick hands it to a worker
+// goroutine, which runs the step until it waits again and then waits for
+// the next stage to run (see workers). So an idle stream costs its
 // structures and its socket's registration, not two parked goroutine
 // stacks. Without the poller thread (Config.NoPoller, links without a
 // kernel socket) a step never returns onReadable: it reads with Go's
@@ -63,7 +66,7 @@ func (g *stage) kick() {
 		switch g.state.Load() {
 		case stageIdle:
 			if g.state.CompareAndSwap(stageIdle, stageRunning) {
-				go g.run()
+				dispatch(g)
 				return
 			}
 		case stageRunning:
@@ -117,7 +120,7 @@ func (g *stage) readable() bool {
 			g.state.Store(stageDone)
 			return false
 		case onGoroutine:
-			go g.run() // the stage stays running: the goroutine owns it now
+			dispatch(g) // the stage stays running: the worker owns it now
 			return false
 		case onReadable:
 			if g.park() {
@@ -128,5 +131,54 @@ func (g *stage) readable() bool {
 				return false
 			}
 		}
+	}
+}
+
+// Workers: the goroutines that run stages' steps.
+//
+// A stage that waits gives up its goroutine, and a stream carrying bulk
+// waits often (for a pipeline token at every chunk the link writer has
+// not taken yet, for queued data at every chunk the in-stage has written).
+// A new goroutine for each of those runs would start on a small stack and
+// grow it again on its first write; so a worker that has run a stage
+// waits for the next one, LIFO (the most recently used stack first), and
+// a kick hands the stage to it as a channel send, which costs what waking
+// a parked pump goroutine did. At most maxIdleWorkers wait at once: a
+// burst of streams may start more workers, and those beyond the bound
+// exit when their stage waits. The bound is per process, not per stream.
+const maxIdleWorkers = 64
+
+var workers struct {
+	mu   sync.Mutex
+	idle []chan *stage
+}
+
+// dispatch runs g (which the caller has marked running) on a worker.
+func dispatch(g *stage) {
+	workers.mu.Lock()
+	if n := len(workers.idle); n > 0 {
+		c := workers.idle[n-1]
+		workers.idle = workers.idle[:n-1]
+		workers.mu.Unlock()
+		c <- g
+		return
+	}
+	workers.mu.Unlock()
+	go work(g)
+}
+
+// work runs stages, starting with g, until the pool of idle workers is full.
+func work(g *stage) {
+	c := make(chan *stage, 1)
+	for {
+		g.run()
+		workers.mu.Lock()
+		if len(workers.idle) >= maxIdleWorkers {
+			workers.mu.Unlock()
+			return
+		}
+		workers.idle = append(workers.idle, c)
+		workers.mu.Unlock()
+		g = <-c
 	}
 }
