@@ -568,8 +568,18 @@ func (s *Stream) outStep(onPoller bool) waitOn {
 			s.w.close() // this direction is over: the socket leaves the poller
 			return finished
 		}
-		if onPoller && full {
-			return onGoroutine
+		if onPoller {
+			if full {
+				return onGoroutine
+			}
+			// A read short of the buffer drained the socket: wait for
+			// its next bytes without trying another read (the
+			// registration is level-triggered), with the next read's
+			// token and credit in hand when they are free.
+			if w, ok := s.grant(); !ok {
+				return w
+			}
+			return onReadable
 		}
 	}
 }
