@@ -29,9 +29,10 @@ import (
 // goroutine, which runs the step until it waits again and then waits for
 // the next stage to run (see workers). So an idle stream costs its
 // structures and its socket's registration, not two parked goroutine
-// stacks. Without the poller thread (Config.NoPoller, links without a
-// kernel socket) a step never returns onReadable: it reads with Go's
-// blocking Read, on its goroutine, as Go's poller waits for the socket.
+// stacks. Without the poller thread (Config.NoPoller, or an application
+// connection that is not a kernel socket) the out-step never returns
+// onReadable: it reads with Go's blocking Read on its worker, and Go's
+// poller waits for the socket.
 
 // waitOn is what a stage's step stopped for.
 type waitOn uint8
