@@ -227,7 +227,7 @@ func New(cfg Config) (*Gateway, error) {
 	g.sources.m = map[netip.Addr]int{}
 	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, ExpressMax: cfg.ExpressMax,
 		PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log,
-		NoPoller: !cfg.PollThread, RuntimeWakes: !cfg.QuietRuntime, QueueTarget: cfg.WANQueue,
+		NoPoller: !cfg.PollThread, RuntimeWakes: !cfg.QuietRuntime, QueueControl: tuning.QueueControl(cfg.WANQueue),
 		MaxControl: cfg.MaxControl, MaxEarly: cfg.MaxEarly,
 		ReplayMax: int64(cfg.ReplayMax), ResumeWithin: cfg.ResumeWithin,
 		Limited: func(reason, peer string, err error) {

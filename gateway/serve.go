@@ -29,10 +29,7 @@ func (g *Gateway) serveLAN() {
 			g.refuseLAN(c, "lan_pending", "too many LAN connections waiting for their first frame", "limit", g.cfg.MaxPendingLAN)
 			return
 		}
-		go func() {
-			defer g.lanConns.Add(-1)
-			g.handleLAN(c)
-		}()
+		go g.handleLAN(c, func() { g.lanConns.Add(-1) })
 	})
 }
 
@@ -71,10 +68,17 @@ func (g *Gateway) refuseLAN(c LANConn, reason, msg string, args ...any) {
 }
 
 // handleLAN reads the first frame of a node's connection: OPEN (then raw
-// bytes both ways) or PEER_QUERY (a control connection). It returns when
-// the connection has ended: the connection counts in MaxLANConns until
-// then, and a stream in its source's MaxSourceStreams.
-func (g *Gateway) handleLAN(c LANConn) {
+// bytes both ways) or PEER_QUERY (a control connection). It calls ended
+// once the connection has ended: the connection counts in MaxLANConns
+// until then, and a stream in its source's MaxSourceStreams. A stream's
+// end is waited for without a goroutine (AfterDone).
+func (g *Gateway) handleLAN(c LANConn, ended func()) {
+	streaming := false
+	defer func() {
+		if !streaming {
+			ended()
+		}
+	}()
 	pending := true
 	unpend := func() {
 		if pending {
@@ -115,8 +119,11 @@ func (g *Gateway) handleLAN(c LANConn) {
 	switch h.Type {
 	case header.TypeOpen:
 		if s := g.openFromLAN(c, h, body); s != nil {
-			<-s.Done()
-			g.sources.release(remote.Addr())
+			streaming = true
+			s.AfterDone(func() {
+				g.sources.release(remote.Addr())
+				ended()
+			})
 		}
 	case header.TypePeerQuery:
 		g.serveQueries(c, h, body)
@@ -227,7 +234,12 @@ func (g *Gateway) openFromWAN(s *relay.Stream, o *header.Open) {
 		return
 	}
 	go func() {
-		defer p.streamsIn.Add(-1)
+		streaming := false
+		defer func() {
+			if !streaming {
+				p.streamsIn.Add(-1)
+			}
+		}()
 		ctx, cancel := context.WithTimeout(g.ctx, g.cfg.DialTimeout)
 		defer cancel()
 		var key recordKey
@@ -250,8 +262,11 @@ func (g *Gateway) openFromWAN(s *relay.Stream, o *header.Open) {
 			return
 		}
 		g.m.streamsOpened.WithLabelValues(psite.Name, "in").Inc()
-		<-s.Done()
-		g.records.del(key)
+		streaming = true // its end is waited for without a goroutine
+		s.AfterDone(func() {
+			g.records.del(key)
+			p.streamsIn.Add(-1)
+		})
 	}()
 }
 

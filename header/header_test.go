@@ -533,3 +533,39 @@ func TestReadOne(t *testing.T) {
 		t.Error("undecodable header accepted")
 	}
 }
+
+// TestReaderRelease: a Reader with nothing buffered gives its buffer up
+// and takes one again for the next frame; with bytes buffered, or a
+// payload still to be read, Release keeps them.
+func TestReaderRelease(t *testing.T) {
+	var in bytes.Buffer
+	in.Write(AppendFrame(nil, TypeData, 1, []byte("first")))
+	r := NewReader(&in, 0)
+	if r.buf != nil {
+		t.Fatal("a new Reader holds a buffer before any read")
+	}
+	h, p, err := r.ReadFrame(make([]byte, 16))
+	if err != nil || h.Stream != 1 || string(p) != "first" {
+		t.Fatalf("first frame: %v %q %v", h, p, err)
+	}
+	r.Release()
+	if r.buf != nil {
+		t.Fatal("Release kept the buffer of an empty Reader")
+	}
+	in.Write(AppendFrame(nil, TypeData, 2, []byte("second")))
+	in.Write(AppendFrame(nil, TypeData, 3, []byte("third")))
+	if h, err = r.Next(); err != nil || h.Stream != 2 {
+		t.Fatalf("second header: %v %v", h, err)
+	}
+	r.Release() // the payload and the third frame are buffered
+	if r.buf == nil {
+		t.Fatal("Release dropped buffered bytes")
+	}
+	b := make([]byte, 6)
+	if _, err := r.ReadPayload(b); err != nil || string(b) != "second" {
+		t.Fatalf("second payload %q %v", b, err)
+	}
+	if h, p, err = r.ReadFrame(make([]byte, 16)); err != nil || h.Stream != 3 || string(p) != "third" {
+		t.Fatalf("third frame: %v %q %v", h, p, err)
+	}
+}

@@ -3,6 +3,7 @@ package header
 import (
 	"fmt"
 	"io"
+	"sync"
 )
 
 // DefaultReaderBuffer is the Reader's buffer size when NewReader gets 0. It
@@ -19,7 +20,9 @@ const DefaultReaderBuffer = 64 << 10
 // than its limit: an oversized length fails in Next before any of it is read.
 type Reader struct {
 	r        io.Reader
-	buf      []byte
+	buf      []byte  // nil until a read needs it, and after Release
+	bp       *[]byte // buf's pool entry (a buffer of DefaultReaderBuffer bytes)
+	size     int
 	off, end int    // buffered bytes are buf[off:end]
 	pending  uint32 // payload bytes of the current frame not yet consumed
 	max      uint32
@@ -35,7 +38,41 @@ func NewReader(r io.Reader, size int) *Reader {
 	if size < Size {
 		size = Size
 	}
-	return &Reader{r: r, buf: make([]byte, size), max: MaxPayload}
+	return &Reader{r: r, size: size, max: MaxPayload}
+}
+
+// readerBufs holds the buffers of Readers that have nothing buffered
+// (Release): a WAN link idles most of the time, and a gateway with hundreds
+// of links would otherwise keep a 64 KiB buffer per link.
+var readerBufs = sync.Pool{New: func() any {
+	b := make([]byte, DefaultReaderBuffer)
+	return &b
+}}
+
+// ensure gives the Reader its buffer before a read.
+func (r *Reader) ensure() {
+	if r.buf != nil {
+		return
+	}
+	if r.size == DefaultReaderBuffer {
+		r.bp = readerBufs.Get().(*[]byte)
+		r.buf = *r.bp
+		return
+	}
+	r.buf = make([]byte, r.size)
+}
+
+// Release gives up the buffer while nothing is buffered, so an idle
+// Reader holds none; the next read takes one again. It does nothing when
+// bytes are buffered or a frame's payload is still to be read.
+func (r *Reader) Release() {
+	if r.buf == nil || r.end != r.off || r.pending > 0 {
+		return
+	}
+	if r.bp != nil {
+		readerBufs.Put(r.bp)
+	}
+	r.buf, r.bp, r.off, r.end = nil, nil, 0, 0
 }
 
 // SetMaxPayload lowers the largest DATA payload accepted (what this side
@@ -62,6 +99,7 @@ const maxEmptyReads = 100
 // fill reads until at least need bytes are buffered. It compacts the buffer
 // first when the tail is too short.
 func (r *Reader) fill(need int) error {
+	r.ensure()
 	if r.off > 0 && len(r.buf)-r.off < need {
 		r.end = copy(r.buf, r.buf[r.off:r.end])
 		r.off = 0
@@ -130,7 +168,7 @@ func (r *Reader) Room() int {
 	if r.pending > 0 {
 		return 0
 	}
-	return len(r.buf) - (r.end - r.off)
+	return r.size - (r.end - r.off)
 }
 
 // FillFrom makes one read into the buffer's free space with read, which an
@@ -140,6 +178,7 @@ func (r *Reader) FillFrom(read func([]byte) (int, error)) (int, error) {
 	if r.pending > 0 {
 		return 0, nil // the payload may go straight to the caller's buffer
 	}
+	r.ensure()
 	if r.off > 0 {
 		r.end = copy(r.buf, r.buf[r.off:r.end])
 		r.off = 0
@@ -171,7 +210,7 @@ func (r *Reader) ReadPayload(dst []byte) (int, error) {
 	// refill the buffer for a small one so the following headers arrive in
 	// the same system call.
 	rest := want - got
-	if rest >= len(r.buf)/2 {
+	if rest >= r.size/2 {
 		n, err := io.ReadFull(r.r, dst[got:])
 		got += n
 		r.pending -= uint32(got)

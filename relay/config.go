@@ -32,10 +32,10 @@ type Config struct {
 	// poller thread owns, so each arriving byte also wakes a runtime
 	// thread (rtquiet.go); for measuring the difference.
 	RuntimeWakes bool
-	// QueueTarget turns on queue control (queue.go) on bulk links whose
-	// peer applies CLAMP frames: the WAN bottleneck queue a saturating
-	// link may keep (0 = off).
-	QueueTarget time.Duration
+	// QueueControl turns on queue control (queue.go) on bulk links whose
+	// peer applies CLAMP frames: it makes each trunk's controller
+	// (tuning.QueueControl). Nil: off.
+	QueueControl func() QueueController
 	// MaxControl is the most control frames (PONG, WINDOW, OPEN_REFUSED,
 	// ...) that may wait unsent on the link (default 65536: 88 bytes
 	// each, at most 11 MiB while the queue grows). A peer that sends

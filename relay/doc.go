@@ -26,11 +26,18 @@
 // via RESET, those whose bytes crossed it.
 //
 // Per link: one writer goroutine, one reader goroutine, one keepalive
-// ticker. Per stream: pumpOut (application -> link) and pumpIn (link ->
-// application).
+// ticker. Per stream: two stages (stage.go), the out-stage (application ->
+// link) and the in-stage (link -> application). Each is one step function
+// that runs until it would block and then says what it waits for: a
+// pipeline token, credit or queued data (whoever provides it kicks the
+// stage), or the application's socket readable (the poller thread runs the
+// step when it is). The same step runs on the poller thread, without
+// blocking, or on a goroutine, which may block; a waiting stage holds no
+// goroutine, so an idle stream costs its structures, not goroutine stacks
+// (bench/figures/scale).
 //
 //   - Flow control: every stream has a credit window (HELLO's initial
-//     window, refilled by WINDOW frames). pumpOut reads at most
+//     window, refilled by WINDOW frames). The out-stage reads at most
 //     min(chunk, credit) bytes, so a destination that stops reading stalls
 //     only its own stream, and a gateway never holds more than
 //     streams x window bytes for the far side. Credit is returned in batches
@@ -46,7 +53,7 @@
 //     (header and payload together; several frames per call when queued).
 //     The gateway sets TCP_NOTSENT_LOWAT on WAN sockets (default 128 KiB)
 //     so the kernel holds little unsent data and priority is decided here.
-//   - Copies: pumpOut reads into a pooled buffer (power-of-two classes) that
+//   - Copies: the out-stage reads into a pooled buffer (power-of-two classes) that
 //     becomes the DATA payload; the reader reads each payload straight into
 //     a pooled buffer that becomes the stream's receive queue entry. Each
 //     gateway copies a byte twice (kernel->user, user->kernel), as any
@@ -55,9 +62,9 @@
 //     the writer, so a stream reads chunk B while chunk A is written (double
 //     buffering), and no stream can fill the writer's queue.
 //   - Latency fast paths: when the link is idle, a small DATA frame is
-//     written by the stream's own goroutine (no hand-off to the writer), and
-//     the reader delivers a small payload to an idle stream with one
-//     non-blocking write (no hand-off to pumpIn). The reader itself never
+//     written by the stream's out-stage itself (no hand-off to the writer),
+//     and the reader delivers a small payload to an idle stream with one
+//     non-blocking write (no hand-off to the in-stage). The reader itself never
 //     blocks on a write, so two gateways cannot deadlock on each other.
 //   - Failure: a protocol violation (bad frame, DATA beyond the granted
 //     window, OPEN id of the wrong parity), the peer's FIN, or a broken
@@ -80,7 +87,7 @@
 // streams into one write; on TCP to TCP it is slower and uses more CPU
 // (BenchmarkCopyPath), so the relay reads into pooled buffers and writes
 // with writev. A bulk chunk, like a small frame, is written by the stream's
-// own goroutine whenever the link is idle, which saves the sending gateway
+// out-stage whenever the link is idle, which saves the sending gateway
 // a thread wake-up per chunk. Figures: bench/figures/forwarding.
 //
 // # Poller thread
@@ -130,23 +137,14 @@
 // # Queue control
 //
 // A bulk link left to itself fills the WAN bottleneck's queue, and every
-// message waits behind it there. With Config.QueueTarget set, one
-// controller per trunk (queue.go) works while messages cross the express
-// link: from TCP_INFO of the bulk links it measures the rate and the queue
-// (srtt above min_rtt), and has the peer cap the bulk links' receive
-// windows (CLAMP frames, TCP_WINDOW_CLAMP) at rate x (min_rtt + target),
-// split over the links. Without messages the cap is off, so bulk alone
-// keeps its full rate. The controller lowers the cap by at most half per
-// round trip as the link sees it (srtt), keeps sampling while a loss
-// stalls the cumulative ACK, and engages from the best rate of the last 2
-// busy seconds. A queue it cannot drain by lowering the cap (another
-// flow's, above target + 2 ms for 4 round trips) makes it step aside; a
-// link counts as held by its cap by its peer's window when it has bytes
-// waiting, by its bytes in flight when it has none. Min RTT can read up to
-// 1 ms low (a round trip timed by TCP timestamps) and srtt sits above the
-// floor by ACK timing: when a lower cap lowers only the rate, never the
-// queue, the controller counts that excess as offset, not queue.
-// Figures: bench/figures/queuecontrol, bench/figures/quietlink.
+// message waits behind it there. Queue control caps the bulk links'
+// receive windows while messages cross: with Config.QueueControl set, one
+// controller per trunk (a QueueController; package tuning has the policy)
+// gets the bulk links' TCP_INFO samples every few milliseconds (queue.go)
+// and decides a cap, which the relay carries to the peer in CLAMP frames;
+// the peer sets TCP_WINDOW_CLAMP on its socket. The relay knows only the
+// samples, the cap and the frames. Figures: bench/figures/queuecontrol,
+// bench/figures/quietlink.
 //
 // # What the gateway drives from outside
 //
@@ -169,9 +167,12 @@
 //   - renew.go: retiring a link for its successor (express renewal).
 //   - resume.go: WAN resume: the replay list, ACKs, a link down between
 //     two connections, Resume.
-//   - stream.go: Stream, one relayed connection, its windows and pumps.
+//   - stream.go: Stream, one relayed connection, its windows and its two
+//     stages' steps.
+//   - stage.go: the stage, one "wait until ready" for both stages of every
+//     stream, on the poller thread or a goroutine.
 //   - trunk.go: Trunk, a site pair's links and the streams they share.
-//   - queue.go: queue control of the bulk links.
+//   - queue.go: the queue-control hook: sampling the bulk links, CLAMP.
 //   - poller.go, rtquiet.go, rawsys.go: the poller thread and how it keeps
 //     Go's runtime out of the small-message path.
 //   - grid.go: the shared 100 ms grid of idle periodic work.

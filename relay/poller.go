@@ -32,8 +32,10 @@ import (
 // Go's runtime is kept from waking for the same bytes: rtquiet.go). The step
 // never blocks (non-blocking reads and writes, short mutexes); anything it
 // cannot finish without blocking (a frame larger than the reader's buffer,
-// no credit, end of file, an error) it hands back to the socket's goroutine,
-// which carries on as before. A streaming socket keeps waiting in Go's
+// a read that fills a stream's buffer, end of file, an error) it hands to a
+// goroutine: the link's reader, or one the stream's out-stage starts
+// (stage.go); a stream waiting for credit or a token waits for a kick,
+// without a goroutine. A streaming socket keeps waiting in Go's
 // poller (its bytes are due at once), so bulk payload never crosses the
 // poller thread; the WINDOW frames coming back for it still wake the
 // thread, which costs bulk forwarding about 10 % more CPU per byte.
@@ -215,7 +217,7 @@ const schedEvery = 5 * time.Millisecond
 // sweepEvery is how often the poller looks for sockets closed under it.
 // Closing a socket removes it from the epoll set without an event, so a
 // socket closed by someone other than its stream or link (which cancel
-// first) would leave its goroutine waiting; the sweep hands it back.
+// first) would leave its owner waiting; the sweep hands it back.
 const sweepEvery = 100 * time.Millisecond
 
 // sweepTicks is how many busy ticks apart the sweep runs.
@@ -308,25 +310,31 @@ func (p *poller) sweep() {
 		}
 		w.mu.Unlock()
 		if gone {
-			w.back <- struct{}{}
+			w.handBack()
 		}
 	}
 }
 
-// A waiter is one socket's registration. Its goroutine owns the socket
-// except between wait and the hand-back, when the poller thread does.
+// A waiter is one socket's registration. Its owner (a link's reader
+// goroutine, or a stream's out-stage) owns the socket except between
+// arming it and the hand-back, when the poller thread does.
 type waiter struct {
 	p    *poller
 	id   uint32
 	rc   syscall.RawConn
-	step func() bool   // on the poller thread; true: wait for more bytes
-	back chan struct{} // the poller hands the socket back
+	step func() bool // on the poller thread; true: wait for more bytes
+	// back: the poller hands the socket back to a goroutine blocked in
+	// wait. nil for a stage, whose step itself arranges what runs next;
+	// lost then tells it that the socket was taken from the poller.
+	back chan struct{}
+	lost func()
 	mu   sync.Mutex
 	// armed: the poller thread owns the socket and runs its step on the
 	// next readiness event. added: in the epoll set.
 	// cancelled: the socket is closing; never arm again.
 	armed, added, cancelled bool
-	rt                      rtReg // the runtime's registration (rtquiet.go); only wait touches it
+	rt                      rtReg // the runtime's registration (rtquiet.go); only the owner touches it
+	rtQuiet                 bool  // the runtime is kept from the socket's input now
 
 	// The callbacks handed to RawConn and their arguments and results,
 	// made once: a closure per call would escape (RawConn is an interface)
@@ -347,7 +355,8 @@ type waiter struct {
 // newWaiter registers c (which must expose its file descriptor) with the
 // process's poller; nil when there is no poller or c is not a socket.
 // quiet: keep the runtime from waking for the socket's input while the
-// poller owns it (rtquiet.go).
+// poller owns it (rtquiet.go). Its owner waits in wait, unless stageWaiter
+// makes it a stage's.
 func newWaiter(c any, step func() bool, quiet bool) *waiter {
 	sc, ok := c.(interface {
 		SyscallConn() (syscall.RawConn, error)
@@ -412,31 +421,74 @@ func (w *waiter) ctl(op int) error {
 	return err
 }
 
-// wait gives the socket to the poller thread until its step hands it back,
-// and reports whether it did; false means the socket could not be armed
-// (closing, or epoll refused it) and the caller should read it itself.
-func (w *waiter) wait() bool {
+// stageWaiter is newWaiter for a stage (stage.go): the stage arms the
+// socket and the poller runs g's step on readiness; g is kicked when the
+// poller loses the socket (closed under it).
+func stageWaiter(c any, g *stage, quiet bool) *waiter {
+	w := newWaiter(c, g.readable, quiet)
+	if w != nil {
+		w.back, w.lost = nil, g.kick
+	}
+	return w
+}
+
+// arm gives the socket to the poller thread, which runs the step when it
+// becomes readable; false when it cannot be armed (closing, or epoll
+// refused it) and the owner should read it itself. Only the owner arms.
+func (w *waiter) arm() bool {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	if w.cancelled {
-		w.mu.Unlock()
 		return false
 	}
 	// Quiet the runtime before arming, so bytes arriving right after do
-	// not wake it; loud again once the goroutine has the socket back.
-	// The socket is never in the epoll set here: handing it back removed it.
-	w.quietRuntime(true)
+	// not wake it; the owner makes it loud again before it waits in Go's
+	// poller (loud).
+	if !w.rtQuiet {
+		w.quietRuntime(true)
+		w.rtQuiet = true
+	}
 	w.armed = true
-	if err := w.ctl(unix.EPOLL_CTL_ADD); err != nil {
-		w.armed = false
-		w.mu.Unlock()
+	if !w.added {
+		if err := w.ctl(unix.EPOLL_CTL_ADD); err != nil {
+			w.armed = false
+			return false
+		}
+		w.added = true
+	}
+	return true
+}
+
+// loud gives the socket's input back to the runtime, for an owner about
+// to wait in Go's poller.
+func (w *waiter) loud() {
+	if w != nil && w.rtQuiet {
 		w.quietRuntime(false)
+		w.rtQuiet = false
+	}
+}
+
+// wait arms the socket and blocks until the poller hands it back, and
+// reports whether it did; false means the socket could not be armed and
+// the caller should read it itself.
+func (w *waiter) wait() bool {
+	if !w.arm() {
+		w.loud()
 		return false
 	}
-	w.added = true
-	w.mu.Unlock()
 	<-w.back
-	w.quietRuntime(false)
+	w.loud()
 	return true
+}
+
+// handBack returns the socket to its owner after the poller let it go
+// without the step's say (cancel, a socket closed under it).
+func (w *waiter) handBack() {
+	if w.back != nil {
+		w.back <- struct{}{}
+	} else {
+		w.lost()
+	}
 }
 
 // fire runs the step for one readiness event, then waits again or hands
@@ -451,14 +503,23 @@ func (w *waiter) fire() {
 	w.mu.Unlock()
 	more := w.step()
 	w.mu.Lock()
-	if more && !w.cancelled {
+	switch {
+	case w.cancelled:
+		w.armed = false
+		w.remove()
+	case more:
 		w.armed = true // still registered: nothing to do
-		w.mu.Unlock()
-		return
+	case w.armed:
+		// A stage's step handed over to a goroutine, which armed the
+		// socket again already.
+	default:
+		w.remove()
 	}
-	w.remove()
+	back := w.back != nil && (!more || w.cancelled)
 	w.mu.Unlock()
-	w.back <- struct{}{}
+	if back {
+		w.back <- struct{}{}
+	}
 }
 
 // remove takes the socket out of the epoll set; under mu.
@@ -470,7 +531,8 @@ func (w *waiter) remove() {
 }
 
 // cancel takes the socket back from the poller before it is closed, and
-// keeps it from being armed again. Any goroutine may call it.
+// keeps it from being armed again. Any goroutine may call it. A goroutine
+// blocked in wait gets the socket back; a stage is ending anyway.
 func (w *waiter) cancel() {
 	if w == nil {
 		return
@@ -483,7 +545,7 @@ func (w *waiter) cancel() {
 		w.remove()
 	}
 	w.mu.Unlock()
-	if armed {
+	if armed && w.back != nil {
 		w.back <- struct{}{}
 	}
 }

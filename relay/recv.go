@@ -30,6 +30,9 @@ func (l *Link) readLoop(r *header.Reader, w *waiter, gen uint64, done chan struc
 			// Nothing buffered: if the socket is empty too, the poller
 			// thread waits for it and reads while frames arrive whole.
 			_, err := r.FillFrom(w.read)
+			if err == errWouldBlock {
+				r.Release() // an idle link holds no read buffer
+			}
 			if err == errWouldBlock && w.wait() {
 				if l.rerr != nil {
 					err, l.rerr = l.rerr, nil
@@ -84,7 +87,11 @@ func (l *Link) readStep() bool {
 			break
 		}
 	}
-	return r.Buffered() == 0
+	if r.Buffered() == 0 {
+		r.Release() // an idle link holds no read buffer
+		return true
+	}
+	return false
 }
 
 // handle processes one received frame whose header r has just read; a

@@ -27,9 +27,9 @@ import (
 //
 // So while the poller thread owns a socket, the runtime's registration of
 // it is modified to leave out input (EPOLLIN, EPOLLRDHUP, EPOLLPRI), and it
-// is put back exactly as it was when the socket is handed back. Nothing is
-// lost: only the goroutine that handed the socket over reads it, and it
-// waits on the poller, not in the runtime, until the hand-back; a writer
+// is put back exactly as it was before the socket's owner waits in the
+// runtime again (waiter.loud). Nothing is lost: only the owner reads the
+// socket, and it waits on the poller, not in the runtime, until then; a writer
 // parked in the runtime still gets its EPOLLOUT (kept), errors and hang-ups
 // are always reported, and restoring the registration makes the kernel
 // report input already there. The runtime only ever adds and deletes its

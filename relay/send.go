@@ -97,7 +97,7 @@ const (
 // latency, and for a bulk stream on an idle link, one wake-up per chunk,
 // it cost the sending gateway 8-23 % of its forwarding rate per
 // CPU-second (medians of BenchmarkForward, bench/figures/forwarding). Only stream
-// pumps write inline: the link reader must never block on a write, or two
+// out-stages write inline: the link reader must never block on a write, or two
 // gateways could deadlock each waiting for the other to read. The poller
 // thread reads links too, so it writes with sendTry, small frames only:
 // whatever the socket does not take at once goes to the writer.

@@ -17,7 +17,7 @@ import (
 //
 //   - readv: read(2) into a user buffer, then writev(2) header + payload
 //     (what the relay does; a second buffer lets the next read overlap the
-//     write when pumpOut and the link writer run on different cores);
+//     write when the out-stage and the link writer run on different cores);
 //   - splice: splice(2) LAN socket -> pipe (length learnt), send(2) the
 //     header with MSG_MORE, splice(2) pipe -> WAN socket: no user copy, but
 //     three system calls per chunk and no way to batch frames of several

@@ -17,7 +17,7 @@ import (
 // TryWriter is implemented by a Conn that can attempt a non-blocking write.
 // The link reader then delivers a small payload straight to the
 // application when the stream has nothing queued, instead of waking the
-// stream's pump goroutine.
+// stream's in-stage.
 type TryWriter interface {
 	TryWrite(p []byte) (int, error)
 }
@@ -28,31 +28,38 @@ type Stream struct {
 	id         uint32
 	bulkQueued int // frames in the link's bulk queue; guarded by l.mu (lone links only)
 
-	tokens    chan struct{} // free pipeline slots
 	confirmed atomic.Bool   // the peer knows the stream: DATA may leave the home link
 	used      atomic.Uint64 // bit i: DATA went or came over link i of the trunk
-	sendNext  uint32        // offset of the next byte sent (pumpOut only)
-	burst     int           // bytes read since the application last paused (pumpOut only)
-	xTokens   int64         // express budget left, bytes (pumpOut only)
-	xAt       time.Time     // when xTokens was last refilled (pumpOut only)
 
-	// The reading side's state, which the poller thread uses while the
-	// application is quiet (see poller.go); owned by pumpOut otherwise.
-	w *waiter
+	// The stages (stage.go): out moves application bytes to the link, in
+	// moves received bytes to the application.
+	out, in stage
+
+	// The out-stage's own state (only its step touches it).
+	sendNext uint32    // offset of the next byte sent
+	burst    int       // bytes read since the application last paused
+	xTokens  int64     // express budget left, bytes
+	xAt      time.Time // when xTokens was last refilled
+	w        *waiter   // the application's socket with the poller thread; nil without
 	// nextN > 0: a token and credit for a read of up to nextN bytes are
 	// held. The buffer is taken from the pool only around the read itself,
 	// so a quiet stream waiting for its application holds none (a 128 KiB
 	// chunk per idle stream otherwise).
 	nextN     int
 	nextAt    time.Time // when nextN was granted (the burst clock)
-	hotErr    error     // a read's end of file or error, which the poller leaves to pumpOut
-	hotExit   bool      // the poller ended the pump's work
+	hotErr    error     // a read's end of file or error, left by the poller thread to a goroutine
 	streaming bool      // the last read filled its buffer: wait in Go's poller
+
+	// The in-stage's scratch: the payloads of one write and their iovec.
+	inBufs []*[]byte
+	inIOV  net.Buffers
 
 	mu         sync.Mutex
 	conn       Conn
 	credit     int64 // bytes we may still send
-	creditc    chan struct{}
+	free       int   // free pipeline slots (tokens): chunks that may wait for the link
+	outWaits   bool  // the out-stage waits for a token or credit: kick it when one comes
+	stalled    bool  // the out-stage waits for credit (counted once in WindowStalls)
 	recvq      []*[]byte
 	recvNext   uint32    // offset of the next byte due in order
 	ahead      []segment // DATA_AT received before its turn, by offset
@@ -60,9 +67,8 @@ type Stream struct {
 	haveEnd    bool
 	recvAvail  int64 // bytes the peer may still send
 	recvEOF    bool
-	recvc      chan struct{}
 	tw         TryWriter // conn's non-blocking write, if it has one
-	delivering bool      // someone (pumpIn or the link reader) is writing to conn
+	delivering bool      // someone (the in-stage or the link reader) is writing to conn
 	owed       int64     // credit written to conn but not yet returned
 	early      int64     // received bytes counted in the trunk's early (before attach)
 	sentFin    bool
@@ -70,6 +76,7 @@ type Stream struct {
 	ended      bool
 	code       header.Code // why it ended (0: both directions closed cleanly)
 	done       chan struct{}
+	afterDone  []func() // AfterDone's, run once it has ended
 }
 
 // segment is a DATA_AT payload waiting for the bytes before it.
@@ -79,12 +86,9 @@ type segment struct {
 }
 
 func newStream(l *Link) *Stream {
-	s := &Stream{l: l, tokens: make(chan struct{}, l.cfg.Pipeline),
-		credit: int64(l.peer.Window), recvAvail: int64(l.cfg.Window),
-		creditc: make(chan struct{}, 1), recvc: make(chan struct{}, 1), done: make(chan struct{})}
-	for range l.cfg.Pipeline {
-		s.tokens <- struct{}{}
-	}
+	s := &Stream{l: l, free: l.cfg.Pipeline,
+		credit: int64(l.peer.Window), recvAvail: int64(l.cfg.Window), done: make(chan struct{})}
+	s.out.step, s.in.step = s.outStep, s.inStep
 	return s
 }
 
@@ -96,6 +100,28 @@ func (s *Stream) Link() *Link { return s.l }
 
 // Done is closed when the stream has ended (cleanly or by a reset).
 func (s *Stream) Done() <-chan struct{} { return s.done }
+
+// AfterDone arranges for f to run, on a goroutine of its own, once the
+// stream has ended (at once if it has). A caller that only waits for the
+// end of a stream to release what it accounted to it holds no goroutine
+// while the stream idles.
+func (s *Stream) AfterDone(f func()) {
+	s.mu.Lock()
+	if !s.ended {
+		s.afterDone = append(s.afterDone, f)
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	go f()
+}
+
+// runAfterDone starts the AfterDone functions of a stream that has just ended.
+func runAfterDone(fs []func()) {
+	for _, f := range fs {
+		go f()
+	}
+}
 
 // Code is why the stream ended: 0 when both directions closed cleanly, else
 // the reset or refusal code.
@@ -156,6 +182,8 @@ func (s *Stream) end(code header.Code) bool {
 		return false
 	}
 	s.ended, s.code = true, code
+	after := s.afterDone
+	s.afterDone = nil
 	conn := s.conn
 	w := s.w
 	q := s.recvq
@@ -165,11 +193,12 @@ func (s *Stream) end(code header.Code) bool {
 	s.mu.Unlock()
 	s.l.t.early.Add(-early)
 	close(s.done)
-	w.cancel() // before the socket closes: its number may be reused
+	runAfterDone(after)
+	w.close() // before the socket closes: its number may be reused
 	if conn != nil {
 		conn.Abort()
 	}
-	if conn == nil { // no pump owns the queue: recycle it here
+	if conn == nil { // no in-stage owns the queue: recycle it here
 		for _, p := range q {
 			putBuf(p)
 		}
@@ -192,11 +221,14 @@ func (s *Stream) maybeFinish() {
 		return
 	}
 	s.ended = true
+	after := s.afterDone
+	s.afterDone = nil
 	conn := s.conn
 	w := s.w
 	s.mu.Unlock()
 	close(s.done)
-	w.cancel()
+	runAfterDone(after)
+	w.close()
 	conn.Close()
 	s.l.t.remove(s)
 }
@@ -211,14 +243,17 @@ func (s *Stream) attach(conn Conn) {
 	s.conn = conn
 	s.tw, _ = conn.(TryWriter)
 	if !s.l.cfg.NoPoller {
-		s.w = newWaiter(conn, s.outStep, !s.l.cfg.RuntimeWakes)
+		s.w = stageWaiter(conn, &s.out, !s.l.cfg.RuntimeWakes)
 	}
 	early := s.early // from now on the stream's window bounds them
 	s.early = 0
+	queued := len(s.recvq) > 0 || s.recvEOF
 	s.mu.Unlock()
 	s.l.t.early.Add(-early)
-	go s.pumpOut(conn)
-	go s.pumpIn(conn)
+	s.out.kick()
+	if queued {
+		s.in.kick()
+	}
 }
 
 func kick(c chan struct{}) {
@@ -232,9 +267,13 @@ func (s *Stream) returnToken() {
 	if s == nil {
 		return // a frame written again after a resume: returned the first time
 	}
-	select {
-	case s.tokens <- struct{}{}:
-	default:
+	s.mu.Lock()
+	s.free = min(s.free+1, s.l.cfg.Pipeline)
+	wake := s.outWaits
+	s.outWaits = false
+	s.mu.Unlock()
+	if wake {
+		s.out.kick()
 	}
 }
 
@@ -321,13 +360,13 @@ func (s *Stream) pushAt(off uint32, at bool, p *[]byte) error {
 		}
 		s.checkEnd()
 		s.mu.Unlock()
-		kick(s.recvc)
+		s.in.kick()
 		return nil
 	}
 	eof := s.checkEnd()
 	s.push(p)
 	if eof {
-		kick(s.recvc) // the fast path may have delivered p without waking pumpIn
+		s.in.kick() // the fast path may have delivered p without kicking the in-stage
 	}
 	return nil
 }
@@ -360,7 +399,7 @@ func (s *Stream) pushEnd(end uint32) error {
 	eof := s.recvEOF
 	s.mu.Unlock()
 	if eof {
-		kick(s.recvc)
+		s.in.kick()
 	}
 	return nil
 }
@@ -384,17 +423,17 @@ func (s *Stream) push(p *[]byte) {
 		w := s.credited(int64(n))
 		if n == len(*p) {
 			// In a trunk another link's reader may have queued the next
-			// bytes while we wrote; pumpIn waited for us and must be woken.
+			// bytes while we wrote; the in-stage waited for us and must be kicked.
 			more := len(s.recvq) > 0 || s.recvEOF
 			s.mu.Unlock()
 			putBuf(p)
 			s.sendWindow(w)
 			if more {
-				kick(s.recvc)
+				s.in.kick()
 			}
 			return
 		}
-		// Partial write: queue the rest for pumpIn, ahead of whatever another
+		// Partial write: queue the rest for the in-stage, ahead of whatever another
 		// link's reader queued meanwhile.
 		rest := getBuf(len(*p) - n)
 		copy(*rest, (*p)[n:])
@@ -402,12 +441,12 @@ func (s *Stream) push(p *[]byte) {
 		s.recvq = slices.Insert(s.recvq, 0, rest)
 		s.mu.Unlock()
 		s.sendWindow(w)
-		kick(s.recvc)
+		s.in.kick()
 		return
 	}
 	s.recvq = append(s.recvq, p)
 	s.mu.Unlock()
-	kick(s.recvc)
+	s.in.kick()
 }
 
 // credited records n bytes written to the application and returns the
@@ -440,14 +479,18 @@ func (s *Stream) pushEOF() {
 	s.mu.Lock()
 	s.recvEOF = true
 	s.mu.Unlock()
-	kick(s.recvc)
+	s.in.kick()
 }
 
 func (s *Stream) addCredit(n int64) {
 	s.mu.Lock()
 	s.credit += n
+	wake := s.outWaits
+	s.outWaits = false
 	s.mu.Unlock()
-	kick(s.creditc)
+	if wake {
+		s.out.kick()
+	}
 }
 
 // expressBudget takes n bytes from the stream's express budget: ExpressMax
@@ -470,124 +513,101 @@ func (s *Stream) expressBudget(n int, rtt time.Duration, now time.Time) bool {
 	return true
 }
 
-// pumpOut moves bytes from the application to the link: read at most
-// min(chunk, credit) into a pooled buffer, hand it to the link writer, and
-// read the next while it is written. While the application is quiet the
-// poller thread waits for its bytes and runs the same steps (outStep).
-func (s *Stream) pumpOut(conn Conn) {
-	defer s.w.close()
+// outStep is the out-stage (stage.go): read at most min(chunk, credit)
+// application bytes into a pooled buffer, hand it to the link, and read
+// the next while it is written, until it must wait. On the poller thread
+// (onPoller) it reads without blocking and sends small frames without
+// blocking (sendTry); it leaves to a goroutine a read that fills the
+// buffer (the application streams: its next bytes are due at once, and
+// waiting in Go's poller costs one wake-up where the poller thread's
+// hand-over costs two), end of file and errors.
+func (s *Stream) outStep(onPoller bool) waitOn {
 	for {
-		if s.nextN == 0 && !s.acquire() {
-			return
+		if s.nextN == 0 {
+			if w, ok := s.grant(); !ok {
+				return w
+			}
 		}
-		p, t0 := getBuf(s.nextN), s.nextAt
+		t0 := s.nextAt
+		var p *[]byte
 		k, err := 0, errWouldBlock
 		switch {
 		case s.hotErr != nil:
+			p = getBuf(s.nextN)
 			err, s.hotErr = s.hotErr, nil
-		case s.w != nil && !s.streaming:
+		case s.w != nil && (onPoller || !s.streaming):
+			p = getBuf(s.nextN)
 			k, err = s.w.read(*p)
 			if err == errWouldBlock {
 				putBuf(p) // nothing to read: wait without a buffer
-				if s.w.wait() {
-					if s.hotExit {
-						return
-					}
-					continue
+				if onPoller || s.w.arm() {
+					return onReadable
 				}
-				p = getBuf(s.nextN)
+			} else if err != nil && onPoller {
+				putBuf(p)
+				s.hotErr = err // no bytes come with it
+				return onGoroutine
 			}
 		}
 		if err == errWouldBlock {
-			k, err = conn.Read(*p)
+			s.w.loud() // Go's poller waits for the socket now
+			p = getBuf(s.nextN)
+			k, err = s.conn.Read(*p)
 		}
 		s.nextN = 0
-		// A read that fills the buffer means the application streams, and
-		// it streams on until it pauses (burstGap): its next bytes are due
-		// at once, and waiting in Go's poller costs one wake-up where the
-		// poller thread's hand-back costs two.
 		now := time.Now()
-		s.streaming = k == len(*p) || s.streaming && now.Sub(t0) < burstGap
-		if !s.forward(p, k, err, t0, now, sendInline) {
-			return
+		full := k == len(*p) // p belongs to the link once forwarded
+		mode := sendTry
+		if !onPoller {
+			// A read that fills the buffer means the application streams,
+			// and it streams on until it pauses (burstGap).
+			s.streaming = full || s.streaming && now.Sub(t0) < burstGap
+			mode = sendInline
+		}
+		if !s.forward(p, k, err, t0, now, mode) {
+			s.w.close() // this direction is over: the socket leaves the poller
+			return finished
+		}
+		if onPoller {
+			if full {
+				return onGoroutine
+			}
+			// A read short of the buffer drained the socket: wait for
+			// its next bytes without trying another read (the
+			// registration is level-triggered), with the next read's
+			// token and credit in hand when they are free.
+			if w, ok := s.grant(); !ok {
+				return w
+			}
+			return onReadable
 		}
 	}
 }
 
-// acquire waits for a pipeline token and for credit, then prepares the
-// buffer for the next read; false once the stream has ended.
-func (s *Stream) acquire() bool {
-	l := s.l
-	select {
-	case <-s.tokens:
-	case <-s.done:
-		return false
-	}
+// grant takes a pipeline token and credit for the next read, or records
+// that the out-stage waits for them (ok false, w onSignal), or finds the
+// stream ended (w finished).
+func (s *Stream) grant() (w waitOn, ok bool) {
 	s.mu.Lock()
-	if s.credit <= 0 && !s.ended {
-		l.Stats.WindowStalls.Add(1)
-	}
-	for s.credit <= 0 && !s.ended {
+	if s.ended {
 		s.mu.Unlock()
-		select {
-		case <-s.creditc:
-		case <-s.done:
+		return finished, false
+	}
+	if s.free == 0 || s.credit <= 0 {
+		if s.credit <= 0 && !s.stalled {
+			s.stalled = true
+			s.l.Stats.WindowStalls.Add(1)
 		}
-		s.mu.Lock()
-	}
-	n := int(min(int64(l.chunk), s.credit))
-	ended := s.ended
-	s.mu.Unlock()
-	if ended {
-		return false
-	}
-	s.nextN, s.nextAt = n, time.Now()
-	return true
-}
-
-// tryAcquire is acquire without waiting, for the poller thread.
-func (s *Stream) tryAcquire() bool {
-	select {
-	case <-s.tokens:
-	default:
-		return false
-	}
-	s.mu.Lock()
-	if s.credit <= 0 || s.ended {
+		s.outWaits = true
 		s.mu.Unlock()
-		s.returnToken()
-		return false
+		return onSignal, false
 	}
+	s.stalled, s.outWaits = false, false
+	s.free--
 	n := int(min(int64(s.l.chunk), s.credit))
 	s.mu.Unlock()
 	s.nextN, s.nextAt = n, time.Now()
-	return true
-}
-
-// outStep runs on the poller thread when the quiet application's socket
-// becomes readable. It forwards what it reads and waits again; it hands
-// the stream back to pumpOut at end of file or an error, when it has to
-// wait for a token or credit, and when a read fills the buffer (the
-// application is streaming: that is pumpOut's work).
-func (s *Stream) outStep() bool {
-	p := getBuf(s.nextN)
-	k, err := s.w.read(*p)
-	if err == errWouldBlock {
-		putBuf(p)
-		return true
-	}
-	if err != nil {
-		putBuf(p)
-		s.hotErr = err // no bytes come with it
-		return false
-	}
-	s.nextN = 0
-	full := k == len(*p) // p belongs to the link once forwarded
-	if !s.forward(p, k, nil, s.nextAt, time.Now(), sendTry) {
-		s.hotExit = true
-		return false
-	}
-	return !full && s.tryAcquire()
+	return 0, true
 }
 
 // forward sends what a read returned (k bytes into p, then err) and reports
@@ -645,27 +665,25 @@ func (s *Stream) forward(p *[]byte, k int, err error, t0, now time.Time, mode se
 	return true
 }
 
-// pumpIn delivers received payloads to the application, several per
-// writev, and returns their credit to the peer once written.
-func (s *Stream) pumpIn(conn Conn) {
-	bw, _ := conn.(BuffersWriter)
-	var bufs []*[]byte
-	var iov net.Buffers
+// inStep is the in-stage (stage.go): it delivers received payloads to
+// the application, several per writev, and returns their credit to the
+// peer once written. It runs on a goroutine only (its writes block while
+// the application does not read).
+func (s *Stream) inStep(bool) waitOn {
 	for {
 		s.mu.Lock()
-		for !s.ended && (s.delivering || len(s.recvq) == 0 && !s.recvEOF) {
-			s.mu.Unlock()
-			select {
-			case <-s.recvc:
-			case <-s.done:
-			}
-			s.mu.Lock()
-		}
 		if s.ended {
 			s.mu.Unlock()
-			return
+			return finished
 		}
-		bufs = append(bufs[:0], s.recvq...)
+		conn := s.conn
+		if conn == nil || s.delivering || len(s.recvq) == 0 && !s.recvEOF {
+			// Before attach, or the link reader is writing (it kicks the
+			// stage if more is queued once it is done), or nothing queued.
+			s.mu.Unlock()
+			return onSignal
+		}
+		bufs := append(s.inBufs[:0], s.recvq...)
 		clear(s.recvq)
 		s.recvq = s.recvq[:0]
 		if len(bufs) == 0 { // EOF with everything delivered
@@ -675,20 +693,20 @@ func (s *Stream) pumpIn(conn Conn) {
 			s.recvDone = true
 			s.mu.Unlock()
 			s.maybeFinish()
-			return
+			return finished
 		}
 		s.delivering = true
 		s.mu.Unlock()
 
 		var total int64
 		var err error
-		if bw != nil && len(bufs) > 1 {
-			iov = iov[:0]
+		if bw, ok := conn.(BuffersWriter); ok && len(bufs) > 1 {
+			iov := s.inIOV[:0]
 			for _, p := range bufs {
 				iov = append(iov, *p)
 			}
-			w := iov
-			total, err = bw.WriteBuffers(&w)
+			s.inIOV = iov
+			total, err = bw.WriteBuffers(&iov)
 		} else {
 			for _, p := range bufs {
 				var n int
@@ -703,13 +721,15 @@ func (s *Stream) pumpIn(conn Conn) {
 			putBuf(p)
 			bufs[i] = nil
 		}
+		clear(s.inIOV)
+		s.inBufs = bufs[:0]
 		s.mu.Lock()
 		s.delivering = false
 		w := s.credited(total)
 		s.mu.Unlock()
 		if err != nil {
 			s.Reset(header.CodeAppReset)
-			return
+			return finished
 		}
 		s.sendWindow(w)
 	}

@@ -229,7 +229,7 @@ const (
 // pick chooses the link for the next k DATA bytes of s, read at now, which
 // end a burst of s.burst bytes. Before the peer has confirmed the stream
 // (OPEN_OK) everything stays on the home link, so no DATA can reach the peer
-// ahead of the OPEN that creates the stream there. Called from s's pumpOut
+// ahead of the OPEN that creates the stream there. Called from s's out-stage
 // only.
 func (t *Trunk) pick(s *Stream, k int, now time.Time) *Link {
 	if !t.lanes || !s.confirmed.Load() {

@@ -13,9 +13,13 @@
 //     (tcp_slow_start_after_idle, which the gateway reads but never writes;
 //     bench/figures/warm).
 //   - socket.go: reading a link's TCP_INFO and BBR state in one call.
+//   - queue.go: queue control, which caps the bulk links' receive windows
+//     while messages cross the express link, so they do not wait behind a
+//     full bottleneck queue (bench/figures/queuecontrol). It plugs into
+//     relay.Config.QueueControl; the relay samples the links and carries
+//     the caps in CLAMP frames.
 //
 // The mechanisms they steer belong to package relay (Link.Hold, Link.Pad,
-// Link.WatchSend); the queue control that caps a bulk link's bytes while
-// messages cross, and the express link's renewal, decide inside the link and
-// stay there.
+// Link.WatchSend, the QueueController hook); the express link's renewal
+// decides inside the link and stays there.
 package tuning
