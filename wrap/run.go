@@ -181,7 +181,11 @@ func Run(ctx context.Context, c Config) (int, error) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	userPorts := c.ports()
 	c.setPorts(pickPorts(rng, userPorts.lan, userPorts.wan, userPorts.metrics))
-	mapText := plan.MapText(c.LANPort, c.WANPort)
+	keyRecs, err := jobKeys(plan, fileDir)
+	if err != nil {
+		return 1, err
+	}
+	mapText := plan.MapText(c.LANPort, c.WANPort) + keyRecs
 	if !plan.Unresolved() {
 		if _, err := sitemap.Parse(strings.NewReader(mapText), "the site map built from the host list"); err != nil {
 			return 1, fmt.Errorf("%v (hosts from %s)", err, hostOrigin(src, c.SitesFile))
@@ -228,10 +232,15 @@ func Run(ctx context.Context, c Config) (int, error) {
 		if err := printFiles(c.Stdout, fileDir, c.WorkDir); err != nil {
 			return 1, err
 		}
+		fmt.Fprintf(c.Stdout, "# each site's gateway key (private, 0600): %s\n", keyPath(c.WorkDir, "SITE"))
 		if !c.SharedFS {
 			fmt.Fprintf(c.Stdout, "# copy the map to every host:\n")
 			for _, h := range mapHosts(plan) {
 				fmt.Fprintln(c.Stdout, shellJoin(c.copyCommand(h, mapPath)))
+			}
+			fmt.Fprintf(c.Stdout, "# copy each gateway's key to its host only:\n")
+			for _, s := range plan.Sites {
+				fmt.Fprintln(c.Stdout, shellJoin(c.keyCopyCommand(s.Gateway.Name, keyPath(c.WorkDir, s.Name))))
 			}
 		}
 		fmt.Fprintf(c.Stdout, "# gateways:\n")
@@ -261,7 +270,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		fmt.Fprintf(c.Stderr, "mpi5k: a gateway port of %d, %d, %d is in use on a gateway host; drawing others\n",
 			c.LANPort, c.WANPort, c.MetricsPort)
 		c.setPorts(pickPorts(rng, userPorts.lan, userPorts.wan, userPorts.metrics))
-		mapText = plan.MapText(c.LANPort, c.WANPort)
+		mapText = plan.MapText(c.LANPort, c.WANPort) + keyRecs
 		if err := os.WriteFile(mapPath, []byte(mapText), 0o644); err != nil {
 			return 1, err
 		}
@@ -286,6 +295,9 @@ func Run(ctx context.Context, c Config) (int, error) {
 func (c *Config) startGateways(ctx context.Context, plan *Plan, gws []*gateway, mapPath, mapText string) error {
 	if !c.SharedFS {
 		if err := c.distribute(ctx, plan, mapPath, mapText); err != nil {
+			return err
+		}
+		if err := c.distributeKeys(ctx, plan); err != nil {
 			return err
 		}
 	}
@@ -323,7 +335,7 @@ func (c *Config) gatewayCommand(s *Site, mapPath, tag string) []string {
 	argv := append([]string(nil), c.Launcher...)
 	argv = append(argv, s.Gateway.Name, c.GatewayBin, "--map", mapPath, "--site", s.Name,
 		"--metrics", s.Gateway.hostPort(c.MetricsPort),
-		"--exit-on-stdin-eof", "--ready-tag", tag)
+		"--exit-on-stdin-eof", "--ready-tag", tag, "--key", keyPath(c.WorkDir, s.Name))
 	return append(argv, c.GatewayArgs...)
 }
 
@@ -380,6 +392,9 @@ func printFiles(w io.Writer, dir, workdir string) error {
 		return err
 	}
 	for _, e := range ents {
+		if e.IsDir() { // the gateways' private keys: never printed
+			continue
+		}
 		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
 		if err != nil {
 			return err

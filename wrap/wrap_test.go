@@ -409,10 +409,16 @@ func TestRunDryRun(t *testing.T) {
 		"oarsh gw.site2 " + c.GatewayBin + " --map " + c.WorkDir + "/sites.conf --site site2 --metrics 127.0.2.2:5002 --exit-on-stdin-eof",
 		"oarsh node-1.site2 'mkdir -p ",
 		"mpiexec.mpich -genv LD_PRELOAD " + c.Preload + " -genv MPI5K_MAP " + c.WorkDir + "/sites.conf",
+		"\nkey site1 ed25519:", "\nkey site2 ed25519:",
+		"--key " + c.WorkDir + "/keys/site2.key",
+		"oarsh gw.site2 'umask 077 && mkdir -p " + c.WorkDir + "/keys && cat > " + c.WorkDir + "/keys/site2.key'",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("dry run output lacks %q:\n%s", want, s)
 		}
+	}
+	if strings.Contains(s, "PRIVATE KEY") {
+		t.Errorf("a dry run printed a private key:\n%s", s)
 	}
 }
 

@@ -1,0 +1,65 @@
+package wrap
+
+import (
+	"crypto/ed25519"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	gw "github.com/mpi5k/mpi5k/gateway"
+	"github.com/mpi5k/mpi5k/sitemap"
+)
+
+// A job's gateways get keys: the map lists one public key per site, and
+// each gateway is started with --key naming a 0600 file, copied through
+// the launcher, whose private key is the one the map lists for its site.
+func TestRunJobKeys(t *testing.T) {
+	f := newFakeGateways(t)
+	seen := t.TempDir()
+	// The fake launcher runs copy commands here; a gateway command records
+	// its key file's mode and text as the gateway would find them.
+	script := `case "$*" in
+*--key*)
+	for a; do
+		if [ "$prev" = --key ]; then stat -c %a "$a" > "` + seen + `/$site.mode"; cp "$a" "` + seen + `/$site.key"; fi
+		prev=$a
+	done
+	exec sleep 300;;
+*) shift; exec sh -c "$*";;
+esac`
+	c := failfastConfig(t, f, script, "exit 0")
+	c.SharedFS, c.Keep = false, true
+	code, err, _ := runBounded(t, c, 20*time.Second)
+	if err != nil || code != 0 {
+		t.Fatalf("code %d err %v", code, err)
+	}
+	m, err := sitemap.Load(filepath.Join(c.WorkDir, "sites.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.HasKeys() {
+		t.Fatal("the job's site map lists no gateway keys")
+	}
+	for _, site := range []string{"site1", "site2"} {
+		mode, err := os.ReadFile(filepath.Join(seen, site+".mode"))
+		if err != nil {
+			t.Fatalf("site %s's gateway was started without a key file: %v", site, err)
+		}
+		if strings.TrimSpace(string(mode)) != "600" {
+			t.Errorf("site %s's key file has mode %s, want 600", site, mode)
+		}
+		if st, err := os.Stat(keyPath(c.WorkDir, site)); err != nil || st.Mode().Perm() != 0o600 {
+			t.Errorf("site %s's key in the workdir: %v %v", site, st.Mode(), err)
+		}
+		text, _ := os.ReadFile(filepath.Join(seen, site+".key"))
+		k, err := gw.ParseKey(text, site+".key")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s, ok := m.SiteByKey(k.Public().(ed25519.PublicKey)); !ok || s.Name != site {
+			t.Errorf("site %s's gateway key is listed for %v in the map", site, s)
+		}
+	}
+}
