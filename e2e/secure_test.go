@@ -14,6 +14,7 @@ import (
 
 	"github.com/mpi5k/mpi5k/gateway"
 	"github.com/mpi5k/mpi5k/sitemap"
+	"github.com/mpi5k/mpi5k/testbed"
 )
 
 // TestGatewaySecure: gateways on the emulated grid with keys in the site
@@ -219,6 +220,110 @@ func TestGatewayNATByKey(t *testing.T) {
 	}
 	if v := run(t, ctx, l, w.src, "pingpong", w.echo, w.gwLAN, "20"); len(v) < 1 || v[0] <= 0 {
 		t.Fatalf("round trips through the NATed keyed pair: %v", v)
+	}
+}
+
+// keyedLabMap writes the lab's site map with a fresh key per site into
+// dir; it returns the map's path and each site's key file.
+func keyedLabMap(t *testing.T, w *wanLab, dir string) (string, map[string]string) {
+	text, err := os.ReadFile(w.l.SiteMapPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]string{}
+	for _, s := range w.l.Sites() {
+		keys[s] = filepath.Join(dir, s+".key")
+		pub, err := gateway.GenerateKey(keys[s])
+		if err != nil {
+			t.Fatal(err)
+		}
+		text = append(text, "key "+s+" "+sitemap.FormatKey(pub)+"\n"...)
+	}
+	keyed := filepath.Join(dir, "keyed.map")
+	if err := os.WriteFile(keyed, text, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return keyed, keys
+}
+
+// TestGatewayMITM: the lab's WAN emulator, as a man in the middle, flips
+// a bit in 1 of every 200 data segments between the gateways (twice per
+// direction), fixing the TCP checksum so the kernel accepts them, while
+// checksummed streams cross. Keyed gateways detect each flip (a TLS
+// record fails its tag), tear the link down and resume it: every stream
+// arrives intact. Keyless gateways, the control, deliver the altered byte
+// and a destination's checksum differs.
+func TestGatewayMITM(t *testing.T) {
+	w := newWANLab(t, 10*time.Millisecond)
+	l, ctx := w.l, w.ctx
+	dir := t.TempDir()
+	keyed, keys := keyedLabMap(t, w, dir)
+	sums := netip.AddrPortFrom(w.dst, 7005).String()
+	startServer(t, ctx, l, w.dstHost, "sumserve", sums)
+	site1, _ := w.m.Site("site1")
+	site2, _ := w.m.Site("site2")
+	resumes := func() float64 {
+		var n float64
+		for _, g := range []struct {
+			host string
+			gw   netip.Addr
+		}{{w.src, site1.LAN.Addr()}, {w.dstHost, site2.LAN.Addr()}} {
+			text, err := w.scrape(t, g.host, g.gw)
+			if err != nil {
+				t.Fatalf("gateway %v metrics: %v", g.gw, err)
+			}
+			n += metricSum(text, "mpi5k_wan_resumes_total")
+		}
+		return n
+	}
+	tampered := func() uint64 {
+		st, err := l.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n uint64
+		for _, ls := range st.Links {
+			n += ls.Tampered
+		}
+		return n
+	}
+	pass := func(mapPath string, k1, k2 string) (string, error) {
+		g2 := startSecureGW(t, w, dir, "site2", mapPath, k2, false)
+		g1 := startSecureGW(t, w, dir, "site1", mapPath, k1, true)
+		defer func() {
+			for _, g := range []*exec.Cmd{g1, g2} {
+				g.Process.Signal(os.Interrupt)
+				g.Wait()
+			}
+		}()
+		if err := l.Tamper(testbed.Tamper{Port: testbed.GatewayWANPort, Every: 200, Count: 2}); err != nil {
+			t.Fatal(err)
+		}
+		defer l.Tamper(testbed.Tamper{})
+		var out, errOut strings.Builder
+		c := helper(t, ctx, l, w.src, "sumsend", sums, w.gwLAN, "24", strconv.Itoa(8<<20), "5")
+		c.Stdout, c.Stderr = &out, &errOut
+		err := c.Run()
+		if n := tampered(); n == 0 {
+			t.Fatalf("the emulator altered no segment (sumsend: %v %s)", err, errOut.String())
+		}
+		if mapPath == keyed && err == nil {
+			// Read before the gateways stop.
+			n := resumes()
+			t.Logf("keyed: WAN links resumed %v times", n)
+			if n < 1 {
+				t.Errorf("keyed: %d segments altered and the links resumed %v times, want at least once", tampered(), n)
+			}
+		}
+		t.Logf("%d segments altered; sumsend: %s%s", tampered(), out.String(), errOut.String())
+		return errOut.String(), err
+	}
+	if msg, err := pass(keyed, keys["site1"], keys["site2"]); err != nil {
+		t.Fatalf("keyed: a stream failed with bits flipped on the WAN: %v\n%s", err, msg)
+	}
+	msg, err := pass(l.SiteMapPath(), "", "")
+	if err == nil || !strings.Contains(msg, "checksum mismatch") {
+		t.Fatalf("keyless control: want a stream whose checksum differs, got %v\n%s", err, msg)
 	}
 }
 
