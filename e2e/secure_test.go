@@ -109,11 +109,13 @@ func TestGatewaySecure(t *testing.T) {
 }
 
 // startSecureGW runs bin/mpi5k-gateway for site in its lab host with
-// mapPath and key ("" for none), metrics on 0.0.0.0:9105, and waits for
-// it to be ready if wait.
+// mapPath and key ("" for none), metrics on 0.0.0.0:9105, the helper
+// servers' ports allowed (args may narrow them), and waits for it to be
+// ready if wait.
 func startSecureGW(t *testing.T, w *wanLab, dir, site, mapPath, key string, wait bool, args ...string) *exec.Cmd {
 	ready := filepath.Join(dir, site+strconv.FormatInt(time.Now().UnixNano(), 36)+".ready")
-	argv := []string{"--map", mapPath, "--site", site, "--ready-file", ready, "--log-level", "warn", "--metrics", "0.0.0.0:9105"}
+	argv := []string{"--map", mapPath, "--site", site, "--ready-file", ready, "--log-level", "warn", "--metrics", "0.0.0.0:9105",
+		"--wan-allow-ports", helperPorts}
 	if key != "" {
 		argv = append(argv, "--key", key)
 	}

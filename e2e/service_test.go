@@ -237,7 +237,7 @@ func startServiceGateways(t *testing.T, l *testbed.Lab, mapPath, dir string, ext
 		}
 		ready := filepath.Join(dir, site+".ready")
 		env["MPI5K_MAP"], env["MPI5K_SITE"] = mapPath, site
-		env["MPI5K_GATEWAY_ARGS"] = strings.Join(append([]string{"--ready-file", ready}, extra...), " ")
+		env["MPI5K_GATEWAY_ARGS"] = strings.Join(append([]string{"--ready-file", ready, "--wan-allow-ports", helperPorts}, extra...), " ")
 		env["MPI5K_GATEWAY_ARGS"] = strings.ReplaceAll(env["MPI5K_GATEWAY_ARGS"], "GWADDR", l.Addr(l.Gateway(site)).String())
 		argv := unitCommand(t, filepath.Dir(gwBin), env)
 		g := &serviceGW{site: site, log: filepath.Join(dir, site+".log"), exit: make(chan error, 1)}
