@@ -157,7 +157,10 @@ func labRefusals(t *testing.T, w *wanLab, host string, gw netip.Addr, reason str
 // 10.77.1.150, an address that is not the map's wan=. With keys site2
 // accepts it by key and the pair links and carries streams; with the
 // keyless map the same NAT is refused (wan_source), the control that
-// shows the NAT is in effect.
+// shows the NAT is in effect. Then the other side: site2's gateway behind
+// NAT (its connections rewritten to 10.77.2.150, nothing reaches its WAN
+// port from outside) and nat=yes for site2 in the map: site2 dials, site1
+// accepts it by key, and streams cross.
 func TestGatewayNATByKey(t *testing.T) {
 	w := newWANLab(t, 10*time.Millisecond)
 	l, ctx := w.l, w.ctx
@@ -211,8 +214,8 @@ func TestGatewayNATByKey(t *testing.T) {
 	}
 
 	// Keyed: the same NAT, accepted by key.
-	startSecureGW(t, w, dir, "site2", keyed, keys["site2"], false)
-	startSecureGW(t, w, dir, "site1", keyed, keys["site1"], true)
+	k2 := startSecureGW(t, w, dir, "site2", keyed, keys["site2"], false)
+	k1 := startSecureGW(t, w, dir, "site1", keyed, keys["site1"], true)
 	out, err := l.CommandContext(ctx, l.Gateway("site2"), "ss", "-tnH", "state", "established", "sport", "= :"+strconv.Itoa(int(site2.WAN.Port()))).Output()
 	if err != nil {
 		t.Fatal(err)
@@ -223,7 +226,55 @@ func TestGatewayNATByKey(t *testing.T) {
 	if v := run(t, ctx, l, w.src, "pingpong", w.echo, w.gwLAN, "20"); len(v) < 1 || v[0] <= 0 {
 		t.Fatalf("round trips through the NATed keyed pair: %v", v)
 	}
+
+	// The other side behind NAT: site1's gateway as it was; site2's
+	// rewrites its connections to site1 and takes none from outside.
+	for _, g := range []*exec.Cmd{k1, k2} {
+		g.Process.Signal(os.Interrupt)
+		g.Wait()
+	}
+	if out, err := l.CommandContext(ctx, gw1, "nft", "delete", "table", "ip", "mpi5knat").CombinedOutput(); err != nil {
+		t.Fatalf("removing site1's NAT: %v\n%s", err, out)
+	}
+	site1, _ := w.m.Site("site1")
+	const natAddr2 = "10.77.2.150"
+	gw2 := l.Gateway("site2")
+	wanPort := strconv.Itoa(int(site2.WAN.Port()))
+	for _, cmd := range [][]string{
+		{"ip", "addr", "add", natAddr2 + "/24", "dev", "eth0"},
+		{"nft", "add table ip mpi5knat"},
+		{"nft", "add chain ip mpi5knat post { type nat hook postrouting priority srcnat ; policy accept ; }"},
+		{"nft", "add rule ip mpi5knat post ip daddr " + site1.WAN.Addr().String() + " tcp dport " +
+			strconv.Itoa(int(site1.WAN.Port())) + " snat to " + natAddr2},
+		{"nft", "add chain ip mpi5knat in { type filter hook input priority filter ; policy accept ; }"},
+		{"nft", "add rule ip mpi5knat in ip saddr != 127.0.0.0/8 tcp dport " + wanPort + " ct state new drop"},
+	} {
+		if out, err := l.CommandContext(ctx, gw2, cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v in %s: %v\n%s", cmd, gw2, err, out)
+		}
+	}
+	natText := strings.Replace(text, "wan="+site2.WAN.String(), "wan="+site2.WAN.String()+" nat=yes", 1)
+	if natText == text {
+		t.Fatalf("no site2 wan=%v in the lab's map", site2.WAN)
+	}
+	natMap := filepath.Join(dir, "nat2.map")
+	if err := os.WriteFile(natMap, []byte(natText), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	startSecureGW(t, w, dir, "site1", natMap, keys["site1"], false)
+	startSecureGW(t, w, dir, "site2", natMap, keys["site2"], true)
+	out, err = l.CommandContext(ctx, gw1, "ss", "-tnH", "state", "established", "sport", "= :"+strconv.Itoa(int(site1.WAN.Port()))).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), natAddr2+":") {
+		t.Fatalf("site1's WAN connections do not come from site2's NAT address %s:\n%s", natAddr2, out)
+	}
+	if v := run(t, ctx, l, w.src, "pingpong", w.echo, w.gwLAN, "20"); len(v) < 1 || v[0] <= 0 {
+		t.Fatalf("round trips with site2 behind NAT: %v", v)
+	}
 }
+
 
 // keyedLabMap writes the lab's site map with a fresh key per site into
 // dir; it returns the map's path and each site's key file.

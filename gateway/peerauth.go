@@ -220,7 +220,7 @@ func (a *peerAuth) acceptor(accept func(*sitemap.Site) bool) *tls.Config {
 			return fmt.Errorf("peer proved key %s, which is in no site of the site map", sitemap.FormatKey(k))
 		}
 		if !accept(s) {
-			return fmt.Errorf("peer proved the key of site %s, which does not dial this gateway (the lower site id dials)", s.Name)
+			return fmt.Errorf("peer proved the key of site %s, which does not dial this gateway (this gateway dials it: a site behind NAT dials, else the lower site id)", s.Name)
 		}
 		return nil
 	}

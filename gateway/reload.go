@@ -72,7 +72,7 @@ func (g *Gateway) peerList() []*peer {
 
 // newPeer makes the peer state for site s (not started).
 func (g *Gateway) newPeer(s *sitemap.Site) *peer {
-	p := &peer{site: s, dialer: g.site.ID < s.ID, links: make([]*relay.Link, g.numLinks()), renew: make(chan struct{}, 1)}
+	p := &peer{site: s, dialer: sitemap.Dials(g.site, s), links: make([]*relay.Link, g.numLinks()), renew: make(chan struct{}, 1)}
 	p.trunk = relay.NewTrunk(p.dialer, relay.HandlerFunc(g.openFromWAN))
 	p.trunk.OnRenew(func() { kickRenew(p) })
 	return p
@@ -104,6 +104,8 @@ func (g *Gateway) Reload(m *sitemap.Map) (ReloadResult, error) {
 	case s.LAN != g.site.LAN || s.WAN != g.site.WAN:
 		return res, fmt.Errorf("site %q moves its listeners lan=%v wan=%v -> lan=%v wan=%v: restart the service to move them",
 			s.Name, g.site.LAN, g.site.WAN, s.LAN, s.WAN)
+	case s.NAT != g.site.NAT:
+		return res, fmt.Errorf("site %q changes nat=%v -> nat=%v, which decides who dials: restart every gateway to change it", s.Name, g.site.NAT, s.NAT)
 	}
 	g.reloadMu.Lock()
 	defer g.reloadMu.Unlock()
@@ -123,7 +125,8 @@ func (g *Gateway) Reload(m *sitemap.Map) (ReloadResult, error) {
 		switch {
 		case !ok:
 			res.Removed = append(res.Removed, p.site.Name)
-		case ns.Name != p.site.Name || ns.WAN != p.site.WAN:
+		case ns.Name != p.site.Name || ns.WAN != p.site.WAN || ns.NAT != p.site.NAT:
+			// NAT changes which side dials: the links start afresh.
 			res.Moved = append(res.Moved, ns.Name)
 		default:
 			// The same gateway (name, id, WAN listener): it keeps its links
