@@ -20,23 +20,29 @@ import (
 // streams they carry finish (up to RetireTimeout), then the links close. A
 // moved peer is then reached at its new address by a fresh peer.
 
-// ReloadResult says what a reload changed, by site name.
+// ReloadResult says what a reload changed, by site name: Reauthenticated
+// are the peers whose links were made with a key the new map no longer
+// lists (rekey.go); NewKey, whether this gateway's own key changed.
 type ReloadResult struct {
-	Added, Removed, Moved []string
+	Added, Removed, Moved, Reauthenticated []string
+	NewKey                                 bool
 }
 
 func (r ReloadResult) String() string {
-	if len(r.Added)+len(r.Removed)+len(r.Moved) == 0 {
+	if len(r.Added)+len(r.Removed)+len(r.Moved)+len(r.Reauthenticated) == 0 && !r.NewKey {
 		return "no peer changed"
 	}
 	var b []string
 	for _, x := range []struct {
 		what  string
 		names []string
-	}{{"added", r.Added}, {"removed", r.Removed}, {"moved", r.Moved}} {
+	}{{"added", r.Added}, {"removed", r.Removed}, {"moved", r.Moved}, {"reauthenticated", r.Reauthenticated}} {
 		if len(x.names) > 0 {
 			b = append(b, x.what+" "+strings.Join(x.names, ","))
 		}
+	}
+	if r.NewKey {
+		b = append(b, "this gateway's key changed")
 	}
 	return strings.Join(b, "; ")
 }
@@ -107,6 +113,10 @@ func (g *Gateway) Reload(m *sitemap.Map) (ReloadResult, error) {
 	case s.NAT != g.site.NAT:
 		return res, fmt.Errorf("site %q changes nat=%v -> nat=%v, which decides who dials: restart every gateway to change it", s.Name, g.site.NAT, s.NAT)
 	}
+	auth, err := g.reloadAuth(m, s)
+	if err != nil {
+		return res, fmt.Errorf("site map not reloaded: %w", err)
+	}
 	g.reloadMu.Lock()
 	defer g.reloadMu.Unlock()
 	if !g.running || g.draining.Load() {
@@ -151,7 +161,9 @@ func (g *Gateway) Reload(m *sitemap.Map) (ReloadResult, error) {
 	// The map and the peers change together: an OPEN sees either the old
 	// pair or the new one (serve.go looks both up under peersMu).
 	g.smap.Store(m)
+	res.NewKey = g.setAuth(auth)
 	g.peersMu.Unlock()
+	res.Reauthenticated = g.reauthenticate(m)
 	for _, p := range started {
 		g.startPeer(p)
 	}
