@@ -26,14 +26,14 @@ func keyDir(workdir string) string { return filepath.Join(workdir, "keys") }
 // keyPath is site's private key file.
 func keyPath(workdir, site string) string { return filepath.Join(keyDir(workdir), site+".key") }
 
-// jobKeys makes a key pair per site of plan, the private keys under
-// keyDir(dir), and returns the map's key records.
-func jobKeys(plan *Plan, dir string) (string, error) {
+// jobKeys makes a key pair per site, the private keys under keyDir(dir),
+// and returns the map's key records.
+func jobKeys(sites []*Site, dir string) (string, error) {
 	if err := os.Mkdir(keyDir(dir), 0o700); err != nil {
 		return "", fmt.Errorf("gateway keys: %w", err)
 	}
 	var b strings.Builder
-	for _, s := range plan.Sites {
+	for _, s := range sites {
 		pub, err := gw.GenerateKey(keyPath(dir, s.Name))
 		if err != nil {
 			return "", fmt.Errorf("gateway key of site %s: %w", s.Name, err)
@@ -53,12 +53,12 @@ func (c *Config) keyCopyCommand(host, path string) []string {
 
 // distributeKeys copies each site's private key to its gateway host only,
 // in parallel, through the launcher.
-func (c *Config) distributeKeys(ctx context.Context, p *Plan) error {
+func (c *Config) distributeKeys(ctx context.Context, sites []*Site) error {
 	ctx, cancel := context.WithTimeout(ctx, launchTimeout)
 	defer cancel()
-	errs := make([]error, len(p.Sites))
+	errs := make([]error, len(sites))
 	var wg sync.WaitGroup
-	for i, s := range p.Sites {
+	for i, s := range sites {
 		path := keyPath(c.WorkDir, s.Name)
 		key, err := os.ReadFile(path)
 		if err != nil {

@@ -181,7 +181,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	userPorts := c.ports()
 	c.setPorts(pickPorts(rng, userPorts.lan, userPorts.wan, userPorts.metrics))
-	keyRecs, err := jobKeys(plan, fileDir)
+	keyRecs, err := jobKeys(plan.Sites, fileDir)
 	if err != nil {
 		return 1, err
 	}
@@ -297,7 +297,7 @@ func (c *Config) startGateways(ctx context.Context, plan *Plan, gws []*gateway, 
 		if err := c.distribute(ctx, plan, mapPath, mapText); err != nil {
 			return err
 		}
-		if err := c.distributeKeys(ctx, plan); err != nil {
+		if err := c.distributeKeys(ctx, plan.Sites); err != nil {
 			return err
 		}
 	}

@@ -153,6 +153,41 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 		return 1, fmt.Errorf("--map %s: %v", c.MapFile, err)
 	}
 	mapText := "# mpi5k site map: the job's sites of " + c.MapFile + "\n" + jm.String()
+	// Keys: the job's own gateways get fresh ones when it runs no other
+	// (keys.go); a keyed map's sites need their service gateways, whose
+	// private keys mpi5k run does not hold.
+	var ownSites []*Site
+	for _, g := range own {
+		ownSites = append(ownSites, g.site)
+	}
+	keyed := !m.HasKeys() && len(running) == 0
+	switch {
+	case m.HasKeys() && len(own) > 0 && !c.DryRun:
+		return 1, fmt.Errorf("--map %s lists gateway keys and site %s has no running gateway: mpi5k run holds no site's private key, so it cannot start one; start that site's service gateway (docs/operations.md)",
+			c.MapFile, siteNames(own))
+	case m.HasKeys() && c.DryRun:
+		fmt.Fprintf(c.Stdout, "# the map lists gateway keys: each site needs its running service gateway (mpi5k run starts none for a keyed map)\n")
+	case keyed:
+		keyParent := c.WorkDir
+		if c.DryRun {
+			if keyParent, err = os.MkdirTemp("", "mpi5k-dry-run-"); err != nil {
+				return 1, err
+			}
+			defer os.RemoveAll(keyParent)
+		} else {
+			if err := os.MkdirAll(c.WorkDir, 0o755); err != nil {
+				return 1, err
+			}
+			if !c.Keep {
+				defer os.RemoveAll(c.WorkDir)
+			}
+		}
+		recs, err := jobKeys(ownSites, keyParent)
+		if err != nil {
+			return 1, err
+		}
+		mapText += recs
+	}
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	tag := fmt.Sprintf("%d-%x", os.Getpid(), rng.Uint64())
 	for _, g := range own {
@@ -166,6 +201,9 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 		argv := append([]string(nil), c.Launcher...)
 		argv = append(argv, g.site.Gateway.Name, c.GatewayBin, "--map", mapPath, "--site", s.Name,
 			"--metrics", g.metrics, "--exit-on-stdin-eof", "--ready-tag", tag)
+		if keyed {
+			argv = append(argv, "--key", keyPath(c.WorkDir, s.Name))
+		}
 		g.argv = append(argv, c.GatewayArgs...)
 	}
 	in := Inject{Preload: c.Preload, Map: mapPath, Env: map[string]string{}}
@@ -203,6 +241,12 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 			fmt.Fprintf(c.Stdout, "# copy the map to every host:\n")
 			for _, h := range copyTo {
 				fmt.Fprintln(c.Stdout, shellJoin(c.copyCommand(h, mapPath)))
+			}
+			if keyed {
+				fmt.Fprintf(c.Stdout, "# copy each gateway's key to its host only:\n")
+				for _, s := range ownSites {
+					fmt.Fprintln(c.Stdout, shellJoin(c.keyCopyCommand(s.Gateway.Name, keyPath(c.WorkDir, s.Name))))
+				}
 			}
 		}
 		fmt.Fprintf(c.Stdout, "# gateways (a site whose map record has ready= uses its running gateway when /ready answers):\n")
@@ -243,6 +287,11 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 	if !c.SharedFS {
 		if err := c.copyMap(ctx, copyTo, mapPath, mapText); err != nil {
 			return 1, err
+		}
+		if keyed {
+			if err := c.distributeKeys(ctx, ownSites); err != nil {
+				return 1, err
+			}
 		}
 	}
 	if c.TraceDir != "" {
