@@ -381,8 +381,7 @@ func labTamper(args []string) error {
 	port := fs.Uint16("port", testbed.GatewayWANPort, "TCP port whose flows to alter (default: the gateways' WAN port)")
 	pair := fs.String("pair", "", "the two sites whose link to alter, S1,S2 (default: every pair)")
 	stop := fs.Bool("stop", false, "stop altering packets")
-	l, err := parseOpen(fs, name, args)
-	if err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	t := testbed.Tamper{Port: *port, Every: *every, Count: *count}
@@ -398,6 +397,10 @@ func labTamper(args []string) error {
 			return labUsageError{fmt.Errorf("--pair %q: want two sites, e.g. --pair site1,site2", *pair)}
 		}
 		t.A, t.B = a, b
+	}
+	l, err := testbed.Open(*name)
+	if err != nil {
+		return err
 	}
 	if err := l.Tamper(t); err != nil {
 		return err
