@@ -1,6 +1,7 @@
 package wrap
 
 import (
+	"context"
 	"crypto/ed25519"
 	"os"
 	"path/filepath"
@@ -60,6 +61,20 @@ esac`
 		}
 		if s, ok := m.SiteByKey(k.Public().(ed25519.PublicKey)); !ok || s.Name != site {
 			t.Errorf("site %s's gateway key is listed for %v in the map", site, s)
+		}
+	}
+}
+
+// --wan-plaintext: no keys, no --key, nothing to copy.
+func TestRunPlaintext(t *testing.T) {
+	c, out, _ := testConfig(t, "mpiexec.mpich", "-hosts", "node-1.site1,node-1.site2", "-n", "2", "./pp")
+	c.DryRun, c.SharedFS, c.Plaintext = true, false, true
+	if code, err := Run(context.Background(), c); err != nil || code != 0 {
+		t.Fatal(code, err)
+	}
+	for _, no := range []string{"\nkey ", "--key", "keys/"} {
+		if strings.Contains(out.String(), no) {
+			t.Errorf("a plaintext dry run shows %q:\n%s", no, out.String())
 		}
 	}
 }

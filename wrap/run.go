@@ -36,9 +36,12 @@ type Config struct {
 	TraceDir                      string // MPI5K_TRACE for the ranks
 	DryRun                        bool
 	Keep                          bool // keep WorkDir
-	Stdout, Stderr                io.Writer
-	Getenv                        func(string) string
-	Resolve                       Resolver
+	// Plaintext: the job's own gateways run keyless (no TLS), for a WAN
+	// the operator already protects (docs/security.md).
+	Plaintext      bool
+	Stdout, Stderr io.Writer
+	Getenv         func(string) string
+	Resolve        Resolver
 
 	// Outage is how long a gateway may be unreachable or without a WAN
 	// link during the job before the wrapper ends it (0: GatewayOutage).
@@ -181,9 +184,11 @@ func Run(ctx context.Context, c Config) (int, error) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	userPorts := c.ports()
 	c.setPorts(pickPorts(rng, userPorts.lan, userPorts.wan, userPorts.metrics))
-	keyRecs, err := jobKeys(plan.Sites, fileDir)
-	if err != nil {
-		return 1, err
+	var keyRecs string
+	if !c.Plaintext {
+		if keyRecs, err = jobKeys(plan.Sites, fileDir); err != nil {
+			return 1, err
+		}
 	}
 	mapText := plan.MapText(c.LANPort, c.WANPort) + keyRecs
 	if !plan.Unresolved() {
@@ -232,15 +237,19 @@ func Run(ctx context.Context, c Config) (int, error) {
 		if err := printFiles(c.Stdout, fileDir, c.WorkDir); err != nil {
 			return 1, err
 		}
-		fmt.Fprintf(c.Stdout, "# each site's gateway key (private, 0600): %s\n", keyPath(c.WorkDir, "SITE"))
+		if !c.Plaintext {
+			fmt.Fprintf(c.Stdout, "# each site's gateway key (private, 0600): %s\n", keyPath(c.WorkDir, "SITE"))
+		}
 		if !c.SharedFS {
 			fmt.Fprintf(c.Stdout, "# copy the map to every host:\n")
 			for _, h := range mapHosts(plan) {
 				fmt.Fprintln(c.Stdout, shellJoin(c.copyCommand(h, mapPath)))
 			}
-			fmt.Fprintf(c.Stdout, "# copy each gateway's key to its host only:\n")
-			for _, s := range plan.Sites {
-				fmt.Fprintln(c.Stdout, shellJoin(c.keyCopyCommand(s.Gateway.Name, keyPath(c.WorkDir, s.Name))))
+			if !c.Plaintext {
+				fmt.Fprintf(c.Stdout, "# copy each gateway's key to its host only:\n")
+				for _, s := range plan.Sites {
+					fmt.Fprintln(c.Stdout, shellJoin(c.keyCopyCommand(s.Gateway.Name, keyPath(c.WorkDir, s.Name))))
+				}
 			}
 		}
 		fmt.Fprintf(c.Stdout, "# gateways:\n")
@@ -297,8 +306,10 @@ func (c *Config) startGateways(ctx context.Context, plan *Plan, gws []*gateway, 
 		if err := c.distribute(ctx, plan, mapPath, mapText); err != nil {
 			return err
 		}
-		if err := c.distributeKeys(ctx, plan.Sites); err != nil {
-			return err
+		if !c.Plaintext {
+			if err := c.distributeKeys(ctx, plan.Sites); err != nil {
+				return err
+			}
 		}
 	}
 	for _, g := range gws {
@@ -335,7 +346,10 @@ func (c *Config) gatewayCommand(s *Site, mapPath, tag string) []string {
 	argv := append([]string(nil), c.Launcher...)
 	argv = append(argv, s.Gateway.Name, c.GatewayBin, "--map", mapPath, "--site", s.Name,
 		"--metrics", s.Gateway.hostPort(c.MetricsPort),
-		"--exit-on-stdin-eof", "--ready-tag", tag, "--key", keyPath(c.WorkDir, s.Name))
+		"--exit-on-stdin-eof", "--ready-tag", tag)
+	if !c.Plaintext {
+		argv = append(argv, "--key", keyPath(c.WorkDir, s.Name))
+	}
 	return append(argv, c.GatewayArgs...)
 }
 

@@ -160,7 +160,7 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 	for _, g := range own {
 		ownSites = append(ownSites, g.site)
 	}
-	keyed := !m.HasKeys() && len(running) == 0
+	keyed := !m.HasKeys() && len(running) == 0 && !c.Plaintext
 	switch {
 	case m.HasKeys() && len(own) > 0 && !c.DryRun:
 		return 1, fmt.Errorf("--map %s lists gateway keys and site %s has no running gateway: mpi5k run holds no site's private key, so it cannot start one; start that site's service gateway (docs/operations.md)",
