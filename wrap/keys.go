@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 
@@ -16,67 +14,120 @@ import (
 
 // A job's own gateways authenticate each other with keys made for the job
 // (docs/security.md): each site's gateway gets a fresh Ed25519 key pair,
-// its private key in a 0600 file only that gateway host is given, and the
-// map lists every public key. Nothing else trusts those keys, so they
-// authorize nothing once the job's gateways have exited.
+// and the map lists every public key. The private keys exist only in this
+// process's memory and, through the launcher, in a private temporary file
+// on each gateway host, written as the user the gateway runs as and
+// removed after the run. Nothing else trusts those keys, so they authorize
+// nothing once the job's gateways have exited.
 
-// keyDir is where a job's private keys are, under its workdir.
-func keyDir(workdir string) string { return filepath.Join(workdir, "keys") }
+// jobKeys are a job's gateway keys.
+type jobKeys struct {
+	pem   map[string][]byte // site -> private key file text
+	recs  string            // the map's key records
+	files map[string]string // site -> key file on its gateway host (placeKeys)
+}
 
-// keyPath is site's private key file.
-func keyPath(workdir, site string) string { return filepath.Join(keyDir(workdir), site+".key") }
-
-// jobKeys makes a key pair per site, the private keys under keyDir(dir),
-// and returns the map's key records.
-func jobKeys(sites []*Site, dir string) (string, error) {
-	if err := os.Mkdir(keyDir(dir), 0o700); err != nil {
-		return "", fmt.Errorf("gateway keys: %w", err)
-	}
+// newJobKeys makes a key pair per site.
+func newJobKeys(sites []*Site) (*jobKeys, error) {
+	k := &jobKeys{pem: map[string][]byte{}, files: map[string]string{}}
 	var b strings.Builder
 	for _, s := range sites {
-		pub, err := gw.GenerateKey(keyPath(dir, s.Name))
+		pub, text, err := gw.NewKeyPEM()
 		if err != nil {
-			return "", fmt.Errorf("gateway key of site %s: %w", s.Name, err)
+			return nil, fmt.Errorf("gateway key of site %s: %w", s.Name, err)
 		}
+		k.pem[s.Name] = text
 		fmt.Fprintf(&b, "key %s %s\n", s.Name, sitemap.FormatKey(pub))
 	}
-	return b.String(), nil
+	k.recs = b.String()
+	return k, nil
 }
 
-// keyCopyCommand writes its standard input to path on host, readable by
-// the user only.
-func (c *Config) keyCopyCommand(host, path string) []string {
+// keyDryRun stands for a key file's path in a dry run's commands.
+const keyDryRun = "KEYFILE"
+
+// keyPlaceCommand writes its standard input to a new temporary file on
+// host that only the launcher's user may read, and prints its path.
+func (c *Config) keyPlaceCommand(host string) []string {
 	argv := append([]string(nil), c.Launcher...)
-	dir := filepath.Dir(path)
-	return append(argv, host, fmt.Sprintf("umask 077 && mkdir -p %s && cat > %s", shellQuote(dir), shellQuote(path)))
+	return append(argv, host, `umask 077 && f=$(mktemp "${TMPDIR:-/tmp}/mpi5k-key.XXXXXX") && cat > "$f" && echo "$f"`)
 }
 
-// distributeKeys copies each site's private key to its gateway host only,
-// in parallel, through the launcher.
-func (c *Config) distributeKeys(ctx context.Context, sites []*Site) error {
+// placeKeys puts each site's private key on its gateway host only, in
+// parallel, through the launcher, and records where (a retry keeps the
+// files placed before).
+func (c *Config) placeKeys(ctx context.Context, sites []*Site, k *jobKeys) error {
 	ctx, cancel := context.WithTimeout(ctx, launchTimeout)
 	defer cancel()
 	errs := make([]error, len(sites))
+	paths := make([]string, len(sites))
 	var wg sync.WaitGroup
 	for i, s := range sites {
-		path := keyPath(c.WorkDir, s.Name)
-		key, err := os.ReadFile(path)
-		if err != nil {
-			errs[i] = err
+		if k.files[s.Name] != "" {
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			argv := c.keyCopyCommand(s.Gateway.Name, path)
+			argv := c.keyPlaceCommand(s.Gateway.Name)
 			cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-			cmd.Stdin = strings.NewReader(string(key))
+			cmd.Stdin = strings.NewReader(string(k.pem[s.Name]))
+			cmd.WaitDelay = pipeDelay
+			out, err := cmd.Output()
+			p := strings.TrimSpace(string(out))
+			if err == nil && (p == "" || strings.ContainsAny(p, "\n")) {
+				err = fmt.Errorf("the command printed %q, not the key file's path", out)
+			}
+			if err != nil {
+				errs[i] = fmt.Errorf("placing site %s's gateway key on %s: %v", s.Name, s.Gateway.Name, err)
+				return
+			}
+			paths[i] = p
+		}()
+	}
+	wg.Wait()
+	for i, s := range sites {
+		if paths[i] != "" {
+			k.files[s.Name] = paths[i]
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeKeys deletes the key files placeKeys made, each through the
+// launcher; a failure is reported on the wrapper's stderr.
+func (c *Config) removeKeys(sites []*Site, k *jobKeys) {
+	ctx, cancel := context.WithTimeout(context.Background(), launchTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, s := range sites {
+		p := k.files[s.Name]
+		if p == "" {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			argv := append(append([]string(nil), c.Launcher...), s.Gateway.Name, "rm -f "+shellQuote(p))
+			cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 			cmd.WaitDelay = pipeDelay
 			if out, err := cmd.CombinedOutput(); err != nil {
-				errs[i] = fmt.Errorf("copying site %s's gateway key to %s: %v: %s", s.Name, s.Gateway.Name, err, strings.TrimSpace(string(out)))
+				fmt.Fprintf(c.Stderr, "mpi5k: site %s: removing the gateway's key file %s on %s: %v %s\n", s.Name, p, s.Gateway.Name, err, strings.TrimSpace(string(out)))
 			}
 		}()
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+}
+
+// printKeyPlacing shows a dry run's key placing commands.
+func (c *Config) printKeyPlacing(sites []*Site) {
+	fmt.Fprintf(c.Stdout, "# each gateway's private key, on its host only, into a new file only its user reads (%s below):\n", keyDryRun)
+	for _, s := range sites {
+		fmt.Fprintln(c.Stdout, shellJoin(c.keyPlaceCommand(s.Gateway.Name)))
+	}
+}
+
+// withKey is a gateway command with its key file.
+func withKey(argv []string, path string) []string {
+	return append(append([]string(nil), argv...), "--key", path)
 }

@@ -14,21 +14,24 @@ import (
 )
 
 // A job's gateways get keys: the map lists one public key per site, and
-// each gateway is started with --key naming a 0600 file, copied through
-// the launcher, whose private key is the one the map lists for its site.
+// each gateway is started with --key naming a file that only its user may
+// read, placed through the launcher, whose private key is the one the map
+// lists for its site; the file is gone after the run.
 func TestRunJobKeys(t *testing.T) {
 	f := newFakeGateways(t)
 	seen := t.TempDir()
-	// The fake launcher runs copy commands here; a gateway command records
-	// its key file's mode and text as the gateway would find them.
+	tmp := t.TempDir()
+	// The fake launcher runs other commands here (TMPDIR: the test's); a
+	// gateway command records its key file's name, mode and text as the
+	// gateway would find them.
 	script := `case "$*" in
 *--key*)
 	for a; do
-		if [ "$prev" = --key ]; then stat -c %a "$a" > "` + seen + `/$site.mode"; cp "$a" "` + seen + `/$site.key"; fi
+		if [ "$prev" = --key ]; then echo "$a" > "` + seen + `/$site.path"; stat -c %a "$a" > "` + seen + `/$site.mode"; cp "$a" "` + seen + `/$site.key"; fi
 		prev=$a
 	done
 	exec sleep 300;;
-*) shift; exec sh -c "$*";;
+*) shift; TMPDIR=` + tmp + ` exec sh -c "$*";;
 esac`
 	c := failfastConfig(t, f, script, "exit 0")
 	c.SharedFS, c.Keep = false, true
@@ -51,8 +54,11 @@ esac`
 		if strings.TrimSpace(string(mode)) != "600" {
 			t.Errorf("site %s's key file has mode %s, want 600", site, mode)
 		}
-		if st, err := os.Stat(keyPath(c.WorkDir, site)); err != nil || st.Mode().Perm() != 0o600 {
-			t.Errorf("site %s's key in the workdir: %v %v", site, st.Mode(), err)
+		path, _ := os.ReadFile(filepath.Join(seen, site+".path"))
+		if p := strings.TrimSpace(string(path)); !strings.HasPrefix(p, tmp+"/mpi5k-key.") {
+			t.Errorf("site %s's key file is %s, want a new file under the host's TMPDIR", site, p)
+		} else if _, err := os.Stat(p); err == nil {
+			t.Errorf("site %s's key file %s is left after the run", site, p)
 		}
 		text, _ := os.ReadFile(filepath.Join(seen, site+".key"))
 		k, err := gw.ParseKey(text, site+".key")
@@ -61,6 +67,13 @@ esac`
 		}
 		if s, ok := m.SiteByKey(k.Public().(ed25519.PublicKey)); !ok || s.Name != site {
 			t.Errorf("site %s's gateway key is listed for %v in the map", site, s)
+		}
+	}
+	if ents, _ := os.ReadDir(c.WorkDir); len(ents) > 0 {
+		for _, e := range ents {
+			if b, _ := os.ReadFile(filepath.Join(c.WorkDir, e.Name())); strings.Contains(string(b), "PRIVATE KEY") {
+				t.Errorf("the workdir holds a private key: %s", e.Name())
+			}
 		}
 	}
 }

@@ -184,11 +184,13 @@ func Run(ctx context.Context, c Config) (int, error) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	userPorts := c.ports()
 	c.setPorts(pickPorts(rng, userPorts.lan, userPorts.wan, userPorts.metrics))
+	var keys *jobKeys // nil: keyless (--wan-plaintext)
 	var keyRecs string
 	if !c.Plaintext {
-		if keyRecs, err = jobKeys(plan.Sites, fileDir); err != nil {
+		if keys, err = newJobKeys(plan.Sites); err != nil {
 			return 1, err
 		}
+		keyRecs = keys.recs
 	}
 	mapText := plan.MapText(c.LANPort, c.WANPort) + keyRecs
 	if !plan.Unresolved() {
@@ -237,24 +239,22 @@ func Run(ctx context.Context, c Config) (int, error) {
 		if err := printFiles(c.Stdout, fileDir, c.WorkDir); err != nil {
 			return 1, err
 		}
-		if !c.Plaintext {
-			fmt.Fprintf(c.Stdout, "# each site's gateway key (private, 0600): %s\n", keyPath(c.WorkDir, "SITE"))
-		}
 		if !c.SharedFS {
 			fmt.Fprintf(c.Stdout, "# copy the map to every host:\n")
 			for _, h := range mapHosts(plan) {
 				fmt.Fprintln(c.Stdout, shellJoin(c.copyCommand(h, mapPath)))
 			}
-			if !c.Plaintext {
-				fmt.Fprintf(c.Stdout, "# copy each gateway's key to its host only:\n")
-				for _, s := range plan.Sites {
-					fmt.Fprintln(c.Stdout, shellJoin(c.keyCopyCommand(s.Gateway.Name, keyPath(c.WorkDir, s.Name))))
-				}
-			}
+		}
+		if keys != nil {
+			c.printKeyPlacing(plan.Sites)
 		}
 		fmt.Fprintf(c.Stdout, "# gateways:\n")
 		for _, g := range gws {
-			fmt.Fprintln(c.Stdout, shellJoin(g.argv))
+			argv := g.argv
+			if keys != nil {
+				argv = withKey(argv, keyDryRun)
+			}
+			fmt.Fprintln(c.Stdout, shellJoin(argv))
 		}
 		c.printTrace(c.Stdout, traceHosts(hosts))
 		fmt.Fprintf(c.Stdout, "# mpirun:\n%s\n", strings.ReplaceAll(shellJoin(mpiArgv), fileDir, c.WorkDir))
@@ -266,8 +266,11 @@ func Run(ctx context.Context, c Config) (int, error) {
 			return 1, err
 		}
 	}
+	if keys != nil {
+		defer c.removeKeys(plan.Sites, keys) // after the gateways stopped (deferred later)
+	}
 	for try := 1; ; try++ {
-		err := c.startGateways(ctx, plan, gws, mapPath, mapText)
+		err := c.startGateways(ctx, plan, gws, mapPath, mapText, keys)
 		if err == nil {
 			break
 		}
@@ -299,17 +302,21 @@ func Run(ctx context.Context, c Config) (int, error) {
 	return code, err
 }
 
-// startGateways copies the map (unless shared), starts every gateway and
-// waits until all are ready. The caller stops gws whatever happens.
-func (c *Config) startGateways(ctx context.Context, plan *Plan, gws []*gateway, mapPath, mapText string) error {
+// startGateways copies the map (unless shared) and the keys (unless nil),
+// starts every gateway and waits until all are ready. The caller stops
+// gws whatever happens.
+func (c *Config) startGateways(ctx context.Context, plan *Plan, gws []*gateway, mapPath, mapText string, keys *jobKeys) error {
 	if !c.SharedFS {
 		if err := c.distribute(ctx, plan, mapPath, mapText); err != nil {
 			return err
 		}
-		if !c.Plaintext {
-			if err := c.distributeKeys(ctx, plan.Sites); err != nil {
-				return err
-			}
+	}
+	if keys != nil {
+		if err := c.placeKeys(ctx, plan.Sites, keys); err != nil {
+			return err
+		}
+		for _, g := range gws {
+			g.argv = withKey(g.argv, keys.files[g.site.Name])
 		}
 	}
 	for _, g := range gws {
@@ -347,9 +354,6 @@ func (c *Config) gatewayCommand(s *Site, mapPath, tag string) []string {
 	argv = append(argv, s.Gateway.Name, c.GatewayBin, "--map", mapPath, "--site", s.Name,
 		"--metrics", s.Gateway.hostPort(c.MetricsPort),
 		"--exit-on-stdin-eof", "--ready-tag", tag)
-	if !c.Plaintext {
-		argv = append(argv, "--key", keyPath(c.WorkDir, s.Name))
-	}
 	return append(argv, c.GatewayArgs...)
 }
 
@@ -406,9 +410,6 @@ func printFiles(w io.Writer, dir, workdir string) error {
 		return err
 	}
 	for _, e := range ents {
-		if e.IsDir() { // the gateways' private keys: never printed
-			continue
-		}
 		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
 		if err != nil {
 			return err

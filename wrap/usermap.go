@@ -160,33 +160,18 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 	for _, g := range own {
 		ownSites = append(ownSites, g.site)
 	}
-	keyed := !m.HasKeys() && len(running) == 0 && !c.Plaintext
+	var keys *jobKeys
 	switch {
 	case m.HasKeys() && len(own) > 0 && !c.DryRun:
 		return 1, fmt.Errorf("--map %s lists gateway keys and site %s has no running gateway: mpi5k run holds no site's private key, so it cannot start one; start that site's service gateway (docs/operations.md)",
 			c.MapFile, siteNames(own))
 	case m.HasKeys() && c.DryRun:
 		fmt.Fprintf(c.Stdout, "# the map lists gateway keys: each site needs its running service gateway (mpi5k run starts none for a keyed map)\n")
-	case keyed:
-		keyParent := c.WorkDir
-		if c.DryRun {
-			if keyParent, err = os.MkdirTemp("", "mpi5k-dry-run-"); err != nil {
-				return 1, err
-			}
-			defer os.RemoveAll(keyParent)
-		} else {
-			if err := os.MkdirAll(c.WorkDir, 0o755); err != nil {
-				return 1, err
-			}
-			if !c.Keep {
-				defer os.RemoveAll(c.WorkDir)
-			}
-		}
-		recs, err := jobKeys(ownSites, keyParent)
-		if err != nil {
+	case !m.HasKeys() && len(running) == 0 && !c.Plaintext:
+		if keys, err = newJobKeys(ownSites); err != nil {
 			return 1, err
 		}
-		mapText += recs
+		mapText += keys.recs
 	}
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	tag := fmt.Sprintf("%d-%x", os.Getpid(), rng.Uint64())
@@ -201,9 +186,6 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 		argv := append([]string(nil), c.Launcher...)
 		argv = append(argv, g.site.Gateway.Name, c.GatewayBin, "--map", mapPath, "--site", s.Name,
 			"--metrics", g.metrics, "--exit-on-stdin-eof", "--ready-tag", tag)
-		if keyed {
-			argv = append(argv, "--key", keyPath(c.WorkDir, s.Name))
-		}
 		g.argv = append(argv, c.GatewayArgs...)
 	}
 	in := Inject{Preload: c.Preload, Map: mapPath, Env: map[string]string{}}
@@ -242,16 +224,17 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 			for _, h := range copyTo {
 				fmt.Fprintln(c.Stdout, shellJoin(c.copyCommand(h, mapPath)))
 			}
-			if keyed {
-				fmt.Fprintf(c.Stdout, "# copy each gateway's key to its host only:\n")
-				for _, s := range ownSites {
-					fmt.Fprintln(c.Stdout, shellJoin(c.keyCopyCommand(s.Gateway.Name, keyPath(c.WorkDir, s.Name))))
-				}
-			}
+		}
+		if keys != nil {
+			c.printKeyPlacing(ownSites)
 		}
 		fmt.Fprintf(c.Stdout, "# gateways (a site whose map record has ready= uses its running gateway when /ready answers):\n")
 		for _, g := range own {
-			fmt.Fprintln(c.Stdout, shellJoin(g.argv))
+			argv := g.argv
+			if keys != nil {
+				argv = withKey(argv, keyDryRun)
+			}
+			fmt.Fprintln(c.Stdout, shellJoin(argv))
 		}
 		c.printTrace(c.Stdout, traceHosts(hosts))
 		fmt.Fprintf(c.Stdout, "# mpirun:\n%s\n", shellJoin(mpiArgv))
@@ -288,10 +271,14 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 		if err := c.copyMap(ctx, copyTo, mapPath, mapText); err != nil {
 			return 1, err
 		}
-		if keyed {
-			if err := c.distributeKeys(ctx, ownSites); err != nil {
-				return 1, err
-			}
+	}
+	if keys != nil {
+		defer c.removeKeys(ownSites, keys) // after the gateways stopped (deferred later)
+		if err := c.placeKeys(ctx, ownSites, keys); err != nil {
+			return 1, err
+		}
+		for _, g := range own {
+			g.argv = withKey(g.argv, keys.files[g.site.Name])
 		}
 	}
 	if c.TraceDir != "" {

@@ -410,8 +410,8 @@ func TestRunDryRun(t *testing.T) {
 		"oarsh node-1.site2 'mkdir -p ",
 		"mpiexec.mpich -genv LD_PRELOAD " + c.Preload + " -genv MPI5K_MAP " + c.WorkDir + "/sites.conf",
 		"\nkey site1 ed25519:", "\nkey site2 ed25519:",
-		"--key " + c.WorkDir + "/keys/site2.key",
-		"oarsh gw.site2 'umask 077 && mkdir -p " + c.WorkDir + "/keys && cat > " + c.WorkDir + "/keys/site2.key'",
+		"--ready-tag ", " --key KEYFILE",
+		"oarsh gw.site2 'umask 077 && f=$(mktemp",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("dry run output lacks %q:\n%s", want, s)
