@@ -210,7 +210,8 @@ func TestCommandLines(t *testing.T) {
 		wan, _ := strconv.Atoi(m[2])
 		for _, want := range []string{
 			fmt.Sprintf("--site rennes --metrics node-2.rennes.invalid:%d --exit-on-stdin-eof --ready-tag ", lan+2),
-			" --wan-conns=2\n",
+			" --wan-conns=2 --key KEYFILE\n", // the job's key, placed on the gateway host at the start
+			"\nkey lyon ed25519:", "\nkey rennes ed25519:",
 			"/hosts.0:\nnode-1.lyon.invalid\nnode-1.rennes.invalid\n",
 		} {
 			if !strings.Contains(stdout.String(), want) {
