@@ -47,10 +47,12 @@ func newJobKeys(sites []*Site) (*jobKeys, error) {
 const keyDryRun = "KEYFILE"
 
 // keyPlaceCommand writes its standard input to a new temporary file on
-// host that only the launcher's user may read, and prints its path.
+// host that only the launcher's user may read, and prints its path. The
+// script is one quoted sh -c argument: a launcher that runs the command
+// as another user (setpriv, sudo -u, before it) runs all of it so.
 func (c *Config) keyPlaceCommand(host string) []string {
 	argv := append([]string(nil), c.Launcher...)
-	return append(argv, host, `umask 077 && f=$(mktemp "${TMPDIR:-/tmp}/mpi5k-key.XXXXXX") && cat > "$f" && echo "$f"`)
+	return append(argv, host, "sh -c "+shellQuote(`umask 077 && f=$(mktemp "${TMPDIR:-/tmp}/mpi5k-key.XXXXXX") && cat > "$f" && echo "$f"`))
 }
 
 // placeKeys puts each site's private key on its gateway host only, in

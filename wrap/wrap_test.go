@@ -411,7 +411,7 @@ func TestRunDryRun(t *testing.T) {
 		"mpiexec.mpich -genv LD_PRELOAD " + c.Preload + " -genv MPI5K_MAP " + c.WorkDir + "/sites.conf",
 		"\nkey site1 ed25519:", "\nkey site2 ed25519:",
 		"--ready-tag ", " --key KEYFILE",
-		"oarsh gw.site2 'umask 077 && f=$(mktemp",
+		"oarsh gw.site2 'sh -c '\\''umask 077 && f=$(mktemp",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("dry run output lacks %q:\n%s", want, s)
