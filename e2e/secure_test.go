@@ -275,7 +275,6 @@ func TestGatewayNATByKey(t *testing.T) {
 	}
 }
 
-
 // keyedLabMap writes the lab's site map with a fresh key per site into
 // dir; it returns the map's path and each site's key file.
 func keyedLabMap(t *testing.T, w *wanLab, dir string) (string, map[string]string) {
