@@ -270,6 +270,11 @@ func helperDial(dst, gw string) (net.Conn, error) {
 	return c, nil
 }
 
+// helperPorts are the ports of the helper servers (sink, echo, sumserve...),
+// which are no ranks and register no port with their gateway: gateways
+// the tests start for helper traffic allow them (--wan-allow-ports).
+const helperPorts = "7000-7199"
+
 func gatewayBinary(t *testing.T) string {
 	if p := os.Getenv("MPI5K_GATEWAY_BIN"); p != "" {
 		return p
@@ -336,7 +341,8 @@ func startLabGateways(t *testing.T, ctx context.Context, l *testbed.Lab, gwArgs 
 	for _, site := range l.Sites() {
 		gw := l.Gateway(site)
 		ready := filepath.Join(dir, site+".ready")
-		args := append([]string{"--map", l.SiteMapPath(), "--site", site, "--ready-file", ready, "--log-level", "warn"}, gwArgs...)
+		args := append([]string{"--map", l.SiteMapPath(), "--site", site, "--ready-file", ready, "--log-level", "warn",
+			"--wan-allow-ports", helperPorts}, gwArgs...)
 		g := l.CommandContext(ctx, gw, bin, args...)
 		g.Stderr = os.Stderr
 		if err := g.Start(); err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/mpi5k/mpi5k/gateway"
 	"github.com/mpi5k/mpi5k/sitemap"
+	"github.com/mpi5k/mpi5k/testbed"
 )
 
 // TestGatewaySecure: gateways on the emulated grid with keys in the site
@@ -108,11 +109,13 @@ func TestGatewaySecure(t *testing.T) {
 }
 
 // startSecureGW runs bin/mpi5k-gateway for site in its lab host with
-// mapPath and key ("" for none), metrics on 0.0.0.0:9105, and waits for
-// it to be ready if wait.
+// mapPath and key ("" for none), metrics on 0.0.0.0:9105, the helper
+// servers' ports allowed (args may narrow them), and waits for it to be
+// ready if wait.
 func startSecureGW(t *testing.T, w *wanLab, dir, site, mapPath, key string, wait bool, args ...string) *exec.Cmd {
 	ready := filepath.Join(dir, site+strconv.FormatInt(time.Now().UnixNano(), 36)+".ready")
-	argv := []string{"--map", mapPath, "--site", site, "--ready-file", ready, "--log-level", "warn", "--metrics", "0.0.0.0:9105"}
+	argv := []string{"--map", mapPath, "--site", site, "--ready-file", ready, "--log-level", "warn", "--metrics", "0.0.0.0:9105",
+		"--wan-allow-ports", helperPorts}
 	if key != "" {
 		argv = append(argv, "--key", key)
 	}
@@ -154,7 +157,10 @@ func labRefusals(t *testing.T, w *wanLab, host string, gw netip.Addr, reason str
 // 10.77.1.150, an address that is not the map's wan=. With keys site2
 // accepts it by key and the pair links and carries streams; with the
 // keyless map the same NAT is refused (wan_source), the control that
-// shows the NAT is in effect.
+// shows the NAT is in effect. Then the other side: site2's gateway behind
+// NAT (its connections rewritten to 10.77.2.150, nothing reaches its WAN
+// port from outside) and nat=yes for site2 in the map: site2 dials, site1
+// accepts it by key, and streams cross.
 func TestGatewayNATByKey(t *testing.T) {
 	w := newWANLab(t, 10*time.Millisecond)
 	l, ctx := w.l, w.ctx
@@ -208,8 +214,8 @@ func TestGatewayNATByKey(t *testing.T) {
 	}
 
 	// Keyed: the same NAT, accepted by key.
-	startSecureGW(t, w, dir, "site2", keyed, keys["site2"], false)
-	startSecureGW(t, w, dir, "site1", keyed, keys["site1"], true)
+	k2 := startSecureGW(t, w, dir, "site2", keyed, keys["site2"], false)
+	k1 := startSecureGW(t, w, dir, "site1", keyed, keys["site1"], true)
 	out, err := l.CommandContext(ctx, l.Gateway("site2"), "ss", "-tnH", "state", "established", "sport", "= :"+strconv.Itoa(int(site2.WAN.Port()))).Output()
 	if err != nil {
 		t.Fatal(err)
@@ -219,6 +225,157 @@ func TestGatewayNATByKey(t *testing.T) {
 	}
 	if v := run(t, ctx, l, w.src, "pingpong", w.echo, w.gwLAN, "20"); len(v) < 1 || v[0] <= 0 {
 		t.Fatalf("round trips through the NATed keyed pair: %v", v)
+	}
+
+	// The other side behind NAT: site1's gateway as it was; site2's
+	// rewrites its connections to site1 and takes none from outside.
+	for _, g := range []*exec.Cmd{k1, k2} {
+		g.Process.Signal(os.Interrupt)
+		g.Wait()
+	}
+	if out, err := l.CommandContext(ctx, gw1, "nft", "delete", "table", "ip", "mpi5knat").CombinedOutput(); err != nil {
+		t.Fatalf("removing site1's NAT: %v\n%s", err, out)
+	}
+	site1, _ := w.m.Site("site1")
+	const natAddr2 = "10.77.2.150"
+	gw2 := l.Gateway("site2")
+	wanPort := strconv.Itoa(int(site2.WAN.Port()))
+	for _, cmd := range [][]string{
+		{"ip", "addr", "add", natAddr2 + "/24", "dev", "eth0"},
+		{"nft", "add table ip mpi5knat"},
+		{"nft", "add chain ip mpi5knat post { type nat hook postrouting priority srcnat ; policy accept ; }"},
+		{"nft", "add rule ip mpi5knat post ip daddr " + site1.WAN.Addr().String() + " tcp dport " +
+			strconv.Itoa(int(site1.WAN.Port())) + " snat to " + natAddr2},
+		{"nft", "add chain ip mpi5knat in { type filter hook input priority filter ; policy accept ; }"},
+		{"nft", "add rule ip mpi5knat in ip saddr != 127.0.0.0/8 tcp dport " + wanPort + " ct state new drop"},
+	} {
+		if out, err := l.CommandContext(ctx, gw2, cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v in %s: %v\n%s", cmd, gw2, err, out)
+		}
+	}
+	natText := strings.Replace(text, "wan="+site2.WAN.String(), "wan="+site2.WAN.String()+" nat=yes", 1)
+	if natText == text {
+		t.Fatalf("no site2 wan=%v in the lab's map", site2.WAN)
+	}
+	natMap := filepath.Join(dir, "nat2.map")
+	if err := os.WriteFile(natMap, []byte(natText), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	startSecureGW(t, w, dir, "site1", natMap, keys["site1"], false)
+	startSecureGW(t, w, dir, "site2", natMap, keys["site2"], true)
+	out, err = l.CommandContext(ctx, gw1, "ss", "-tnH", "state", "established", "sport", "= :"+strconv.Itoa(int(site1.WAN.Port()))).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), natAddr2+":") {
+		t.Fatalf("site1's WAN connections do not come from site2's NAT address %s:\n%s", natAddr2, out)
+	}
+	if v := run(t, ctx, l, w.src, "pingpong", w.echo, w.gwLAN, "20"); len(v) < 1 || v[0] <= 0 {
+		t.Fatalf("round trips with site2 behind NAT: %v", v)
+	}
+}
+
+// keyedLabMap writes the lab's site map with a fresh key per site into
+// dir; it returns the map's path and each site's key file.
+func keyedLabMap(t *testing.T, w *wanLab, dir string) (string, map[string]string) {
+	text, err := os.ReadFile(w.l.SiteMapPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]string{}
+	for _, s := range w.l.Sites() {
+		keys[s] = filepath.Join(dir, s+".key")
+		pub, err := gateway.GenerateKey(keys[s])
+		if err != nil {
+			t.Fatal(err)
+		}
+		text = append(text, "key "+s+" "+sitemap.FormatKey(pub)+"\n"...)
+	}
+	keyed := filepath.Join(dir, "keyed.map")
+	if err := os.WriteFile(keyed, text, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return keyed, keys
+}
+
+// TestGatewayMITM: the lab's WAN emulator, as a man in the middle, flips
+// a bit in 1 of every 200 data segments between the gateways (twice per
+// direction), fixing the TCP checksum so the kernel accepts them, while
+// checksummed streams cross. Keyed gateways detect each flip (a TLS
+// record fails its tag), tear the link down and resume it: every stream
+// arrives intact. Keyless gateways, the control, deliver the altered byte
+// and a destination's checksum differs.
+func TestGatewayMITM(t *testing.T) {
+	w := newWANLab(t, 10*time.Millisecond)
+	l, ctx := w.l, w.ctx
+	dir := t.TempDir()
+	keyed, keys := keyedLabMap(t, w, dir)
+	sums := netip.AddrPortFrom(w.dst, 7005).String()
+	startServer(t, ctx, l, w.dstHost, "sumserve", sums)
+	site1, _ := w.m.Site("site1")
+	site2, _ := w.m.Site("site2")
+	resumes := func() float64 {
+		var n float64
+		for _, g := range []struct {
+			host string
+			gw   netip.Addr
+		}{{w.src, site1.LAN.Addr()}, {w.dstHost, site2.LAN.Addr()}} {
+			text, err := w.scrape(t, g.host, g.gw)
+			if err != nil {
+				t.Fatalf("gateway %v metrics: %v", g.gw, err)
+			}
+			n += metricSum(text, "mpi5k_wan_resumes_total")
+		}
+		return n
+	}
+	tampered := func() uint64 {
+		st, err := l.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n uint64
+		for _, ls := range st.Links {
+			n += ls.Tampered
+		}
+		return n
+	}
+	pass := func(mapPath string, k1, k2 string) (string, error) {
+		g2 := startSecureGW(t, w, dir, "site2", mapPath, k2, false)
+		g1 := startSecureGW(t, w, dir, "site1", mapPath, k1, true)
+		defer func() {
+			for _, g := range []*exec.Cmd{g1, g2} {
+				g.Process.Signal(os.Interrupt)
+				g.Wait()
+			}
+		}()
+		if err := l.Tamper(testbed.Tamper{Port: testbed.GatewayWANPort, Every: 200, Count: 2}); err != nil {
+			t.Fatal(err)
+		}
+		defer l.Tamper(testbed.Tamper{})
+		var out, errOut strings.Builder
+		c := helper(t, ctx, l, w.src, "sumsend", sums, w.gwLAN, "24", strconv.Itoa(8<<20), "5")
+		c.Stdout, c.Stderr = &out, &errOut
+		err := c.Run()
+		if n := tampered(); n == 0 {
+			t.Fatalf("the emulator altered no segment (sumsend: %v %s)", err, errOut.String())
+		}
+		if mapPath == keyed && err == nil {
+			// Read before the gateways stop.
+			n := resumes()
+			t.Logf("keyed: WAN links resumed %v times", n)
+			if n < 1 {
+				t.Errorf("keyed: %d segments altered and the links resumed %v times, want at least once", tampered(), n)
+			}
+		}
+		t.Logf("%d segments altered; sumsend: %s%s", tampered(), out.String(), errOut.String())
+		return errOut.String(), err
+	}
+	if msg, err := pass(keyed, keys["site1"], keys["site2"]); err != nil {
+		t.Fatalf("keyed: a stream failed with bits flipped on the WAN: %v\n%s", err, msg)
+	}
+	msg, err := pass(l.SiteMapPath(), "", "")
+	if err == nil || !strings.Contains(msg, "checksum mismatch") {
+		t.Fatalf("keyless control: want a stream whose checksum differs, got %v\n%s", err, msg)
 	}
 }
 

@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpi5k/mpi5k/gateway"
 	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/sitemap"
 	"github.com/mpi5k/mpi5k/testbed"
@@ -222,9 +223,10 @@ func (g *serviceGW) waitLog(s string, d time.Duration) bool {
 }
 
 // startServiceGateways writes each site's gateway.env from dist's (map,
-// site, a ready file), starts the unit's command line in each site's
-// gateway host with stderr to a log (the journal) and waits until all are
-// ready.
+// site, a ready file, the helper servers' ports allowed, extra with GWADDR
+// and GWSITE replaced by the gateway's address and site), starts the
+// unit's command line in each site's gateway host with stderr to a log
+// (the journal) and waits until all are ready.
 func startServiceGateways(t *testing.T, l *testbed.Lab, mapPath, dir string, extra ...string) map[string]*serviceGW {
 	t.Helper()
 	_, gwBin := shimBins(t)
@@ -237,8 +239,9 @@ func startServiceGateways(t *testing.T, l *testbed.Lab, mapPath, dir string, ext
 		}
 		ready := filepath.Join(dir, site+".ready")
 		env["MPI5K_MAP"], env["MPI5K_SITE"] = mapPath, site
-		env["MPI5K_GATEWAY_ARGS"] = strings.Join(append([]string{"--ready-file", ready}, extra...), " ")
+		env["MPI5K_GATEWAY_ARGS"] = strings.Join(append([]string{"--ready-file", ready, "--wan-allow-ports", helperPorts}, extra...), " ")
 		env["MPI5K_GATEWAY_ARGS"] = strings.ReplaceAll(env["MPI5K_GATEWAY_ARGS"], "GWADDR", l.Addr(l.Gateway(site)).String())
+		env["MPI5K_GATEWAY_ARGS"] = strings.ReplaceAll(env["MPI5K_GATEWAY_ARGS"], "GWSITE", site)
 		argv := unitCommand(t, filepath.Dir(gwBin), env)
 		g := &serviceGW{site: site, log: filepath.Join(dir, site+".log"), exit: make(chan error, 1)}
 		logf, err := os.Create(g.log)
@@ -285,7 +288,7 @@ func withoutSite(text, site string) string {
 	var out []string
 	for _, l := range strings.Split(text, "\n") {
 		f := strings.Fields(l)
-		if len(f) >= 2 && f[1] == site && (f[0] == "site" || f[0] == "net" || f[0] == "host") {
+		if len(f) >= 2 && f[1] == site && (f[0] == "site" || f[0] == "key" || f[0] == "net" || f[0] == "host") {
 			continue
 		}
 		out = append(out, l)
@@ -308,10 +311,18 @@ func TestServiceGateways(t *testing.T) {
 	dir := t.TempDir()
 	os.Chmod(dir, 0o755)
 	// The gateways' map: a copy the test edits, as an operator edits
-	// /etc/mpi5k/sites.map. The ranks' shims keep the lab's.
+	// /etc/mpi5k/sites.map, keyed as a deployment is (a key per site,
+	// docs/security.md). The ranks' shims keep the lab's.
 	orig, err := os.ReadFile(l.SiteMapPath())
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, s := range l.Sites() {
+		pub, err := gateway.GenerateKey(filepath.Join(dir, s+".key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		orig = append(orig, "key "+s+" "+sitemap.FormatKey(pub)+"\n"...)
 	}
 	mapPath := filepath.Join(dir, "sites.map")
 	if err := os.WriteFile(mapPath, orig, 0o644); err != nil {
@@ -321,7 +332,7 @@ func TestServiceGateways(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gws := startServiceGateways(t, l, mapPath, dir)
+	gws := startServiceGateways(t, l, mapPath, dir, "--key", filepath.Join(dir, "GWSITE.key"))
 	lanOf := func(site string) netip.AddrPort { s, _ := m.Site(site); return s.LAN }
 
 	// Sinks for the checksummed streams.

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -40,8 +41,10 @@ func shimBins(t *testing.T) (lib, gw string) {
 	return lib, gw
 }
 
-// startGateways runs one gateway per site inside its gateway host and waits
-// until every one reports its WAN links up.
+// startGateways runs one gateway per site inside its gateway host, with
+// the default destination policy (only ports ranks listen on) and metrics
+// on loopback port 9105, and waits until every one reports its WAN links
+// up.
 func startGateways(t *testing.T, l *testbed.Lab, gwBin string) {
 	t.Helper()
 	dir := t.TempDir()
@@ -60,7 +63,7 @@ func startGateways(t *testing.T, l *testbed.Lab, gwBin string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cmd := l.CommandContext(ctx, "gw."+site, gwBin, "--map", l.SiteMapPath(), "--site", site, "--ready-file", rf)
+		cmd := l.CommandContext(ctx, "gw."+site, gwBin, "--map", l.SiteMapPath(), "--site", site, "--ready-file", rf, "--metrics", ":9105")
 		cmd.Stdout, cmd.Stderr = logf, logf
 		if err := cmd.Start(); err != nil {
 			t.Fatalf("gateway %s: %v", site, err)
@@ -253,6 +256,47 @@ func TestShimMPI(t *testing.T) {
 			}
 		})
 	}
+
+	// The gateways run the default destination policy: the jobs reached
+	// their ranks' registered ports and nothing was refused; a service of
+	// a site host that is no rank's is refused and counted.
+	const refusals = `mpi5k_refusals_total{reason="dst_port"}`
+	for _, s := range sites {
+		if n := gwMetric(t, l, s, refusals); n != 0 {
+			t.Errorf("the gateway of %s refused %v streams of the MPI jobs (dst_port)", s, n)
+		}
+		if n := gwMetric(t, l, s, "mpi5k_rank_listeners"); n != 0 {
+			t.Errorf("the gateway of %s keeps %v ranks' ports registered after the jobs ended", s, n)
+		}
+	}
+	ctx := context.Background()
+	sink := netip.AddrPortFrom(l.Addr("node-1."+sites[1]), 7001).String()
+	startServer(t, ctx, l, "node-1."+sites[1], "sink", sink)
+	site1, _ := m.Site(sites[0])
+	if out, err := helper(t, ctx, l, "node-1."+sites[0], "send", sink, site1.LAN.String(), "1").Output(); err == nil {
+		t.Errorf("a stream to %s, a service no rank registered, went through: %s", sink, out)
+	}
+	if n := gwMetric(t, l, sites[1], refusals); n != 1 {
+		t.Errorf("the gateway of %s counted %v dst_port refusals, want 1", sites[1], n)
+	}
+}
+
+// gwMetric reads one sample of the /metrics of the gateway of site (on
+// loopback port 9105 of its host), given as the line's text before the
+// value (`mpi5k_refusals_total{reason="dst_port"}`); 0 if absent.
+func gwMetric(t *testing.T, l *testbed.Lab, site, sample string) float64 {
+	t.Helper()
+	out, err := helper(t, context.Background(), l, l.Gateway(site), "get", "http://127.0.0.1:9105/metrics").Output()
+	if err != nil {
+		t.Fatalf("metrics of the gateway of %s: %v", site, err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(line, sample+" "); ok {
+			x, _ := strconv.ParseFloat(v, 64)
+			return x
+		}
+	}
+	return 0
 }
 
 // shimWANBytes sums TCP bytes on one WAN direction: between gateway

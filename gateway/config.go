@@ -92,7 +92,8 @@ type Config struct {
 	Key     ed25519.PrivateKey
 
 	// AllowPorts is the destination policy: the ports of this site's hosts
-	// that streams from other sites may reach (nil = DefaultAllowPorts).
+	// that streams from other sites may reach besides those where ranks
+	// listen (listeners.go); nil or empty: none.
 	// Any other port is refused (OPEN_REFUSED, policy; counted as
 	// dst_port).
 	AllowPorts PortSet

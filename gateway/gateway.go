@@ -73,6 +73,7 @@ type Gateway struct {
 	priming int // links being primed (tuning.Prime); readiness waits for them
 
 	records  peerTable
+	listens  listenTable // ranks' listening ports (LISTEN, listeners.go)
 	m        *metrics
 	guard    *tuning.ProbeGuard
 	draining atomic.Bool // SIGTERM: refuse new streams from peers
@@ -243,13 +244,11 @@ func New(cfg Config) (*Gateway, error) {
 			g.peers[s.ID] = g.newPeer(s)
 		}
 	}
-	if g.cfg.AllowPorts == nil {
-		g.cfg.AllowPorts = DefaultAllowPorts
-	}
 	if err := g.initAuth(); err != nil {
 		return nil, err
 	}
 	g.records.m = map[recordKey]record{}
+	g.listens.m = map[netip.AddrPort]int{}
 	g.records.locals = map[netip.AddrPort]int{}
 	g.m = newMetrics(g)
 	g.m.reg.MustRegister(degradedCollector{g})

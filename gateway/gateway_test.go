@@ -73,7 +73,9 @@ type testGW struct {
 // testFlags turn off what reaches beyond the test process or waits on
 // real WAN timings: keep-warm (a host-wide sysctl), queue control and the
 // WAN timer floors, which these loopback tests have always run without.
-var testFlags = []string{"--wan-keep-warm=false", "--wan-queue=0", "--wan-rto-min=0", "--wan-delack-max=0"}
+// Their destinations are test servers, not ranks that register: every
+// port is allowed.
+var testFlags = []string{"--wan-keep-warm=false", "--wan-queue=0", "--wan-rto-min=0", "--wan-delack-max=0", "--wan-allow-ports=any"}
 
 // testConfig is the Config of the tests' gateways: testFlags, then flags.
 func testConfig(m *sitemap.Map, site string, flags ...string) (Config, error) {

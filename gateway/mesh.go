@@ -22,7 +22,7 @@ import (
 // peer is another site and our links to it.
 type peer struct {
 	site   *sitemap.Site
-	dialer bool          // we dial (our id is lower)
+	dialer bool          // we dial (sitemap.Dials: the peer is behind NAT, or our id is lower)
 	trunk  *relay.Trunk  // the links' shared streams
 	links  []*relay.Link // by link index (bulk links, then the express link); nil while down
 	// renew wakes the dialer's express dialLoop to replace a working
@@ -638,6 +638,9 @@ func (g *Gateway) acceptWAN(tc *net.TCPConn) {
 // link the dialer resumes within a second is never probed; a path that
 // does not answer (a blackhole, a NAT) proves nothing and the link waits.
 func (g *Gateway) watchDown(p *peer, l *relay.Link) {
+	if p.site.NAT {
+		return // its wan= address is not where it can be reached: a probe proves nothing
+	}
 	for {
 		select {
 		case <-l.Breaks():

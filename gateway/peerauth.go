@@ -122,15 +122,34 @@ func ParseKey(text []byte, path string) (ed25519.PrivateKey, error) {
 }
 
 // peerAuth holds this gateway's certificate and builds the TLS
-// configurations of its WAN connections.
+// configurations of its WAN connections. A reload swaps in a new map and
+// certificate (keys.go); every handshake reads the pair in force.
 type peerAuth struct {
+	cur atomic.Pointer[authState]
+}
+
+// authState is the site map whose keys are trusted and the certificate
+// TLS presents.
+type authState struct {
 	m    *sitemap.Map
 	cert tls.Certificate
 }
 
+func (a *peerAuth) state() *authState { return a.cur.Load() }
+
 // newPeerAuth checks that key is one the map lists for site and makes the
 // certificate TLS presents.
 func newPeerAuth(m *sitemap.Map, site *sitemap.Site, key ed25519.PrivateKey, keyPath string) (*peerAuth, error) {
+	st, err := newAuthState(m, site, key, keyPath)
+	if err != nil {
+		return nil, err
+	}
+	a := &peerAuth{}
+	a.cur.Store(st)
+	return a, nil
+}
+
+func newAuthState(m *sitemap.Map, site *sitemap.Site, key ed25519.PrivateKey, keyPath string) (*authState, error) {
 	pub := key.Public().(ed25519.PublicKey)
 	if s, ok := m.SiteByKey(pub); !ok || s != site {
 		return nil, fmt.Errorf("--key %s: its public key %s is not listed for site %s in the site map: add \"key %s %s\" to the map of every gateway",
@@ -151,16 +170,24 @@ func newPeerAuth(m *sitemap.Map, site *sitemap.Site, key ed25519.PrivateKey, key
 	if err != nil {
 		return nil, fmt.Errorf("gateway: certificate from --key %s: %w", keyPath, err)
 	}
-	return &peerAuth{m: m, cert: tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}}, nil
+	return &authState{m: m, cert: tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}}, nil
 }
 
 // base is what both ends share: TLS 1.3 only (no renegotiation, no
 // static-RSA or CBC suites, forward secrecy), no resumption (so no
 // 0-RTT data and no ticket to replay), full-size records from the start.
 func (a *peerAuth) base() *tls.Config {
+	// The certificate in force when the handshake runs, not when the
+	// configuration was made: the acceptor's lives as long as the gateway.
+	cert := func() *tls.Certificate { return &a.state().cert }
 	return &tls.Config{
-		MinVersion:                  tls.VersionTLS13,
-		Certificates:                []tls.Certificate{a.cert},
+		MinVersion: tls.VersionTLS13,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return cert(), nil
+		},
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return cert(), nil
+		},
 		SessionTicketsDisabled:      true,
 		NextProtos:                  []string{alpn},
 		DynamicRecordSizingDisabled: true,
@@ -197,7 +224,7 @@ func (a *peerAuth) dialer(s *sitemap.Site) *tls.Config {
 		if err != nil {
 			return err
 		}
-		if o, ok := a.m.SiteByKey(k); !ok || o != s {
+		if o, ok := a.state().m.SiteByKey(k); !ok || o.ID != s.ID {
 			return fmt.Errorf("peer at %v proved key %s, which the site map does not list for site %s", s.WAN, sitemap.FormatKey(k), s.Name)
 		}
 		return nil
@@ -215,12 +242,12 @@ func (a *peerAuth) acceptor(accept func(*sitemap.Site) bool) *tls.Config {
 		if err != nil {
 			return err
 		}
-		s, ok := a.m.SiteByKey(k)
+		s, ok := a.state().m.SiteByKey(k)
 		if !ok {
 			return fmt.Errorf("peer proved key %s, which is in no site of the site map", sitemap.FormatKey(k))
 		}
 		if !accept(s) {
-			return fmt.Errorf("peer proved the key of site %s, which does not dial this gateway (the lower site id dials)", s.Name)
+			return fmt.Errorf("peer proved the key of site %s, which does not dial this gateway (this gateway dials it: a site behind NAT dials, else the lower site id)", s.Name)
 		}
 		return nil
 	}
@@ -245,7 +272,12 @@ func (a *peerAuth) handshake(ctx context.Context, c *net.TCPConn, cfg *tls.Confi
 	if err != nil {
 		return nil, nil, err
 	}
-	s, _ := a.m.SiteByKey(k) // VerifyPeerCertificate found it
+	// VerifyPeerCertificate found it, unless a reload changed the map since.
+	s, ok := a.state().m.SiteByKey(k)
+	if !ok {
+		tc.Close()
+		return nil, nil, fmt.Errorf("peer at %v proved key %s, which the site map no longer lists", c.RemoteAddr(), sitemap.FormatKey(k))
+	}
 	return &wanConn{Conn: tc, tcp: c, bc: bc}, s, nil
 }
 

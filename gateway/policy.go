@@ -8,19 +8,20 @@ import (
 	"strings"
 )
 
-// PortSet is the destination policy of streams from other sites: the TCP
-// ports of this site's hosts they may reach (ranges, inclusive). Ranks run
-// as users, so their listeners are never on a privileged port: the
-// default, 1024-65535, keeps every root service of a site (ssh, rpcbind,
-// LDAP, Kerberos...) out of reach, and a site narrows it to the ports its
-// ranks listen on (docs/security.md).
+// PortSet is the part of the destination policy an operator sets
+// (--wan-allow-ports): TCP ports of this site's hosts that streams from
+// other sites may reach whether or not a rank listens there (ranges,
+// inclusive). By default it is empty: streams reach only the ports ranks
+// registered (listeners.go), never a service of the site
+// (docs/security.md).
 type PortSet []PortRange
 
 // PortRange is an inclusive range of TCP ports.
 type PortRange struct{ Lo, Hi uint16 }
 
-// DefaultAllowPorts is the policy of DefaultConfig.
-var DefaultAllowPorts = PortSet{{1024, 65535}}
+// DefaultAllowPorts is the policy of DefaultConfig: no port beyond the
+// ranks' own.
+var DefaultAllowPorts = PortSet{}
 
 // Has reports whether port p is allowed.
 func (s PortSet) Has(p uint16) bool {
@@ -34,6 +35,9 @@ func (s PortSet) Has(p uint16) bool {
 
 // String writes the set as Set reads it.
 func (s PortSet) String() string {
+	if len(s) == 0 {
+		return "none"
+	}
 	var b strings.Builder
 	for i, r := range s {
 		if i > 0 {
@@ -49,22 +53,25 @@ func (s PortSet) String() string {
 }
 
 // ParsePortSet parses a comma-separated list of ports and ranges, e.g.
-// "32768-60999,5201"; "any" is 1-65535.
+// "32768-60999,5201"; "any" is 1-65535, "none" the empty set.
 func ParsePortSet(v string) (PortSet, error) {
-	if v == "any" {
+	switch v {
+	case "any":
 		return PortSet{{1, 65535}}, nil
+	case "none":
+		return PortSet{}, nil
 	}
 	var s PortSet
 	for _, f := range strings.Split(v, ",") {
 		lo, hi, isRange := strings.Cut(strings.TrimSpace(f), "-")
 		a, err := parsePort(lo)
 		if err != nil {
-			return nil, fmt.Errorf("%q: %v: want ports and ranges like 32768-60999,5201 (or any)", v, err)
+			return nil, fmt.Errorf("%q: %v: want ports and ranges like 32768-60999,5201 (or any, or none)", v, err)
 		}
 		b := a
 		if isRange {
 			if b, err = parsePort(hi); err != nil {
-				return nil, fmt.Errorf("%q: %v: want ports and ranges like 32768-60999,5201 (or any)", v, err)
+				return nil, fmt.Errorf("%q: %v: want ports and ranges like 32768-60999,5201 (or any, or none)", v, err)
 			}
 			if b < a {
 				return nil, fmt.Errorf("%q: range %d-%d runs backwards", v, a, b)

@@ -20,23 +20,29 @@ import (
 // streams they carry finish (up to RetireTimeout), then the links close. A
 // moved peer is then reached at its new address by a fresh peer.
 
-// ReloadResult says what a reload changed, by site name.
+// ReloadResult says what a reload changed, by site name: Reauthenticated
+// are the peers whose links were made with a key the new map no longer
+// lists (rekey.go); NewKey, whether this gateway's own key changed.
 type ReloadResult struct {
-	Added, Removed, Moved []string
+	Added, Removed, Moved, Reauthenticated []string
+	NewKey                                 bool
 }
 
 func (r ReloadResult) String() string {
-	if len(r.Added)+len(r.Removed)+len(r.Moved) == 0 {
+	if len(r.Added)+len(r.Removed)+len(r.Moved)+len(r.Reauthenticated) == 0 && !r.NewKey {
 		return "no peer changed"
 	}
 	var b []string
 	for _, x := range []struct {
 		what  string
 		names []string
-	}{{"added", r.Added}, {"removed", r.Removed}, {"moved", r.Moved}} {
+	}{{"added", r.Added}, {"removed", r.Removed}, {"moved", r.Moved}, {"reauthenticated", r.Reauthenticated}} {
 		if len(x.names) > 0 {
 			b = append(b, x.what+" "+strings.Join(x.names, ","))
 		}
+	}
+	if r.NewKey {
+		b = append(b, "this gateway's key changed")
 	}
 	return strings.Join(b, "; ")
 }
@@ -72,7 +78,7 @@ func (g *Gateway) peerList() []*peer {
 
 // newPeer makes the peer state for site s (not started).
 func (g *Gateway) newPeer(s *sitemap.Site) *peer {
-	p := &peer{site: s, dialer: g.site.ID < s.ID, links: make([]*relay.Link, g.numLinks()), renew: make(chan struct{}, 1)}
+	p := &peer{site: s, dialer: sitemap.Dials(g.site, s), links: make([]*relay.Link, g.numLinks()), renew: make(chan struct{}, 1)}
 	p.trunk = relay.NewTrunk(p.dialer, relay.HandlerFunc(g.openFromWAN))
 	p.trunk.OnRenew(func() { kickRenew(p) })
 	return p
@@ -104,6 +110,12 @@ func (g *Gateway) Reload(m *sitemap.Map) (ReloadResult, error) {
 	case s.LAN != g.site.LAN || s.WAN != g.site.WAN:
 		return res, fmt.Errorf("site %q moves its listeners lan=%v wan=%v -> lan=%v wan=%v: restart the service to move them",
 			s.Name, g.site.LAN, g.site.WAN, s.LAN, s.WAN)
+	case s.NAT != g.site.NAT:
+		return res, fmt.Errorf("site %q changes nat=%v -> nat=%v, which decides who dials: restart every gateway to change it", s.Name, g.site.NAT, s.NAT)
+	}
+	auth, err := g.reloadAuth(m, s)
+	if err != nil {
+		return res, fmt.Errorf("site map not reloaded: %w", err)
 	}
 	g.reloadMu.Lock()
 	defer g.reloadMu.Unlock()
@@ -123,7 +135,8 @@ func (g *Gateway) Reload(m *sitemap.Map) (ReloadResult, error) {
 		switch {
 		case !ok:
 			res.Removed = append(res.Removed, p.site.Name)
-		case ns.Name != p.site.Name || ns.WAN != p.site.WAN:
+		case ns.Name != p.site.Name || ns.WAN != p.site.WAN || ns.NAT != p.site.NAT:
+			// NAT changes which side dials: the links start afresh.
 			res.Moved = append(res.Moved, ns.Name)
 		default:
 			// The same gateway (name, id, WAN listener): it keeps its links
@@ -148,7 +161,9 @@ func (g *Gateway) Reload(m *sitemap.Map) (ReloadResult, error) {
 	// The map and the peers change together: an OPEN sees either the old
 	// pair or the new one (serve.go looks both up under peersMu).
 	g.smap.Store(m)
+	res.NewKey = g.setAuth(auth)
 	g.peersMu.Unlock()
+	res.Reauthenticated = g.reauthenticate(m)
 	for _, p := range started {
 		g.startPeer(p)
 	}

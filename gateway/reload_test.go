@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"crypto/ed25519"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -329,5 +332,114 @@ func TestReadySites(t *testing.T) {
 		if code := get(q); code != http.StatusServiceUnavailable {
 			t.Errorf("/ready%s with c down: %d, want 503", q, code)
 		}
+	}
+}
+
+// keyMap is testMap's two sites (listeners of base) with a's keys as, b's
+// key kb.
+func keyMap(t *testing.T, base *sitemap.Map, kb ed25519.PublicKey, as ...ed25519.PublicKey) *sitemap.Map {
+	t.Helper()
+	b := sitemap.NewBuilder()
+	for _, s := range base.Sites() {
+		b.AddSite(s.Name, s.ID, s.LAN, s.WAN)
+		b.AddNet(s.Name, netip.PrefixFrom(s.LAN.Addr(), 16).Masked())
+	}
+	for _, k := range as {
+		b.AddKey("a", k)
+	}
+	m, err := b.AddKey("b", kb).Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestReloadKeys: a key rotated by reloads alone, while a stream runs.
+// a's key file gets a new key; the maps first list both of a's keys, a
+// reloads and proves the new one; then the old key leaves the maps: b
+// breaks the links a made with it, a resumes them proving the new key,
+// and the stream ends intact. A reload that would switch to a keyless
+// map, or leave out this gateway's own key, is refused.
+func TestReloadKeys(t *testing.T) {
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "a.key")
+	oldA, err := GenerateKey(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newA, err := GenerateKey(filepath.Join(dir, "a-new.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb := newKeys(t, "b")
+	base := testMap(t)
+	m1 := keyMap(t, base, kb.pub("b"), oldA)
+	a := startGW(t, m1, "a", func(c *Config) { c.KeyFile = keyFile })
+	b := startGW(t, m1, "b", withKey(kb))
+	waitReady(t, a, b)
+	dst := testnet.Serve(t, nodeB, testnet.SumServer)
+	finish := gatedStream(t, a.LANAddr(), nodeA, dst, 8<<20, 9)
+
+	// The new key beside the old one, everywhere: nothing to redo.
+	m2 := keyMap(t, base, kb.pub("b"), oldA, newA)
+	for _, g := range []*testGW{a, b} {
+		if res, err := g.Reload(m2); err != nil || len(res.Reauthenticated) > 0 || res.NewKey {
+			t.Fatalf("%s, both keys listed: %v, %v", g.site.Name, res, err)
+		}
+	}
+	// a's key file now holds the new key.
+	if err := os.Rename(filepath.Join(dir, "a-new.key"), keyFile); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := a.Reload(m2); err != nil || !res.NewKey {
+		t.Fatalf("a after its key file changed: %v, %v (want its key changed)", res, err)
+	}
+	// The old key leaves the maps: b's links were made with it.
+	m3 := keyMap(t, base, kb.pub("b"), newA)
+	res, err := b.Reload(m3)
+	if err != nil || len(res.Reauthenticated) != 1 || res.Reauthenticated[0] != "a" {
+		t.Fatalf("b without a's old key: %v, %v (want a reauthenticated)", res, err)
+	}
+	if _, err := a.Reload(m3); err != nil {
+		t.Fatal(err)
+	}
+	if err := finish(); err != nil {
+		t.Fatalf("the stream across the rotation: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		proved, up := 0, 0
+		for _, l := range b.allLinks() {
+			if l.Down() {
+				continue
+			}
+			up++
+			if k, err := peerKey(certsDER(l.Conn().(*wanConn).ConnectionState().PeerCertificates)); err == nil && k.Equal(newA) {
+				proved++
+			}
+		}
+		if up == b.numLinks() && proved == up {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("b: %d links up, %d of them made with a's new key; want all %d", up, proved, b.numLinks())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := counter(t, a, "mpi5k_wan_resumes_total") + counter(t, b, "mpi5k_wan_resumes_total"); n < 1 {
+		t.Errorf("links resumed %v times, want at least once", n)
+	}
+
+	// Refused: a keyless map; a map without a's own key. The map in force
+	// stays.
+	if _, err := b.Reload(threeSites(t, base, false, false)); err == nil || !strings.Contains(err.Error(), "never turns authentication off") {
+		t.Errorf("b to a keyless map: %v", err)
+	}
+	other := newKeys(t, "x").pub("x")
+	if _, err := a.Reload(keyMap(t, base, kb.pub("b"), other)); err == nil || !strings.Contains(err.Error(), keyFile) {
+		t.Errorf("a to a map without its key: %v", err)
+	}
+	if a.curMap() != m3 || b.curMap() != m3 {
+		t.Error("a refused reload changed the map in force")
 	}
 }

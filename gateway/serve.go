@@ -3,8 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -125,10 +123,10 @@ func (g *Gateway) handleLAN(c LANConn, ended func()) {
 				ended()
 			})
 		}
-	case header.TypePeerQuery:
-		g.serveQueries(c, h, body)
+	case header.TypePeerQuery, header.TypeListen:
+		g.serveControl(c, h, body)
 	default:
-		g.refuseLAN(c, "lan_first_frame", "first frame must be OPEN or PEER_QUERY", "type", h.Type.String())
+		g.refuseLAN(c, "lan_first_frame", "first frame must be OPEN, PEER_QUERY or LISTEN", "type", h.Type.String())
 	}
 }
 
@@ -216,8 +214,8 @@ func (g *Gateway) openFromWAN(s *relay.Stream, o *header.Open) {
 		s.Refuse(header.CodePolicy)
 		return
 	}
-	if !g.cfg.AllowPorts.Has(o.Dst.Port()) {
-		g.refused("dst_port", "WAN OPEN refused: destination port outside the policy (--wan-allow-ports)",
+	if !g.admitsDst(o.Dst) {
+		g.refused("dst_port", "WAN OPEN refused: no rank listens at the destination (LISTEN) and its port is outside --wan-allow-ports",
 			"peer", psite.Name, "src", o.Src.String(), "dst", o.Dst.String(), "allowed", g.cfg.AllowPorts.String())
 		s.Refuse(header.CodePolicy)
 		return
@@ -283,41 +281,6 @@ func dialCode(err error) header.Code {
 		return header.CodeShutdown
 	}
 	return header.CodeUnreachable
-}
-
-// serveQueries answers PEER_QUERY frames on a control connection until the
-// node closes it.
-func (g *Gateway) serveQueries(c LANConn, h header.Header, body []byte) {
-	defer c.Close()
-	r := header.NewReader(c, 4096)
-	var buf [64]byte
-	out := make([]byte, 0, header.Size+32)
-	for {
-		if h.Type != header.TypePeerQuery {
-			g.refuseLAN(c, "lan_query", "control connection carries only PEER_QUERY", "type", h.Type.String())
-			return
-		}
-		q, err := header.ParsePeerQuery(body)
-		if err != nil {
-			g.refuseLAN(c, "lan_query", "bad PEER_QUERY", "err", err)
-			return
-		}
-		rec, found := g.records.get(recordKey{unmapAP(q.Seen), unmapAP(q.Local)})
-		rep := header.PeerReply{Found: found, SiteID: rec.site, Source: rec.src}
-		out = header.AppendPeerReply(out[:header.Size], &rep)
-		header.Header{Type: header.TypePeerReply, Stream: h.Stream, Length: uint32(len(out) - header.Size)}.Encode(out)
-		if _, err := c.Write(out); err != nil {
-			return
-		}
-		g.m.peerQueries.WithLabelValues(fmt.Sprint(found)).Inc()
-		h, body, err = r.ReadFrame(buf[:])
-		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				g.refuseLAN(c, "lan_query", "control connection", "err", err)
-			}
-			return
-		}
-	}
 }
 
 // ---- true-source records for PEER_QUERY ----

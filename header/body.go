@@ -373,3 +373,28 @@ func ParsePeerReply(p []byte) (PeerReply, error) {
 	r.Found, r.SiteID, r.Source = p[0] == 1, p[1], src
 	return r, nil
 }
+
+// LISTEN tells a site's gateway that a rank of the node listens on a TCP
+// port (body: u16 port); its answer, LISTEN_REPLY, carries one of these
+// codes (body: u8). Both go on a LAN control connection, the request id
+// in the stream field.
+const (
+	ListenOK         uint8 = 0 // registered while the control connection stays open
+	ListenPrivileged uint8 = 1 // refused: ports below 1024 are never a rank's
+	ListenLimit      uint8 = 2 // refused: the connection registered too many ports
+)
+
+// AppendListen appends the body of LISTEN for port to b.
+func AppendListen(b []byte, port uint16) []byte { return binary.BigEndian.AppendUint16(b, port) }
+
+// ParseListen decodes a LISTEN body: a port, never 0.
+func ParseListen(p []byte) (uint16, error) {
+	if len(p) != 2 {
+		return 0, fmt.Errorf("%w: LISTEN of %d bytes (want 2)", ErrPayload, len(p))
+	}
+	port := binary.BigEndian.Uint16(p)
+	if port == 0 {
+		return 0, fmt.Errorf("%w: LISTEN of port 0", ErrPayload)
+	}
+	return port, nil
+}

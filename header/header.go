@@ -52,7 +52,9 @@ const (
 	TypeRenew       Type = 16 // acceptor to dialer: replace this (express) link
 	TypeAck         Type = 17 // bytes of the link received so far (WAN resume)
 	TypePad         Type = 18 // filler the receiver discards
-	maxType         Type = TypePad
+	TypeListen      Type = 19 // LAN: a rank listens on this port of its host
+	TypeListenReply Type = 20 // LAN: the gateway's answer to LISTEN
+	maxType         Type = TypeListenReply
 )
 
 var typeNames = [...]string{
@@ -61,7 +63,7 @@ var typeNames = [...]string{
 	TypeReset: "RESET", TypeWindow: "WINDOW", TypePing: "PING", TypePong: "PONG",
 	TypePeerQuery: "PEER_QUERY", TypePeerReply: "PEER_REPLY", TypeDataAt: "DATA_AT",
 	TypeClamp: "CLAMP", TypeRetire: "RETIRE", TypeRenew: "RENEW",
-	TypeAck: "ACK", TypePad: "PAD",
+	TypeAck: "ACK", TypePad: "PAD", TypeListen: "LISTEN", TypeListenReply: "LISTEN_REPLY",
 }
 
 func (t Type) String() string {
@@ -127,6 +129,8 @@ var payloadBounds = [...][2]uint32{
 	TypeRenew:       {0, 0},
 	TypeAck:         {8, 8},
 	TypePad:         {0, MaxPayload},
+	TypeListen:      {2, 2},
+	TypeListenReply: {1, 1},
 }
 
 // Decode parses and validates the header in b[:Size]: version, type, flags,

@@ -38,7 +38,9 @@ func TestDecodeRejects(t *testing.T) {
 		{"type 0", []byte{1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
 		{"ack of 1 byte", []byte{1, 17, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, ErrPayload},
 		{"ack on a stream", enc(Header{Type: TypeAck, Stream: 5, Length: 8}), ErrStream},
-		{"type 19", []byte{1, 19, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
+		{"type 21", []byte{1, 21, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
+		{"listen of 4 bytes", enc(Header{Type: TypeListen, Stream: 1, Length: 4}), ErrPayload},
+		{"listen reply empty", enc(Header{Type: TypeListenReply, Stream: 1}), ErrPayload},
 		{"pad on a stream", enc(Header{Type: TypePad, Stream: 3, Length: 100}), ErrStream},
 		{"pad above MaxPayload", enc(Header{Type: TypePad, Length: MaxPayload + 1}), ErrTooLarge},
 		{"retire with a body", enc(Header{Type: TypeRetire, Length: 1}), ErrPayload},
@@ -91,6 +93,8 @@ func TestDecodeAccepts(t *testing.T) {
 		{Type: TypePad},
 		{Type: TypePad, Length: MaxPayload},
 		{Type: TypePeerReply, Stream: 0, Length: 9},
+		{Type: TypeListen, Stream: 7, Length: 2},
+		{Type: TypeListenReply, Stream: 7, Length: 1},
 	} {
 		got, err := Decode(enc(h))
 		if err != nil || got != h {
@@ -567,5 +571,17 @@ func TestReaderRelease(t *testing.T) {
 	}
 	if h, p, err = r.ReadFrame(make([]byte, 16)); err != nil || h.Stream != 3 || string(p) != "third" {
 		t.Fatalf("third frame: %v %q %v", h, p, err)
+	}
+}
+
+func TestListenBody(t *testing.T) {
+	b := AppendListen(nil, 40123)
+	if p, err := ParseListen(b); err != nil || p != 40123 {
+		t.Errorf("round trip: %d, %v", p, err)
+	}
+	for _, bad := range [][]byte{nil, {0, 0}, {1, 2, 3}} {
+		if _, err := ParseListen(bad); !errors.Is(err, ErrPayload) {
+			t.Errorf("ParseListen(% x): %v, want ErrPayload", bad, err)
+		}
 	}
 }

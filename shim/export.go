@@ -51,6 +51,15 @@ func mpi5kGoPeerQuery(fd C.int, seen *C.struct_mpi5k_ep, out *C.struct_mpi5k_ep)
 	return 1
 }
 
+// mpi5kGoListen registers the port of fd, which now listens, with the
+// site gateway (listen.go).
+//
+//export mpi5kGoListen
+func mpi5kGoListen(fd C.int) { listenRegister(int(fd)) }
+
+// allowLoopback: MPI5K_TEST_ALLOW_LOOPBACK is set (tests only).
+func allowLoopback() bool { return C.mpi5k_allow_loopback() != 0 }
+
 func epToAddrPort(ep *C.struct_mpi5k_ep) netip.AddrPort {
 	b := (*[16]byte)(unsafe.Pointer(&ep.addr[0]))
 	switch ep.family {

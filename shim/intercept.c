@@ -5,7 +5,8 @@
 // pointer resolved once with dlsym(RTLD_NEXT): it never enters Go, because a
 // C->Go call costs ~50 ns and, worse, must never happen in a forked child.
 // Go is entered only to decide and perform a relayed connect, to ask the
-// gateway who stands behind an accepted connection, and (through its own
+// gateway who stands behind an accepted connection, to tell it of a port
+// the process listens on (listen() is rare), and (through its own
 // goroutine) to flush trace records that C wrote into a lock-free ring.
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -34,6 +35,7 @@
 
 typedef int (*socket_fn)(int, int, int);
 typedef int (*connect_fn)(int, const struct sockaddr *, socklen_t);
+typedef int (*listen_fn)(int, int);
 typedef int (*accept_fn)(int, struct sockaddr *, socklen_t *);
 typedef int (*accept4_fn)(int, struct sockaddr *, socklen_t *, int);
 typedef int (*getpeername_fn)(int, struct sockaddr *, socklen_t *);
@@ -58,7 +60,7 @@ typedef ssize_t (*recv_chk_fn)(int, void *, size_t, size_t, int);
 typedef ssize_t (*recvfrom_chk_fn)(int, void *, size_t, size_t, int, struct sockaddr *, socklen_t *);
 
 #define REALS(X)                                                                                   \
-	X(socket) X(connect) X(accept) X(accept4) X(getpeername) X(close) X(dup) X(dup2) X(dup3) X(fcntl)   \
+	X(socket) X(connect) X(listen) X(accept) X(accept4) X(getpeername) X(close) X(dup) X(dup2) X(dup3) X(fcntl)   \
 	X(close_range) X(closefrom) X(read) X(write) X(readv) X(send) X(sendto) X(sendmsg)        \
 	X(recv) X(recvfrom) X(recvmsg)
 
@@ -521,6 +523,18 @@ static int do_accept(int fd, struct sockaddr *addr, socklen_t *lenp, int flags, 
 	}
 	errno = e;
 	return nfd;
+}
+
+// listen registers a listening TCP port with the site gateway, which lets
+// streams from other sites reach only such ports (shim/listen.go); the
+// socket listens whatever the registration's outcome.
+int listen(int fd, int backlog) {
+	int r = REAL(listen)(fd, backlog);
+	if (r != 0 || !g_enabled || !LOADR(&g_go_ok)) return r;
+	int e = errno;
+	if (cfg_active()) mpi5kGoListen(fd);
+	errno = e;
+	return r;
 }
 
 int accept(int fd, struct sockaddr *addr, socklen_t *lenp) { return do_accept(fd, addr, lenp, 0, FN_ACCEPT); }

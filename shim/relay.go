@@ -227,6 +227,9 @@ type peerClient struct {
 	dev  uint64
 	rd   *header.Reader
 	src  *fdReader
+	// ports: this process's listening ports the connection registered
+	// (LISTEN, listen.go); a new connection registers them again.
+	ports []uint16
 }
 
 var (
@@ -252,13 +255,7 @@ func peerQuery(fd int, seen netip.AddrPort) (netip.AddrPort, uint8, bool) {
 		return netip.AddrPort{}, 0, false
 	}
 	q := header.PeerQuery{Seen: seen, Local: sockaddrToAddrPort(sa)}
-	peerMu.Lock()
-	pc := peerClients[s.LAN]
-	if pc == nil {
-		pc = &peerClient{addr: s.LAN, fd: -1}
-		peerClients[s.LAN] = pc
-	}
-	peerMu.Unlock()
+	pc := controlClient(s.LAN)
 	// One retry on a fresh connection: the gateway may have restarted or
 	// closed an idle control connection.
 	for attempt := 0; attempt < 2; attempt++ {
@@ -273,6 +270,19 @@ func peerQuery(fd int, seen netip.AddrPort) (netip.AddrPort, uint8, bool) {
 		logf(levelWarn, "peer query to gateway %s: %v", s.LAN, err)
 	}
 	return netip.AddrPort{}, 0, false
+}
+
+// controlClient is the process's control connection to the gateway at
+// addr.
+func controlClient(addr netip.AddrPort) *peerClient {
+	peerMu.Lock()
+	defer peerMu.Unlock()
+	pc := peerClients[addr]
+	if pc == nil {
+		pc = &peerClient{addr: addr, fd: -1}
+		peerClients[addr] = pc
+	}
+	return pc
 }
 
 // highFd moves fd above the numbers applications usually use.
@@ -343,48 +353,77 @@ func (r *fdReader) Read(p []byte) (int, error) {
 func (pc *peerClient) query(q *header.PeerQuery, timeout time.Duration) (header.PeerReply, error) {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
+	if err := pc.ensure(timeout); err != nil {
+		return header.PeerReply{}, err
+	}
+	p, err := pc.exchange(header.TypePeerQuery, header.AppendPeerQuery(nil, q), header.TypePeerReply, timeout)
+	if err != nil {
+		return header.PeerReply{}, err
+	}
+	r, err := header.ParsePeerReply(p)
+	if err != nil {
+		return header.PeerReply{}, pc.fail(err)
+	}
+	return r, nil
+}
+
+// ensure connects pc if it has no connection, and registers the
+// process's listening ports on a new one (caller holds pc.mu).
+func (pc *peerClient) ensure(timeout time.Duration) error {
 	if pc.fd >= 0 {
 		if ino, dev, ok := fdIdentity(pc.fd); !ok || ino != pc.ino || dev != pc.dev {
 			pc.fd = -1 // closed (and maybe reused) by the host: not ours to close
 		}
 	}
-	if pc.fd < 0 {
-		if err := pc.dial(timeout); err != nil {
-			return header.PeerReply{}, err
+	if pc.fd >= 0 {
+		return nil
+	}
+	if err := pc.dial(timeout); err != nil {
+		return err
+	}
+	for _, port := range pc.ports {
+		if _, err := pc.exchange(header.TypeListen, header.AppendListen(nil, port), header.TypeListenReply, timeout); err != nil {
+			return fmt.Errorf("registering port %d again: %w", port, err)
 		}
 	}
-	fail := func(err error) (header.PeerReply, error) {
-		unix.Close(pc.fd)
-		pc.fd, pc.rd = -1, nil
-		return header.PeerReply{}, err
-	}
+	return nil
+}
+
+// fail drops pc's connection after err (caller holds pc.mu).
+func (pc *peerClient) fail(err error) error {
+	unix.Close(pc.fd)
+	pc.fd, pc.rd = -1, nil
+	return err
+}
+
+// exchange sends a request of type typ and returns the body of its reply
+// of type want, matched by request id (caller holds pc.mu, connected).
+func (pc *peerClient) exchange(typ header.Type, body []byte, want header.Type, timeout time.Duration) ([]byte, error) {
 	id := peerReq.Add(1)
 	if id == 0 {
 		id = peerReq.Add(1)
 	}
 	deadline := time.Now().Add(timeout)
 	pc.src.deadline = deadline
-	frame := header.AppendFrame(nil, header.TypePeerQuery, id, header.AppendPeerQuery(nil, q))
-	if err := sendAll(pc.fd, frame, deadline); err != nil {
-		return fail(err)
+	if err := sendAll(pc.fd, header.AppendFrame(nil, typ, id, body), deadline); err != nil {
+		return nil, pc.fail(err)
 	}
 	var buf [64]byte
 	for {
 		h, p, err := pc.rd.ReadFrame(buf[:])
 		if err != nil {
-			return fail(err)
+			return nil, pc.fail(err)
 		}
-		if h.Type != header.TypePeerReply {
-			return fail(fmt.Errorf("gateway sent %v on a control connection", h.Type))
+		if h.Type != header.TypePeerReply && h.Type != header.TypeListenReply {
+			return nil, pc.fail(fmt.Errorf("gateway sent %v on a control connection", h.Type))
 		}
 		if h.Stream != id {
-			continue // a late reply to an abandoned query
+			continue // a late reply to an abandoned request
 		}
-		r, err := header.ParsePeerReply(p)
-		if err != nil {
-			return fail(err)
+		if h.Type != want {
+			return nil, pc.fail(fmt.Errorf("gateway answered %v with %v", typ, h.Type))
 		}
-		return r, nil
+		return p, nil
 	}
 }
 

@@ -48,6 +48,7 @@ type siteRec struct {
 	id       int // 0 = missing
 	lan, wan netip.AddrPort
 	ready    netip.AddrPort // optional
+	nat      bool           // nat=yes
 }
 
 type netRec struct {
@@ -91,6 +92,14 @@ func (b *Builder) AddSite(name string, id uint8, lan, wan netip.AddrPort) *Build
 	b.recs.sites = append(b.recs.sites, siteRec{at: b.next(), name: name, id: int(id), lan: lan, wan: wan})
 	if id == 0 {
 		b.recs.sites[len(b.recs.sites)-1].id = -1 // present but out of range, not missing
+	}
+	return b
+}
+
+// BehindNAT marks the site added last as behind NAT (nat=yes).
+func (b *Builder) BehindNAT() *Builder {
+	if n := len(b.recs.sites); n > 0 {
+		b.recs.sites[n-1].nat = true
 	}
 	return b
 }
@@ -216,7 +225,7 @@ func (r *records) build(knownBroken map[string]bool) (*Map, []*Error) {
 		if rec.ready.IsValid() && (rec.ready.Port() == 0 || rec.ready.Addr().IsUnspecified()) {
 			fail(rec.at, "site %s: ready address %s: want the service gateway's --metrics address, with a port and not unspecified", rec.name, rec.ready)
 		}
-		s := &Site{Name: rec.name, ID: uint8(rec.id), LAN: rec.lan, WAN: rec.wan, Ready: rec.ready}
+		s := &Site{Name: rec.name, ID: uint8(rec.id), LAN: rec.lan, WAN: rec.wan, Ready: rec.ready, NAT: rec.nat}
 		m.byName[s.Name] = s
 		m.byID[s.ID] = s
 		m.sites = append(m.sites, s)
@@ -351,6 +360,7 @@ func (r *records) build(knownBroken map[string]bool) (*Map, []*Error) {
 	}
 
 	r.buildKeys(m, knownBroken, fail)
+	r.checkNAT(m, fail)
 	if len(errs) > 0 {
 		return nil, errs
 	}

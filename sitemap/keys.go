@@ -125,3 +125,36 @@ func siteAtOf(r *records, name string) pos {
 	}
 	return pos{}
 }
+
+// Dials reports whether the gateway of site a opens the WAN links between
+// a and b (the other one accepts them): a site behind NAT dials, since it
+// cannot be reached; otherwise the lower id does. Every gateway reads the
+// same map, so the two agree.
+func Dials(a, b *Site) bool {
+	if a.NAT != b.NAT {
+		return a.NAT
+	}
+	return a.ID < b.ID
+}
+
+// checkNAT: a site behind NAT is recognised by its key, never by the
+// address its connections come from, so it needs a keyed map; and two
+// sites behind NAT could never reach each other.
+func (r *records) checkNAT(m *Map, fail func(pos, string, ...any)) {
+	var nat []*Site
+	for _, s := range m.sites {
+		if s.NAT {
+			nat = append(nat, s)
+		}
+	}
+	if len(nat) == 0 {
+		return
+	}
+	if !m.HasKeys() {
+		fail(siteAtOf(r, nat[0].Name), "site %s: nat=yes needs gateway keys: a gateway behind NAT is recognised by its key, not by its address (add a key record per site, docs/security.md)", nat[0].Name)
+	}
+	if len(nat) > 1 {
+		fail(siteAtOf(r, nat[1].Name), "sites %s and %s are both nat=yes: neither gateway could reach the other; give one of them a wan= address the other can connect to",
+			nat[0].Name, nat[1].Name)
+	}
+}

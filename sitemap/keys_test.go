@@ -83,3 +83,44 @@ func FuzzParseKey(f *testing.F) {
 }
 
 func mustAP(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+
+// nat=yes: the site behind NAT dials every peer whatever the ids, written
+// back by String; it needs keys, and two such sites could not link.
+func TestNAT(t *testing.T) {
+	const s3 = "site s3 id=3 lan=10.0.3.1:5000 wan=10.1.3.1:5001 nat=yes\n"
+	keys := "key s1 " + keyA + "\nkey s2 " + keyB + "\nkey s3 " + keyC + "\n"
+	m := mustParse(t, keySites+s3+keys)
+	s1, _ := m.Site("s1")
+	s2, _ := m.Site("s2")
+	n3, _ := m.Site("s3")
+	if !n3.NAT || s1.NAT {
+		t.Fatalf("NAT flags: s1 %v s3 %v", s1.NAT, n3.NAT)
+	}
+	for _, c := range []struct {
+		a, b *Site
+		want bool
+	}{{s1, s2, true}, {s2, s1, false}, {n3, s1, true}, {s1, n3, false}, {n3, s2, true}, {s2, n3, false}} {
+		if got := Dials(c.a, c.b); got != c.want {
+			t.Errorf("Dials(%s, %s) = %v, want %v", c.a.Name, c.b.Name, got, c.want)
+		}
+	}
+	if !strings.Contains(m.String(), "wan=10.1.3.1:5001 nat=yes\n") {
+		t.Errorf("canonical text lacks nat=yes:\n%s", m)
+	}
+	if m2 := mustParse(t, m.String()); func() bool { s, _ := m2.Site("s3"); return !s.NAT }() {
+		t.Error("nat=yes lost in a round trip")
+	}
+	for _, c := range []struct{ name, text, want string }{
+		{"keyless", keySites + s3, "t.map:3: site s3: nat=yes needs gateway keys"},
+		{"two", "site s1 id=1 lan=10.0.1.1:5000 wan=10.1.1.1:5001 nat=yes\nsite s2 id=2 lan=10.0.2.1:5000 wan=10.1.2.1:5001\n" + s3 + keys,
+			"t.map:3: sites s1 and s3 are both nat=yes"},
+		{"value", "site s1 id=1 lan=10.0.1.1:5000 wan=10.1.1.1:5001 nat=maybe\n", `t.map:1: site s1: bad nat "maybe": want yes or no`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse(strings.NewReader(c.text), "t.map")
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v\nwant it to contain %q", err, c.want)
+			}
+		})
+	}
+}

@@ -158,8 +158,16 @@ func parseSite(f []string, at pos) (siteRec, string) {
 			default:
 				s.ready = ap
 			}
+		case "nat":
+			switch v {
+			case "yes":
+				s.nat = true
+			case "no":
+			default:
+				return s, fmt.Sprintf("site %s: bad nat %q: want yes or no", s.name, v)
+			}
 		default:
-			return s, fmt.Sprintf("site %s: unknown key %q (want id, lan, wan, ready)", s.name, k)
+			return s, fmt.Sprintf("site %s: unknown key %q (want id, lan, wan, ready, nat)", s.name, k)
 		}
 	}
 	return s, ""

@@ -130,7 +130,7 @@ func TestParseErrors(t *testing.T) {
 		{"site without name", "site\n", "t.map:1: site: missing name"},
 		{"site name is a key", "site id=1 lan=1.1.1.1:1 wan=1.1.1.1:2\n", `t.map:1: site: missing name before "id=1"`},
 		{"bad key=value", "site a id=1 lan=10.0.1.2:5000 wan 10.0.1.2:5001\n", `t.map:1: site a: bad field "wan": want key=value`},
-		{"unknown key", "site a id=1 lan=10.0.1.2:5000 wan=10.0.1.2:5001 mtu=9000\n", `t.map:1: site a: unknown key "mtu" (want id, lan, wan, ready)`},
+		{"unknown key", "site a id=1 lan=10.0.1.2:5000 wan=10.0.1.2:5001 mtu=9000\n", `t.map:1: site a: unknown key "mtu" (want id, lan, wan, ready, nat)`},
 		{"ready without port", "site a id=1 lan=10.0.1.2:5000 wan=10.0.1.2:5001 ready=10.0.1.2\n", `t.map:1: site a: bad ready address "10.0.1.2"`},
 		{"ready port 0", "site a id=1 lan=10.0.1.2:5000 wan=10.0.1.2:5001 ready=10.0.1.2:0\n", "t.map:1: site a: ready address 10.0.1.2:0: want the service gateway's --metrics address"},
 		{"duplicate key", "site a id=1 id=2 lan=10.0.1.2:5000 wan=10.0.1.2:5001\n", "t.map:1: site a: duplicate key id"},

@@ -29,7 +29,10 @@ type Site struct {
 	// service gateway: `mpi5k run` uses that gateway when its /ready
 	// answers, and starts none of its own for the site.
 	Ready netip.AddrPort
-	Nets  []netip.Prefix // sorted by address, then length
+	// NAT: the gateway cannot be reached at WAN from other sites (it is
+	// behind NAT, nat=yes): it dials every peer (Dials). Needs keys.
+	NAT  bool
+	Nets []netip.Prefix // sorted by address, then length
 	// Hosts are the site's explicit hosts, sorted by name.
 	Hosts []Host
 	// Keys are the public keys its gateway may prove (key records, in
@@ -164,6 +167,9 @@ func (m *Map) WriteTo(w io.Writer) (int64, error) {
 		fmt.Fprintf(&b, "site %s id=%d lan=%s wan=%s", s.Name, s.ID, s.LAN, s.WAN)
 		if s.Ready.IsValid() {
 			fmt.Fprintf(&b, " ready=%s", s.Ready)
+		}
+		if s.NAT {
+			b.WriteString(" nat=yes")
 		}
 		b.WriteByte('\n')
 		for _, k := range s.Keys {

@@ -33,8 +33,9 @@ const maxFlows = 4096
 // emuReq / emuResp is the control protocol on /run/mpi5k/<lab>/emu.sock:
 // one JSON request line, one JSON response line.
 type emuReq struct {
-	Op  string   `json:"op"` // ping, stats, set
-	Set []emuSet `json:"set,omitempty"`
+	Op     string   `json:"op"` // ping, stats, set, tamper
+	Set    []emuSet `json:"set,omitempty"`
+	Tamper *Tamper  `json:"tamper,omitempty"`
 }
 
 // emuSet changes both directions between sites A and B; empty names change
@@ -97,6 +98,17 @@ func (l *Lab) Stats() (Stats, error) {
 func (l *Lab) setEmu(set ...emuSet) error {
 	_, err := emuRequest(l.dir, emuReq{Op: "set", Set: set})
 	return err
+}
+
+// Tamper puts t in force on the running lab's emulator: from now on it
+// flips a bit in every t.Every-th data segment of t.Port's flows between
+// t.A and t.B (docs/lab.md); a zero Every stops it. Each call starts the
+// counts afresh.
+func (l *Lab) Tamper(t Tamper) error {
+	if _, err := emuRequest(l.dir, emuReq{Op: "tamper", Tamper: &t}); err != nil {
+		return fmt.Errorf("lab %s: %w", l.name, err)
+	}
+	return nil
 }
 
 // clock: CLOCK_MONOTONIC in ns, read through Go's vDSO-backed monotonic
@@ -258,6 +270,8 @@ type link struct {
 	deliv   deliverer
 	reorder reorderer
 	rng     uint64
+	// tamp: what the man in the middle alters (mitm.go); nil: nothing.
+	tamp atomic.Pointer[tamperState]
 
 	packets, bytes, dpackets, dbytes, qdrops, rdrops, held atomic.Uint64
 	qdelay, late                                           histogram
@@ -382,6 +396,7 @@ func (l *link) reader() {
 			continue
 		}
 		l.qdelay.add(time.Duration(wait))
+		l.tamper(p.buf[:n])
 		p.n = n
 		p.deliver = l.deliv.at(dep, l.params.oneway.Load(), l.params.jitter.Load())
 		ln := l.main
@@ -544,7 +559,8 @@ func (l *link) stats() LinkStats {
 		Held:    l.held.Load(),
 		Packets: l.packets.Load(), Bytes: l.bytes.Load(), DeliveredPackets: l.dpackets.Load(),
 		DeliveredBytes: l.dbytes.Load(), QueueDrops: l.qdrops.Load(), RandomDrops: l.rdrops.Load(),
-		QueueDelay: l.qdelay.percentiles(), Late: l.late.percentiles(), Stalled: l.late.over(StallLate)}
+		QueueDelay: l.qdelay.percentiles(), Late: l.late.percentiles(), Stalled: l.late.over(StallLate),
+		Tampered: l.tampered()}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for k, f := range l.flows {
@@ -835,6 +851,8 @@ func serveControl(conn net.Conn, name string, seed uint64, links []*link) {
 		resp.Stats = s
 	case "set":
 		resp.Error = applySet(links, req.Set)
+	case "tamper":
+		resp.Error = applyTamper(links, req.Tamper)
 	default:
 		resp.Error = "unknown op " + strconv.Quote(req.Op)
 	}

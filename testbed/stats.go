@@ -40,6 +40,9 @@ type LinkStats struct {
 	// Held counts packets held back ReorderDelay (--reorder): each arrives
 	// after whatever the link carried in the meantime.
 	Held uint64 `json:"held"`
+	// Tampered counts TCP segments a bit of which the emulator flipped
+	// since the last Lab.Tamper (the man in the middle).
+	Tampered uint64 `json:"tampered,omitempty"`
 	// QueueDelay is the time packets waited behind others before being
 	// serialized; Late is how much later than scheduled they were written
 	// out (the emulator's own error: grows when the CPU saturates).
@@ -163,6 +166,9 @@ func (s *Stats) WriteText(w io.Writer) {
 			l.Packets, l.Bytes, l.DeliveredPackets, l.DeliveredBytes, l.QueueDrops, l.RandomDrops)
 		if l.Reorder > 0 || l.Held > 0 {
 			fmt.Fprintf(w, "  reorder %.3f%% held back %s: %d packets\n", l.Reorder*100, fmtDur(l.ReorderDelay), l.Held)
+		}
+		if l.Tampered > 0 {
+			fmt.Fprintf(w, "  tampered %d TCP segments (a bit flipped, checksum fixed)\n", l.Tampered)
 		}
 		fmt.Fprintf(w, "  queue delay p50 %s p90 %s p99 %s max %s\n",
 			fmtDur(l.QueueDelay.P50), fmtDur(l.QueueDelay.P90), fmtDur(l.QueueDelay.P99), fmtDur(l.QueueDelay.Max))

@@ -84,13 +84,17 @@ func newFakeGateways(t *testing.T) *fakeGateways {
 	return f
 }
 
+// runOthers starts a fake launcher script: a command that is not a
+// gateway's (placing a key, removing it, copying the map) runs here.
+const runOthers = "#!/bin/sh\ncase \"$*\" in *--site*) ;; *) shift; exec sh -c \"$*\";; esac\n"
+
 // failfastConfig is a two-site run whose gateways are fake launchers
 // running script (with $site set to site1 or site2) and whose mpirun runs
 // the shell commands mpirun.
 func failfastConfig(t *testing.T, f *fakeGateways, script, mpirun string) Config {
 	t.Helper()
 	dir := t.TempDir()
-	launcher := writeFile(t, dir, "fake-ssh", "#!/bin/sh\ncase \"$*\" in *'--site site1'*) site=site1;; *) site=site2;; esac\n"+script+"\n")
+	launcher := writeFile(t, dir, "fake-ssh", runOthers+"case \"$*\" in *'--site site1'*) site=site1;; *) site=site2;; esac\n"+script+"\n")
 	fake := writeFile(t, dir, "fake-mpiexec", "#!/bin/sh\n"+mpirun+"\n")
 	c, _, _ := testConfig(t, fake, "-hosts", "node-1.site1,node-1.site2", "./app")
 	c.Flavour = Hydra

@@ -36,9 +36,12 @@ type Config struct {
 	TraceDir                      string // MPI5K_TRACE for the ranks
 	DryRun                        bool
 	Keep                          bool // keep WorkDir
-	Stdout, Stderr                io.Writer
-	Getenv                        func(string) string
-	Resolve                       Resolver
+	// Plaintext: the job's own gateways run keyless (no TLS), for a WAN
+	// the operator already protects (docs/security.md).
+	Plaintext      bool
+	Stdout, Stderr io.Writer
+	Getenv         func(string) string
+	Resolve        Resolver
 
 	// Outage is how long a gateway may be unreachable or without a WAN
 	// link during the job before the wrapper ends it (0: GatewayOutage).
@@ -181,7 +184,15 @@ func Run(ctx context.Context, c Config) (int, error) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	userPorts := c.ports()
 	c.setPorts(pickPorts(rng, userPorts.lan, userPorts.wan, userPorts.metrics))
-	mapText := plan.MapText(c.LANPort, c.WANPort)
+	var keys *jobKeys // nil: keyless (--wan-plaintext)
+	var keyRecs string
+	if !c.Plaintext {
+		if keys, err = newJobKeys(plan.Sites); err != nil {
+			return 1, err
+		}
+		keyRecs = keys.recs
+	}
+	mapText := plan.MapText(c.LANPort, c.WANPort) + keyRecs
 	if !plan.Unresolved() {
 		if _, err := sitemap.Parse(strings.NewReader(mapText), "the site map built from the host list"); err != nil {
 			return 1, fmt.Errorf("%v (hosts from %s)", err, hostOrigin(src, c.SitesFile))
@@ -234,9 +245,16 @@ func Run(ctx context.Context, c Config) (int, error) {
 				fmt.Fprintln(c.Stdout, shellJoin(c.copyCommand(h, mapPath)))
 			}
 		}
+		if keys != nil {
+			c.printKeyPlacing(plan.Sites)
+		}
 		fmt.Fprintf(c.Stdout, "# gateways:\n")
 		for _, g := range gws {
-			fmt.Fprintln(c.Stdout, shellJoin(g.argv))
+			argv := g.argv
+			if keys != nil {
+				argv = withKey(argv, keyDryRun)
+			}
+			fmt.Fprintln(c.Stdout, shellJoin(argv))
 		}
 		c.printTrace(c.Stdout, traceHosts(hosts))
 		fmt.Fprintf(c.Stdout, "# mpirun:\n%s\n", strings.ReplaceAll(shellJoin(mpiArgv), fileDir, c.WorkDir))
@@ -248,8 +266,11 @@ func Run(ctx context.Context, c Config) (int, error) {
 			return 1, err
 		}
 	}
+	if keys != nil {
+		defer c.removeKeys(plan.Sites, keys) // after the gateways stopped (deferred later)
+	}
 	for try := 1; ; try++ {
-		err := c.startGateways(ctx, plan, gws, mapPath, mapText)
+		err := c.startGateways(ctx, plan, gws, mapPath, mapText, keys)
 		if err == nil {
 			break
 		}
@@ -261,7 +282,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		fmt.Fprintf(c.Stderr, "mpi5k: a gateway port of %d, %d, %d is in use on a gateway host; drawing others\n",
 			c.LANPort, c.WANPort, c.MetricsPort)
 		c.setPorts(pickPorts(rng, userPorts.lan, userPorts.wan, userPorts.metrics))
-		mapText = plan.MapText(c.LANPort, c.WANPort)
+		mapText = plan.MapText(c.LANPort, c.WANPort) + keyRecs
 		if err := os.WriteFile(mapPath, []byte(mapText), 0o644); err != nil {
 			return 1, err
 		}
@@ -281,12 +302,21 @@ func Run(ctx context.Context, c Config) (int, error) {
 	return code, err
 }
 
-// startGateways copies the map (unless shared), starts every gateway and
-// waits until all are ready. The caller stops gws whatever happens.
-func (c *Config) startGateways(ctx context.Context, plan *Plan, gws []*gateway, mapPath, mapText string) error {
+// startGateways copies the map (unless shared) and the keys (unless nil),
+// starts every gateway and waits until all are ready. The caller stops
+// gws whatever happens.
+func (c *Config) startGateways(ctx context.Context, plan *Plan, gws []*gateway, mapPath, mapText string, keys *jobKeys) error {
 	if !c.SharedFS {
 		if err := c.distribute(ctx, plan, mapPath, mapText); err != nil {
 			return err
+		}
+	}
+	if keys != nil {
+		if err := c.placeKeys(ctx, plan.Sites, keys); err != nil {
+			return err
+		}
+		for _, g := range gws {
+			g.argv = withKey(g.argv, keys.files[g.site.Name])
 		}
 	}
 	for _, g := range gws {

@@ -153,6 +153,26 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 		return 1, fmt.Errorf("--map %s: %v", c.MapFile, err)
 	}
 	mapText := "# mpi5k site map: the job's sites of " + c.MapFile + "\n" + jm.String()
+	// Keys: the job's own gateways get fresh ones when it runs no other
+	// (keys.go); a keyed map's sites need their service gateways, whose
+	// private keys mpi5k run does not hold.
+	var ownSites []*Site
+	for _, g := range own {
+		ownSites = append(ownSites, g.site)
+	}
+	var keys *jobKeys
+	switch {
+	case m.HasKeys() && len(own) > 0 && !c.DryRun:
+		return 1, fmt.Errorf("--map %s lists gateway keys and site %s has no running gateway: mpi5k run holds no site's private key, so it cannot start one; start that site's service gateway (docs/operations.md)",
+			c.MapFile, siteNames(own))
+	case m.HasKeys() && c.DryRun:
+		fmt.Fprintf(c.Stdout, "# the map lists gateway keys: each site needs its running service gateway (mpi5k run starts none for a keyed map)\n")
+	case !m.HasKeys() && len(running) == 0 && !c.Plaintext:
+		if keys, err = newJobKeys(ownSites); err != nil {
+			return 1, err
+		}
+		mapText += keys.recs
+	}
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	tag := fmt.Sprintf("%d-%x", os.Getpid(), rng.Uint64())
 	for _, g := range own {
@@ -205,9 +225,16 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 				fmt.Fprintln(c.Stdout, shellJoin(c.copyCommand(h, mapPath)))
 			}
 		}
+		if keys != nil {
+			c.printKeyPlacing(ownSites)
+		}
 		fmt.Fprintf(c.Stdout, "# gateways (a site whose map record has ready= uses its running gateway when /ready answers):\n")
 		for _, g := range own {
-			fmt.Fprintln(c.Stdout, shellJoin(g.argv))
+			argv := g.argv
+			if keys != nil {
+				argv = withKey(argv, keyDryRun)
+			}
+			fmt.Fprintln(c.Stdout, shellJoin(argv))
 		}
 		c.printTrace(c.Stdout, traceHosts(hosts))
 		fmt.Fprintf(c.Stdout, "# mpirun:\n%s\n", shellJoin(mpiArgv))
@@ -243,6 +270,15 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 	if !c.SharedFS {
 		if err := c.copyMap(ctx, copyTo, mapPath, mapText); err != nil {
 			return 1, err
+		}
+	}
+	if keys != nil {
+		defer c.removeKeys(ownSites, keys) // after the gateways stopped (deferred later)
+		if err := c.placeKeys(ctx, ownSites, keys); err != nil {
+			return 1, err
+		}
+		for _, g := range own {
+			g.argv = withKey(g.argv, keys.files[g.site.Name])
 		}
 	}
 	if c.TraceDir != "" {

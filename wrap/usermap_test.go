@@ -2,12 +2,15 @@ package wrap
 
 import (
 	"context"
+	"crypto/ed25519"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mpi5k/mpi5k/sitemap"
 )
 
 // handMap is a hand-written map of the test sites: nets, gateways with
@@ -51,10 +54,26 @@ func TestRunMapDryRun(t *testing.T) {
 		"site site1 id=1 lan=127.0.1.2:5000 wan=127.1.1.2:5001\n",
 		"gw.site2 " + c.GatewayBin + " --map " + c.WorkDir + "/sites.conf --site site2 --metrics 127.0.2.2:",
 		"mpiexec.mpich -genv LD_PRELOAD " + c.Preload + " -genv MPI5K_MAP " + c.WorkDir + "/sites.conf",
+		// No running gateway: the job's own ones get keys.
+		"\nkey site1 ed25519:", "\nkey site2 ed25519:", " --key KEYFILE",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("dry run output lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// A keyed --map whose site has no running gateway: mpi5k run holds no
+// site key, so it refuses to start a gateway for it.
+func TestRunMapKeyedNeedsServiceGateways(t *testing.T) {
+	c, _, _ := testConfig(t, "mpiexec.mpich", "-hosts", "127.0.1.11,127.0.2.11", "-n", "2", "./pp")
+	c.MapFile, c.Resolve = handMap(t, nil), LiteralResolver
+	b, _ := os.ReadFile(c.MapFile)
+	os.WriteFile(c.MapFile, append(b, "key site1 "+sitemap.FormatKey(ed25519.PublicKey(strings.Repeat("a", 32)))+
+		"\nkey site2 "+sitemap.FormatKey(ed25519.PublicKey(strings.Repeat("b", 32)))+"\n"...), 0o644)
+	code, err := Run(context.Background(), c)
+	if code != 1 || err == nil || !strings.Contains(err.Error(), "lists gateway keys and site site1, site site2 has no running gateway") {
+		t.Errorf("keyed map without running gateways: %d %v", code, err)
 	}
 }
 

@@ -409,10 +409,16 @@ func TestRunDryRun(t *testing.T) {
 		"oarsh gw.site2 " + c.GatewayBin + " --map " + c.WorkDir + "/sites.conf --site site2 --metrics 127.0.2.2:5002 --exit-on-stdin-eof",
 		"oarsh node-1.site2 'mkdir -p ",
 		"mpiexec.mpich -genv LD_PRELOAD " + c.Preload + " -genv MPI5K_MAP " + c.WorkDir + "/sites.conf",
+		"\nkey site1 ed25519:", "\nkey site2 ed25519:",
+		"--ready-tag ", " --key KEYFILE",
+		"oarsh gw.site2 'sh -c '\\''umask 077 && f=$(mktemp",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("dry run output lacks %q:\n%s", want, s)
 		}
+	}
+	if strings.Contains(s, "PRIVATE KEY") {
+		t.Errorf("a dry run printed a private key:\n%s", s)
 	}
 }
 
@@ -449,7 +455,7 @@ func TestRunGatewayNeverReady(t *testing.T) {
 	// its pid and sleeps like a gateway that never reaches its peer.
 	// The sixth field of /proc/PID/stat is the sid setsid gives: every
 	// gateway launcher must have its own (see gateway.start).
-	launcher := writeFile(t, dir, "fake-ssh", "#!/bin/sh\necho $$ $(cut -d' ' -f6 /proc/$$/stat) >> "+pidfile+"\nexec sleep 300\n")
+	launcher := writeFile(t, dir, "fake-ssh", runOthers+"echo $$ $(cut -d' ' -f6 /proc/$$/stat) >> "+pidfile+"\nexec sleep 300\n")
 	c, _, _ := testConfig(t, "sh", "-hosts", "node-1.site1,node-1.site2", "-c", "exit 0")
 	c.Flavour = Hydra
 	c.Launcher = []string{launcher}
@@ -489,7 +495,7 @@ func TestRunGatewayNeverReady(t *testing.T) {
 
 func TestRunGatewayExitsEarly(t *testing.T) {
 	dir := t.TempDir()
-	launcher := writeFile(t, dir, "fake-ssh", "#!/bin/sh\necho 'mpi5k-gateway: --wan-cc: unknown congestion control' >&2\nexit 2\n")
+	launcher := writeFile(t, dir, "fake-ssh", runOthers+"echo 'mpi5k-gateway: --wan-cc: unknown congestion control' >&2\nexit 2\n")
 	c, _, _ := testConfig(t, "sh", "-hosts", "node-1.site1,node-1.site2", "-c", "exit 0")
 	c.Flavour = Hydra
 	c.Launcher = []string{launcher}

@@ -143,6 +143,8 @@ func TestCommandLines(t *testing.T) {
 		{[]string{"mpi5k", "lab", "up", "--seed", "-1"}, 2, []string{"--seed", hint}, ""},
 		{[]string{"mpi5k", "lab", "up", "--lan-loss", "site9=1%"}, 2, []string{`--lan-loss: site "site9" is not one of the lab's sites [site1 site2]`, hint}, ""},
 		{[]string{"mpi5k", "lab", "up", "--lan-reorder", "site3=1%"}, 2, []string{`--lan-reorder: site "site3" is not one of the lab's sites [site1 site2]`, hint}, ""},
+		{[]string{"mpi5k", "lab", "tamper", "--name", "nolab"}, 2, []string{"mpi5k lab tamper: --every N is required (or --stop)", hint}, ""},
+		{[]string{"mpi5k", "lab", "tamper", "--every", "10", "--pair", "site1"}, 2, []string{`--pair "site1": want two sites, e.g. --pair site1,site2`, hint}, ""},
 		{[]string{"mpi5k", "lab", "up", "--lan-reorder-delay", "2ms"}, 2, []string{"--lan-reorder-delay: 2ms given without lan-reorder", hint}, ""},
 		{[]string{"mpi5k", "lab", "up", "--lan-reorder", "1%", "--lan-reorder-delay", "3s"}, 2, []string{"--lan-reorder-delay: 3s out of range 0..1s", hint}, ""},
 		{[]string{"mpi5k", "lab", "up", "--lan-loss", "site1=lots"}, 2, []string{`--lan-loss: bad value "lots" (examples: 0.1%, 1%, 0.01) (site site1)`, hint}, ""},
@@ -208,7 +210,8 @@ func TestCommandLines(t *testing.T) {
 		wan, _ := strconv.Atoi(m[2])
 		for _, want := range []string{
 			fmt.Sprintf("--site rennes --metrics node-2.rennes.invalid:%d --exit-on-stdin-eof --ready-tag ", lan+2),
-			" --wan-conns=2\n",
+			" --wan-conns=2 --key KEYFILE\n", // the job's key, placed on the gateway host at the start
+			"\nkey lyon ed25519:", "\nkey rennes ed25519:",
 			"/hosts.0:\nnode-1.lyon.invalid\nnode-1.rennes.invalid\n",
 		} {
 			if !strings.Contains(stdout.String(), want) {

@@ -32,6 +32,8 @@ const labUsage = `usage: mpi5k lab <subcommand> [--name L] [flags]
   hosts   list host names:  [--site S] [--gateways]
   cross   competing iperf3 TCP flows:  --from S1 --to S2 [--flows 1] [--duration 60s] | --stop
   stats   WAN counters per pair and direction  [--json] [--pairs: the per-pair table only]
+  tamper  a man in the middle: flip a bit in every Nth WAN data segment of a port's flows
+          (checksum fixed):  --every N [--count N] [--port 5001] [--pair S1,S2] | --stop
   down    remove everything the lab made (idempotent)
 
 Every subcommand takes --name L (default mpi5k).
@@ -61,6 +63,8 @@ func runLab(args []string) int {
 		err = labCross(rest)
 	case "stats":
 		err = labStats(rest)
+	case "tamper":
+		err = labTamper(rest)
 	// Hidden: the emulator daemon, the namespace entry helper, the ssh agent.
 	case "_emu":
 		err = labInternal(rest, func(name string, _ []string) error { return testbed.RunEmulator(name) })
@@ -367,6 +371,45 @@ func labCross(args []string) error {
 	}
 	fmt.Printf("%d iperf3 flow(s) %s -> %s for %v (logs in %s); stop with: mpi5k lab cross --name %s --stop\n",
 		*flows, *from, *to, *dur, l.CrossLogDir(), *name)
+	return nil
+}
+
+func labTamper(args []string) error {
+	fs, name := labFlags("tamper")
+	every := fs.Uint64("every", 0, "flip a bit in every Nth data segment, counted per direction (1: each)")
+	count := fs.Uint64("count", 0, "stop after this many flips per direction (0: no limit)")
+	port := fs.Uint16("port", testbed.GatewayWANPort, "TCP port whose flows to alter (default: the gateways' WAN port)")
+	pair := fs.String("pair", "", "the two sites whose link to alter, S1,S2 (default: every pair)")
+	stop := fs.Bool("stop", false, "stop altering packets")
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	t := testbed.Tamper{Port: *port, Every: *every, Count: *count}
+	switch {
+	case *stop:
+		t = testbed.Tamper{}
+	case *every == 0:
+		return labUsageError{errors.New("--every N is required (or --stop)")}
+	}
+	if *pair != "" {
+		a, b, ok := strings.Cut(*pair, ",")
+		if !ok || a == "" || b == "" {
+			return labUsageError{fmt.Errorf("--pair %q: want two sites, e.g. --pair site1,site2", *pair)}
+		}
+		t.A, t.B = a, b
+	}
+	l, err := testbed.Open(*name)
+	if err != nil {
+		return err
+	}
+	if err := l.Tamper(t); err != nil {
+		return err
+	}
+	if *stop {
+		fmt.Println("tampering stopped")
+	} else {
+		fmt.Printf("flipping a bit in 1 of every %d data segments of port %d's flows; see mpi5k lab stats --name %s\n", *every, *port, *name)
+	}
 	return nil
 }
 

@@ -60,6 +60,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.TraceDir, "trace", "", "record the ranks' socket calls into DIR (see docs/tracing.md)")
 	fs.BoolVar(&c.DryRun, "dry-run", false, "print the site map and every command, run nothing (resolves no names, writes no files)")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the workdir (map, gateway logs) after the run")
+	fs.BoolVar(&c.Plaintext, "wan-plaintext", false, "the job's gateways run without keys: the WAN leg unauthenticated and unencrypted (only for a WAN already protected, e.g. an IPsec tunnel between gateway hosts; docs/security.md)")
 	gf := gateway.NewFlags(fs, true)
 	cmd := cli.Command{Name: "mpi5k run", Stdout: stdout, Stderr: stderr, Help: func(w io.Writer) {
 		visible := func(gw bool) func(*pflag.Flag) bool {

@@ -27,7 +27,10 @@ type fakeGW struct {
 	lns   []net.Listener
 	mu    sync.Mutex
 	peers map[[2]netip.AddrPort]netip.AddrPort // (gateway end, rank end) -> true source
-	wg    sync.WaitGroup
+	// listens: host:ports registered (LISTEN) on control connections
+	// still open.
+	listens map[netip.AddrPort]int
+	wg      sync.WaitGroup
 
 	opens, refused, queries, found atomic.Int64
 	bytes                          atomic.Int64 // application bytes relayed, both directions
@@ -35,7 +38,7 @@ type fakeGW struct {
 }
 
 func startFakeGW(t *testing.T, m *sitemap.Map) *fakeGW {
-	g := &fakeGW{t: t, m: m, peers: map[[2]netip.AddrPort]netip.AddrPort{}}
+	g := &fakeGW{t: t, m: m, peers: map[[2]netip.AddrPort]netip.AddrPort{}, listens: map[netip.AddrPort]int{}}
 	for _, s := range m.Sites() {
 		ln, err := net.Listen("tcp", s.LAN.String())
 		if err != nil {
@@ -80,8 +83,32 @@ func (g *fakeGW) handle(c *net.TCPConn, site *sitemap.Site) {
 	switch h.Type {
 	case header.TypeOpen:
 		g.open(c, site, p)
-	case header.TypePeerQuery:
-		for {
+	case header.TypePeerQuery, header.TypeListen:
+		g.control(c, h, p)
+	default:
+		reset(c)
+	}
+}
+
+// control answers PEER_QUERY and LISTEN until the rank closes c; its
+// registrations end then.
+func (g *fakeGW) control(c *net.TCPConn, h header.Header, p []byte) {
+	host := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+	var mine []netip.AddrPort
+	defer func() {
+		g.mu.Lock()
+		for _, ap := range mine {
+			if g.listens[ap]--; g.listens[ap] == 0 {
+				delete(g.listens, ap)
+			}
+		}
+		g.mu.Unlock()
+		c.Close()
+	}()
+	for {
+		var reply []byte
+		switch h.Type {
+		case header.TypePeerQuery:
 			q, err := header.ParsePeerQuery(p)
 			if err != nil {
 				reset(c)
@@ -98,17 +125,45 @@ func (g *fakeGW) handle(c *net.TCPConn, site *sitemap.Site) {
 					r.SiteID = s.ID
 				}
 			}
-			if _, err := c.Write(header.AppendFrame(nil, header.TypePeerReply, h.Stream, header.AppendPeerReply(nil, &r))); err != nil {
+			reply = header.AppendFrame(nil, header.TypePeerReply, h.Stream, header.AppendPeerReply(nil, &r))
+		case header.TypeListen:
+			port, err := header.ParseListen(p)
+			if err != nil {
+				reset(c)
 				return
 			}
-			if h, p, err = header.ReadOne(c, header.MaxPayload); err != nil || h.Type != header.TypePeerQuery {
-				c.Close()
-				return
-			}
+			ap := netip.AddrPortFrom(host, port)
+			g.mu.Lock()
+			g.listens[ap]++
+			g.mu.Unlock()
+			mine = append(mine, ap)
+			reply = header.AppendFrame(nil, header.TypeListenReply, h.Stream, []byte{header.ListenOK})
+		default:
+			reset(c)
+			return
 		}
-	default:
-		reset(c)
+		if _, err := c.Write(reply); err != nil {
+			return
+		}
+		var err error
+		if h, p, err = header.ReadOne(c, header.MaxPayload); err != nil {
+			return
+		}
 	}
+}
+
+// registered reports whether port is registered (LISTEN) from any host:
+// on loopback the control connection's source is 127.0.0.1, not the
+// rank's address as on a LAN.
+func (g *fakeGW) registered(port uint16) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for ap, n := range g.listens {
+		if ap.Port() == port && n > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func (g *fakeGW) open(c *net.TCPConn, site *sitemap.Site, p []byte) {

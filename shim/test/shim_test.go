@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -202,6 +203,28 @@ func TestAcceptTruePeer(t *testing.T) {
 	srvWait()
 	if q, f := l.gw.queries.Load(), l.gw.found.Load(); q != n || f != n {
 		t.Errorf("peer queries %d found %d, want %d", q, f, n)
+	}
+}
+
+// TestListenRegisters: a shimmed server's listen() registers its port
+// with its site's gateway before it returns (the server prints
+// "listening" after listen), and the registration ends with the process.
+func TestListenRegisters(t *testing.T) {
+	l := newLab(t)
+	port := freePort(t, "127.0.2.1")
+	ap := netip.AddrPortFrom(netip.MustParseAddr("127.0.2.1"), uint16(port))
+	srvWait := startServe(t, l, port, 1)
+	if !l.gw.registered(ap.Port()) {
+		t.Fatalf("listen() returned before %v was registered with site b's gateway", ap)
+	}
+	run(t, l.env("a"), 20*time.Second, "conn", srcA, "127.0.2.1", fmt.Sprint(port))
+	srvWait()
+	deadline := time.Now().Add(5 * time.Second)
+	for l.gw.registered(ap.Port()) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if l.gw.registered(ap.Port()) {
+		t.Errorf("%v stays registered after the server exited", ap)
 	}
 }
 
