@@ -59,7 +59,7 @@ type Gateway struct {
 	rcfg  relay.Config
 	lan   LANTransport
 	peers map[uint8]*peer // by site id
-	// auth authenticates and encrypts WAN links (nil: a keyless map);
+	// auth authenticates WAN links and keys their records (nil: a keyless map);
 	// acceptTLS is its server configuration.
 	auth      *peerAuth
 	acceptTLS *tls.Config
