@@ -643,3 +643,31 @@ func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
 	}
 	return c, s
 }
+
+// TestSealedSmallMessageAllocs: with keys, the small-message path
+// allocates no more than without (TestSmallMessageAllocs): records are
+// sealed and opened in buffers the link keeps.
+func TestSealedSmallMessageAllocs(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("short, or the race detector (its instrumentation allocates)")
+	}
+	for _, integrity := range []bool{false, true} {
+		ks := newKeys(t, "a", "b")
+		lanA, wanA, lanB, wanB := ports(t)
+		m := keyedMap(t, lanA, wanA, lanB, wanB, ks)
+		tweak := func(c *Config) { withKey(ks)(c); c.WANIntegrityOnly = integrity }
+		a := startGW(t, m, "a", tweak)
+		b := startGW(t, m, "b", tweak)
+		waitReady(t, a, b)
+		app, err := lanOpen(a.LANAddr(), nodeA, testnet.Echo(t, nodeB))
+		if err != nil {
+			t.Fatal(err)
+		}
+		per := testnet.RoundTripAllocs(t, app, 2000)
+		app.Close()
+		t.Logf("integrity-only %v: %.3f allocations per round trip", integrity, per)
+		if per > 0.5 {
+			t.Errorf("integrity-only %v: %.2f allocations per round trip; the small-message path should make none", integrity, per)
+		}
+	}
+}

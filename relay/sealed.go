@@ -26,6 +26,8 @@ type SealedConn struct {
 	out  []byte // the records being written
 	pend []byte // the unsent end of out, after a non-blocking write
 
+	one [1][]byte // tryWritev's iovec: a literal would escape, an allocation per message
+
 	r  *seal.Reader // the reading owner's: readLoop or the poller thread
 	rd func([]byte) (int, error)
 }
@@ -90,7 +92,9 @@ func (c *SealedConn) tryWritev(iov [][]byte, write func([][]byte) (int, error)) 
 		return false, err
 	}
 	c.out = out
-	n, err := write([][]byte{out})
+	c.one[0] = out
+	n, err := write(c.one[:])
+	c.one[0] = nil
 	if err != nil {
 		return false, err
 	}
