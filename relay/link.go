@@ -177,7 +177,7 @@ func newLink(conn net.Conn, cfg Config, peer header.Hello, t *Trunk, index int, 
 	if session != 0 && peer.Session != 0 && peer.Features&header.FeatureResume != 0 && t.lanes {
 		l.rs = newResumer(&l.cfg, session)
 	}
-	l.r = header.NewReader(conn, 0)
+	l.r = header.NewReader(conn, readerSize(conn))
 	if !cfg.NoPoller {
 		l.w = newWaiter(conn, l.readStep, !cfg.RuntimeWakes)
 	}

@@ -485,7 +485,7 @@ func (l *Link) Resume(conn net.Conn, peer header.Hello) error {
 	l.urgent = slices.Insert(l.urgent, l.ui, again...)
 	l.conn = conn
 	l.remote.Store(conn.RemoteAddr())
-	l.r = header.NewReader(conn, 0)
+	l.r = header.NewReader(conn, readerSize(conn))
 	l.w = nil
 	if !l.cfg.NoPoller {
 		l.w = newWaiter(conn, l.readStep, !l.cfg.RuntimeWakes)

@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/mpi5k/mpi5k/header"
 	"github.com/mpi5k/mpi5k/seal"
 )
 
@@ -174,4 +175,16 @@ func writeBatch(conn net.Conn, iov *net.Buffers) error {
 	}
 	_, err := iov.WriteTo(conn)
 	return err
+}
+
+// readerSize is the frame reader's buffer for a link on conn (0: the
+// default). A sealed link's holds a whole record, which then opens
+// straight into it: a record larger than the buffer is opened in the
+// SealedConn's and copied over: a second copy of each bulk byte
+// received (bench/figures/security).
+func readerSize(conn net.Conn) int {
+	if _, ok := conn.(*SealedConn); ok {
+		return seal.MaxRecord + header.DefaultReaderBuffer
+	}
+	return 0
 }

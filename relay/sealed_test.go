@@ -118,3 +118,10 @@ func downErr(l *Link) error {
 	defer l.mu.Unlock()
 	return l.rs.downErr
 }
+
+// BenchmarkSealedStream is BenchmarkStream (pipeline=1) over sealed links.
+func BenchmarkSealedStream(b *testing.B) {
+	sealLinks = true
+	b.Cleanup(func() { sealLinks = false })
+	BenchmarkStream(b)
+}
