@@ -102,8 +102,8 @@ func TestRoundTrip(t *testing.T) {
 				want = append(want, b...)
 			}
 			for _, step := range []int{0, 1, 7, 4096} {
-				for _, rsz := range []int{1, 13, 64 << 10, 1 << 20} {
-					if step == 1 && rsz > 13 {
+				for _, rsz := range []int{13, 64 << 10, 1 << 20} {
+					if (step == 1 || step == 7) && rsz != 13 {
 						continue // slow, and no new case
 					}
 					_, o2 := pair(t, s, m)
