@@ -29,7 +29,9 @@ import (
 // gateway keys, every WAN connection runs TLS 1.3 before the relay HELLO,
 // both ends present a certificate made from their site's Ed25519 key, and
 // each accepts the other only if that key is one the map lists for the
-// site it expects. No CA is involved: the map pins the keys.
+// site it expects. No CA is involved: the map pins the keys. TLS ends
+// with its handshake: the link runs on package seal's records, keyed from
+// it (docs/wire-format.md, "Records").
 
 // protos name the protocol inside TLS, one per record mode (ALPN): a TLS
 // endpoint of another kind fails the handshake instead of reading relay
