@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -149,6 +150,14 @@ func childGateway(spec string) int {
 	}
 	if v := os.Getenv("MPI5K_GW_MEMSTATS"); v != "" {
 		childMemStats(v)
+	}
+	if dir := os.Getenv("MPI5K_GW_CPUPROFILE"); dir != "" {
+		// One profile per gateway and run, written when it stops.
+		p, err := os.CreateTemp(dir, f[1]+"-*.pprof")
+		if err == nil && pprof.StartCPUProfile(p) == nil {
+			defer p.Close()
+			defer pprof.StopCPUProfile()
+		}
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	g, err := New(cfg)

@@ -86,10 +86,14 @@ type Config struct {
 
 	// KeyFile is this gateway's Ed25519 private key (GenerateKey), needed
 	// when the map lists gateway keys: the WAN links are then mutually
-	// authenticated and encrypted with TLS 1.3 (docs/security.md). Key,
+	// authenticated with TLS 1.3 and carry sealed records (docs/security.md). Key,
 	// if set, is used instead of reading KeyFile.
 	KeyFile string
 	Key     ed25519.PrivateKey
+	// WANIntegrityOnly (--wan-encrypt=false): with keys, WAN records are
+	// authenticated but not encrypted, for a WAN the operator already
+	// protects. Both ends must agree.
+	WANIntegrityOnly bool
 
 	// AllowPorts is the destination policy: the ports of this site's hosts
 	// that streams from other sites may reach besides those where ranks

@@ -50,6 +50,8 @@ func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
 	add(size(&f.window, 1, gib), "window", "per-stream receive window granted to peers (far-side memory bound: streams x window)")
 	add(cli.Duration{P: &c.ResumeWithin}, "wan-resume-within", "how long a broken WAN connection may take to resume on a new one, its streams paused, before they are reset (0: no resume, reset at once; the same on or off on every gateway)")
 	add(portFlag{&c.AllowPorts}, "wan-allow-ports", "ports of this site's hosts that streams from other sites may reach even where no rank listens, e.g. 32768-60999,5201 (any: every port; default none: only where the job's ranks listen)")
+	add(cli.Not{P: &c.WANIntegrityOnly}, "wan-encrypt", "encrypt the WAN links (when the site map lists gateway keys); false: authenticate them only, for a WAN the operator already protects, an altered byte still detected and never delivered (the same on every gateway)")
+	fs.Lookup("wan-encrypt").NoOptDefVal = "true"
 	add(&cli.Rate{P: &c.WANPace}, "wan-pace", "cap each site pair's bulk WAN sending rate, e.g. 190mbit (0: no cap); a few percent below the WAN bottleneck keeps its queue empty")
 
 	// The rest: settings the measurements decided (package relay's

@@ -62,6 +62,38 @@ func TestFlagsRoundTrip(t *testing.T) {
 	}
 }
 
+// --wan-encrypt is on by default and stored negated: false gives an
+// integrity-only Config, which `mpi5k run` passes on as it was given.
+func TestFlagsWANEncrypt(t *testing.T) {
+	for _, tc := range []struct {
+		args      []string
+		integrity bool
+		rendered  string
+	}{
+		{nil, false, ""},
+		{[]string{"--wan-encrypt"}, false, "--wan-encrypt=true"},
+		{[]string{"--wan-encrypt=false"}, true, "--wan-encrypt=false"},
+		{[]string{"--wan-encrypt=0"}, true, "--wan-encrypt=false"},
+	} {
+		f := parseFlags(t, true, tc.args...)
+		c, err := f.Config()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.WANIntegrityOnly != tc.integrity || strings.Join(f.Args(), " ") != tc.rendered {
+			t.Errorf("%q: integrity-only %v, Args %q; want %v, %q", tc.args, c.WANIntegrityOnly, f.Args(), tc.integrity, tc.rendered)
+		}
+		if back, err := parseFlags(t, false, f.Args()...).Config(); err != nil || back.WANIntegrityOnly != tc.integrity {
+			t.Errorf("%q: rendered flags parse back to integrity-only %v (%v)", tc.args, back.WANIntegrityOnly, err)
+		}
+	}
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	NewFlags(fs, false)
+	if err := fs.Parse([]string{"--wan-encrypt=maybe"}); err == nil || !strings.Contains(err.Error(), `invalid argument "maybe" for "--wan-encrypt" flag: want true or false`) {
+		t.Errorf("--wan-encrypt=maybe: %v", err)
+	}
+}
+
 // Each value is refused as it is parsed, naming the flag and the input;
 // settings that only clash together are refused by Config.
 func TestFlagsRefuse(t *testing.T) {

@@ -201,18 +201,11 @@ func (g *Gateway) addLink(p *peer, i int, c net.Conn, ph header.Hello, since tim
 	x := g.isExpress(i)
 	g.tuneLink(p, i, c)
 	rcfg := g.rcfg
-	wc, tlsLink := c.(*wanConn)
-	if tlsLink {
-		rcfg.NoPoller = tlsNoPoller
-	}
 	var l *relay.Link
 	if local != 0 && ph.Session != 0 {
 		l = p.trunk.AddResumable(c, rcfg, ph, i, x, local)
 	} else {
 		l = p.trunk.Add(c, rcfg, ph, i, x)
-	}
-	if tlsLink {
-		wc.link.Store(l) // its Close tells a failure from a retirement
 	}
 	if !x && g.cfg.ProbeRTTGuard {
 		g.guard.Begin(l, since) // before setLink publishes l to the guard
@@ -247,9 +240,6 @@ func (g *Gateway) tuneLink(p *peer, i int, c net.Conn) {
 // streams are waiting, and they are what fills it.
 func (g *Gateway) resumed(p *peer, i int, l *relay.Link, c net.Conn, ph header.Hello, since time.Time) error {
 	g.tuneLink(p, i, c)
-	if wc, ok := c.(*wanConn); ok {
-		wc.link.Store(l)
-	}
 	if err := l.Resume(c, ph); err != nil {
 		return err
 	}

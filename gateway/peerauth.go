@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/binary"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -16,11 +17,11 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/mpi5k/mpi5k/relay"
+	"github.com/mpi5k/mpi5k/seal"
 	"github.com/mpi5k/mpi5k/sitemap"
 )
 
@@ -28,11 +29,41 @@ import (
 // gateway keys, every WAN connection runs TLS 1.3 before the relay HELLO,
 // both ends present a certificate made from their site's Ed25519 key, and
 // each accepts the other only if that key is one the map lists for the
-// site it expects. No CA is involved: the map pins the keys.
+// site it expects. No CA is involved: the map pins the keys. TLS ends
+// with its handshake: the link runs on package seal's records, keyed from
+// it (docs/wire-format.md, "Records").
 
-// alpn names the protocol inside TLS: a TLS endpoint of another kind
-// fails the handshake instead of reading relay frames.
-const alpn = "mpi5k/1"
+// protos name the protocol inside TLS, one per record mode (ALPN): a TLS
+// endpoint of another kind fails the handshake instead of reading relay
+// records, and the two gateways learn each other's --wan-encrypt there.
+var protos = [...]string{seal.ModeEncrypt: "mpi5k/2", seal.ModeIntegrity: "mpi5k/2+integrity-only"}
+
+// modeOf is the record mode an ALPN protocol names.
+func modeOf(proto string) (seal.Mode, bool) {
+	for m, p := range protos {
+		if p == proto {
+			return seal.Mode(m), true
+		}
+	}
+	return 0, false
+}
+
+// encryptFlag renders mode as the --wan-encrypt setting that selects it.
+func encryptFlag(m seal.Mode) string {
+	if m == seal.ModeIntegrity {
+		return "--wan-encrypt=false"
+	}
+	return "--wan-encrypt=true"
+}
+
+// errWANEncrypt: the two gateways' --wan-encrypt differ.
+var errWANEncrypt = errors.New("--wan-encrypt differs between the gateways")
+
+// errModeMismatch names the flag two gateways disagree on.
+func errModeMismatch(peer, ours seal.Mode) error {
+	return fmt.Errorf("%w: the peer gateway runs with %s (%s WAN records), this one with %s: set the same --wan-encrypt on every gateway",
+		errWANEncrypt, encryptFlag(peer), peer, encryptFlag(ours))
+}
 
 // GenerateKey writes a new Ed25519 private key to path (PEM, PKCS #8,
 // mode 0600; an existing file is never overwritten) and returns its
@@ -125,7 +156,8 @@ func ParseKey(text []byte, path string) (ed25519.PrivateKey, error) {
 // configurations of its WAN connections. A reload swaps in a new map and
 // certificate (keys.go); every handshake reads the pair in force.
 type peerAuth struct {
-	cur atomic.Pointer[authState]
+	cur  atomic.Pointer[authState]
+	mode seal.Mode // what the records after the handshake protect
 }
 
 // authState is the site map whose keys are trusted and the certificate
@@ -139,12 +171,12 @@ func (a *peerAuth) state() *authState { return a.cur.Load() }
 
 // newPeerAuth checks that key is one the map lists for site and makes the
 // certificate TLS presents.
-func newPeerAuth(m *sitemap.Map, site *sitemap.Site, key ed25519.PrivateKey, keyPath string) (*peerAuth, error) {
+func newPeerAuth(m *sitemap.Map, site *sitemap.Site, key ed25519.PrivateKey, keyPath string, mode seal.Mode) (*peerAuth, error) {
 	st, err := newAuthState(m, site, key, keyPath)
 	if err != nil {
 		return nil, err
 	}
-	a := &peerAuth{}
+	a := &peerAuth{mode: mode}
 	a.cur.Store(st)
 	return a, nil
 }
@@ -175,7 +207,11 @@ func newAuthState(m *sitemap.Map, site *sitemap.Site, key ed25519.PrivateKey, ke
 
 // base is what both ends share: TLS 1.3 only (no renegotiation, no
 // static-RSA or CBC suites, forward secrecy), no resumption (so no
-// 0-RTT data and no ticket to replay), full-size records from the start.
+// 0-RTT data, no ticket to replay, and no NewSessionTicket after the
+// handshake, which the switch to records relies on). Both protocols are
+// offered, this gateway's mode first: the server picks its own, and
+// whichever end finds the other's mode differs refuses the connection
+// with a message naming the flag, instead of a record that fails its tag.
 func (a *peerAuth) base() *tls.Config {
 	// The certificate in force when the handshake runs, not when the
 	// configuration was made: the acceptor's lives as long as the gateway.
@@ -188,9 +224,8 @@ func (a *peerAuth) base() *tls.Config {
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			return cert(), nil
 		},
-		SessionTicketsDisabled:      true,
-		NextProtos:                  []string{alpn},
-		DynamicRecordSizingDisabled: true,
+		SessionTicketsDisabled: true,
+		NextProtos:             []string{protos[a.mode], protos[1-a.mode]},
 	}
 }
 
@@ -212,7 +247,7 @@ func peerKey(raw [][]byte) (ed25519.PublicKey, error) {
 }
 
 // dialer is the client configuration toward site s: its key must be one
-// the map lists for s.
+// the map lists for s, and its mode (the protocol it picked) ours.
 func (a *peerAuth) dialer(s *sitemap.Site) *tls.Config {
 	c := a.base()
 	c.ServerName = "mpi5k" // sent in the clear; the peer's name is not checked
@@ -226,6 +261,12 @@ func (a *peerAuth) dialer(s *sitemap.Site) *tls.Config {
 		}
 		if o, ok := a.state().m.SiteByKey(k); !ok || o.ID != s.ID {
 			return fmt.Errorf("peer at %v proved key %s, which the site map does not list for site %s", s.WAN, sitemap.FormatKey(k), s.Name)
+		}
+		return nil
+	}
+	c.VerifyConnection = func(cs tls.ConnectionState) error {
+		if m, ok := modeOf(cs.NegotiatedProtocol); ok && m != a.mode {
+			return errModeMismatch(m, a.mode)
 		}
 		return nil
 	}
@@ -254,20 +295,44 @@ func (a *peerAuth) acceptor(accept func(*sitemap.Site) bool) *tls.Config {
 	return c
 }
 
-// handshake runs TLS over c and returns the link's conn and the site whose
-// key the peer proved.
-func (a *peerAuth) handshake(ctx context.Context, c *net.TCPConn, cfg *tls.Config, client bool) (*wanConn, *sitemap.Site, error) {
-	bc := &batchConn{TCPConn: c}
+// handshake runs TLS over c, derives the link's record keys from it and
+// returns c as the link's SealedConn, with the site whose key the peer
+// proved. TLS only authenticates and agrees on a secret: its own records
+// end with the handshake.
+func (a *peerAuth) handshake(ctx context.Context, c net.Conn, cfg *tls.Config, client bool) (*relay.SealedConn, *sitemap.Site, error) {
+	tr := &tlsRecords{Conn: c}
 	var tc *tls.Conn
+	offered := "" // the client's first protocol: its mode
 	if client {
-		tc = tls.Client(bc, cfg)
+		tc = tls.Client(tr, cfg)
 	} else {
-		tc = tls.Server(bc, cfg)
+		cfg = cfg.Clone()
+		cfg.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			if len(h.SupportedProtos) > 0 {
+				offered = h.SupportedProtos[0]
+			}
+			return nil, nil
+		}
+		tc = tls.Server(tr, cfg)
 	}
-	if err := tc.HandshakeContext(ctx); err != nil {
+	err := tc.HandshakeContext(ctx)
+	peerMode, known := modeOf(offered)
+	if !client && known && peerMode != a.mode {
+		// The dialer refuses our mode when it sees it; say why here too.
+		return nil, nil, fmt.Errorf("TLS handshake with %v: %w", c.RemoteAddr(), errModeMismatch(peerMode, a.mode))
+	}
+	if err != nil {
 		return nil, nil, fmt.Errorf("TLS handshake with %v: %w", c.RemoteAddr(), err)
 	}
 	st := tc.ConnectionState()
+	if m, ok := modeOf(st.NegotiatedProtocol); !ok || m != a.mode {
+		return nil, nil, fmt.Errorf("TLS handshake with %v: protocol %q, want %q", c.RemoteAddr(), st.NegotiatedProtocol, protos[a.mode])
+	}
+	if tr.hn != 0 || tr.left != 0 {
+		// TLS stopped inside a record: the bytes that follow would not be
+		// the peer's first relay record.
+		return nil, nil, fmt.Errorf("TLS handshake with %v: ended inside a TLS record", c.RemoteAddr())
+	}
 	k, err := peerKey(certsDER(st.PeerCertificates))
 	if err != nil {
 		return nil, nil, err
@@ -278,7 +343,28 @@ func (a *peerAuth) handshake(ctx context.Context, c *net.TCPConn, cfg *tls.Confi
 		tc.Close()
 		return nil, nil, fmt.Errorf("peer at %v proved key %s, which the site map no longer lists", c.RemoteAddr(), sitemap.FormatKey(k))
 	}
-	return &wanConn{Conn: tc, tcp: c, bc: bc}, s, nil
+	km, err := st.ExportKeyingMaterial(seal.ExporterLabel, seal.ExporterContext(a.mode), seal.MaterialLen)
+	if err != nil {
+		return nil, nil, fmt.Errorf("TLS handshake with %v: key export: %w", c.RemoteAddr(), err)
+	}
+	sealer, opener, err := seal.Keys(suiteOf(st.CipherSuite), a.mode, km, client)
+	clear(km)
+	if err != nil {
+		return nil, nil, err
+	}
+	sc := relay.NewSealedConn(c, sealer, opener)
+	sc.Peer = k // a reload checks it against the new map (rekey.go)
+	return sc, s, nil
+}
+
+// suiteOf is the records' AEAD: ChaCha20-Poly1305 when TLS picked it,
+// which Go's TLS does when either end lacks AES instructions (so both
+// ends agree on it, and neither runs AES in software), else AES-256-GCM.
+func suiteOf(tlsSuite uint16) seal.Suite {
+	if tlsSuite == tls.TLS_CHACHA20_POLY1305_SHA256 {
+		return seal.ChaCha20Poly1305
+	}
+	return seal.AES256GCM
 }
 
 func certsDER(cs []*x509.Certificate) [][]byte {
@@ -289,96 +375,29 @@ func certsDER(cs []*x509.Certificate) [][]byte {
 	return out
 }
 
-// wanConn is a WAN link's encrypted conn. NetConn gives relay.TCPOf the
-// socket, for TCP_INFO and socket options; having no SyscallConn of its
-// own, the link reads it with plain Read, not on the relay's poller
-// thread, which would read ciphertext.
-type wanConn struct {
-	*tls.Conn
-	tcp  *net.TCPConn
-	bc   *batchConn
-	wmu  sync.Mutex
-	link atomic.Pointer[relay.Link]
+// tlsRecords is the connection under TLS during the handshake. It reads
+// no further than the end of the current TLS record: crypto/tls reads
+// ahead when it can, and would take the peer's first relay record, sent
+// right after its Finished, into its own buffer.
+type tlsRecords struct {
+	net.Conn
+	hdr  [5]byte
+	hn   int // bytes of the record header read
+	left int // bytes of the record body not yet read
 }
 
-// tlsNoPoller: a TLS link runs without the relay's poller thread, and so
-// do the streams homed on it. The thread cannot read a TLS link (it reads
-// the raw socket), and a stream it served would hand every frame to the
-// link's writer goroutine, a thread wake-up more per message, instead of
-// writing it inline as a stream pump on Go's poller does
-// (bench/figures/security).
-const tlsNoPoller = true
-
-// NetConn is the TCP connection under TLS.
-func (c *wanConn) NetConn() net.Conn { return c.tcp }
-
-// Write encrypts p and sends its records with one write(2): crypto/tls
-// writes each record (at most 16 KiB) with a call of its own, nine system
-// calls for one 128 KiB chunk.
-func (c *wanConn) Write(p []byte) (int, error) {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	c.bc.begin()
-	n, err := c.Conn.Write(p)
-	if ferr := c.bc.flush(); err == nil {
-		err = ferr
+func (r *tlsRecords) Read(p []byte) (int, error) {
+	if r.left == 0 {
+		n, err := r.Conn.Read(p[:min(len(p), len(r.hdr)-r.hn)])
+		copy(r.hdr[r.hn:], p[:n])
+		if r.hn += n; r.hn == len(r.hdr) {
+			r.hn, r.left = 0, int(binary.BigEndian.Uint16(r.hdr[3:]))
+		}
+		return n, err
 	}
+	n, err := r.Conn.Read(p[:min(len(p), r.left)])
+	r.left -= n
 	return n, err
-}
-
-// batchConn is the socket under TLS: between begin and flush it collects
-// what TLS writes; otherwise (the handshake, an alert sent while reading)
-// it writes through.
-type batchConn struct {
-	*net.TCPConn
-	mu       sync.Mutex
-	batching bool
-	buf      []byte
-}
-
-func (b *batchConn) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.batching {
-		b.buf = append(b.buf, p...)
-		return len(p), nil
-	}
-	return b.TCPConn.Write(p)
-}
-
-func (b *batchConn) begin() {
-	b.mu.Lock()
-	b.batching = true
-	b.mu.Unlock()
-}
-
-func (b *batchConn) flush() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.batching = false
-	if len(b.buf) == 0 {
-		return nil
-	}
-	_, err := b.TCPConn.Write(b.buf)
-	if cap(b.buf) > 1<<20 {
-		b.buf = nil // a one-off large write does not pin its buffer
-	} else {
-		b.buf = b.buf[:0]
-	}
-	return err
-}
-
-// Close closes the socket without TLS's close_notify, which could wait up
-// to 5 s for a peer that does not read: the relay ends links with its own
-// frames (RETIRE, the drain) and treats a cut mid-frame as a failure. A
-// link that failed is reset (SO_LINGER 0), as the relay does to a bare
-// TCP link, so the peer learns at once; a retired one closes gracefully,
-// since its RETIRE may still be in the socket.
-func (c *wanConn) Close() error {
-	if l := c.link.Load(); l == nil || !errors.Is(l.Err(), relay.ErrLinkRetired) {
-		c.tcp.SetLinger(0)
-	}
-	return c.tcp.Close()
 }
 
 // initAuth loads the gateway's key when the map lists keys, and refuses a
@@ -390,6 +409,9 @@ func (g *Gateway) initAuth() error {
 			return fmt.Errorf("gateway: a key is given (--key) but the site map lists no keys: add a \"key SITE ed25519:...\" record for every site (docs/security.md), or leave out --key")
 		}
 		g.log.Warn("the WAN is unauthenticated and unencrypted: the site map lists no gateway keys, so peers are accepted by source address and anyone on the path reads and can alter every stream (docs/security.md)")
+		if g.cfg.WANIntegrityOnly {
+			g.log.Warn("--wan-encrypt=false has no effect: without gateway keys in the site map WAN records are neither encrypted nor authenticated")
+		}
 		return nil
 	}
 	if key == nil {
@@ -405,7 +427,12 @@ func (g *Gateway) initAuth() error {
 	if path == "" {
 		path = "(Config.Key)"
 	}
-	a, err := newPeerAuth(g.cfg.Map, g.site, key, path)
+	mode := seal.ModeEncrypt
+	if g.cfg.WANIntegrityOnly {
+		mode = seal.ModeIntegrity
+		g.log.Warn("WAN records are authenticated but not encrypted (--wan-encrypt=false): anyone on the path reads every stream; an altered byte still fails its record and is never delivered (docs/security.md)")
+	}
+	a, err := newPeerAuth(g.cfg.Map, g.site, key, path, mode)
 	if err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}
@@ -417,8 +444,9 @@ func (g *Gateway) initAuth() error {
 	return nil
 }
 
-// secureDial runs TLS over a dialed WAN connection (keyed maps); the
-// peer must prove a key of p's site. Keyless maps use c as it is.
+// secureDial runs TLS over a dialed WAN connection (keyed maps), whose
+// peer must prove a key of p's site, and returns it sealed. Keyless maps
+// use c as it is.
 func (g *Gateway) secureDial(ctx context.Context, c *net.TCPConn, p *peer) (net.Conn, error) {
 	if g.auth == nil {
 		return c, nil
@@ -437,6 +465,9 @@ func (g *Gateway) secureDial(ctx context.Context, c *net.TCPConn, p *peer) (net.
 func (g *Gateway) admitWAN(ctx context.Context, c *net.TCPConn, remote netip.AddrPort) (net.Conn, []*peer, string, error) {
 	if g.auth != nil {
 		wc, s, err := g.auth.handshake(ctx, c, g.acceptTLS, false)
+		if errors.Is(err, errWANEncrypt) {
+			return nil, nil, "wan_encrypt", err
+		}
 		if err != nil {
 			return nil, nil, "wan_auth", err
 		}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/relay"
+	"github.com/mpi5k/mpi5k/seal"
 	"github.com/mpi5k/mpi5k/sitemap"
 	"github.com/mpi5k/mpi5k/tuning"
 )
@@ -96,14 +97,11 @@ func TestKeyedPair(t *testing.T) {
 	b := startGW(t, m, "b", withKey(ks))
 	waitReady(t, a, b)
 	for _, l := range append(a.allLinks(), b.allLinks()...) {
-		if _, ok := l.Conn().(*wanConn); !ok {
-			t.Fatalf("link conn is %T, want the TLS wanConn", l.Conn())
+		if _, ok := l.Conn().(*relay.SealedConn); !ok {
+			t.Fatalf("link conn is %T, want a relay.SealedConn", l.Conn())
 		}
 		if _, err := tuning.TCPInfo(l.Conn()); err != nil {
-			t.Fatalf("TCP_INFO through the TLS conn: %v", err)
-		}
-		if st := l.Conn().(*wanConn).ConnectionState(); st.NegotiatedProtocol != alpn {
-			t.Fatalf("ALPN %q, want %q", st.NegotiatedProtocol, alpn)
+			t.Fatalf("TCP_INFO through the sealed conn: %v", err)
 		}
 	}
 	for _, l := range b.allLinks() {
@@ -184,7 +182,7 @@ func TestReplayedHandshake(t *testing.T) {
 	lanA, wanA, lanB, wanB := ports(t)
 	m := keyedMap(t, lanA, wanA, lanB, wanB, ks)
 	b := startGW(t, m, "b", withKey(ks))
-	auth, err := newPeerAuth(m, mustSite(t, m, "a"), ks["a"], "test")
+	auth, err := newPeerAuth(m, mustSite(t, m, "a"), ks["a"], "test", seal.ModeEncrypt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,13 +196,13 @@ func TestReplayedHandshake(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := &recConn{Conn: raw}
-	tc := tls.Client(rec, auth.dialer(site))
-	if err := tc.HandshakeContext(ctx); err != nil {
+	sc, _, err := auth.handshake(ctx, rec, auth.dialer(site), true)
+	if err != nil {
 		t.Fatalf("honest handshake: %v", err)
 	}
 	h := b.hello(0)
 	h.SiteID, h.Name = 1, "a"
-	if _, err := relay.Handshake(ctx, tc, h); err != nil {
+	if _, err := relay.Handshake(ctx, sc, h); err != nil {
 		t.Fatalf("honest HELLO: %v", err)
 	}
 	raw.Close()
@@ -307,16 +305,14 @@ func (p *flipProxy) pump(dst, src net.Conn) {
 }
 
 // TestBitFlip: a man in the middle flips one bit of the stream between
-// the gateways. With keys the receiving gateway's TLS refuses the record,
-// the link goes down and the destination never reads a wrong byte (it
-// compares every byte with the sender's generator). Without keys the same
-// flip reaches the destination: the control that shows the test can fail.
+// the gateways. With keys, encrypted or integrity-only records, the
+// receiving gateway's record layer refuses the record, the link goes
+// down and the destination never reads a wrong byte (it compares every
+// byte with the sender's generator). Without keys the same flip reaches
+// the destination: the control that shows the test can fail.
 func TestBitFlip(t *testing.T) {
-	for _, keyed := range []bool{true, false} {
-		name := "keyless"
-		if keyed {
-			name = "keyed"
-		}
+	for _, name := range []string{"keyed", "keyed-integrity-only", "keyless"} {
+		keyed := name != "keyless"
 		t.Run(name, func(t *testing.T) {
 			var ks siteKeys
 			if keyed {
@@ -328,7 +324,11 @@ func TestBitFlip(t *testing.T) {
 			proxy, via := startFlipProxy(t, wanB, gwA, 1<<20)
 			ma := keyedMap(t, lanA, wanA, lanB, via, ks)
 			// One link, no filler: the flip lands in the stream's bytes.
-			tweak := func(c *Config) { withKey(ks)(c); c.Express, c.Prime = false, false }
+			tweak := func(c *Config) {
+				withKey(ks)(c)
+				c.Express, c.Prime = false, false
+				c.WANIntegrityOnly = name == "keyed-integrity-only"
+			}
 			a := startGW(t, ma, "a", tweak)
 			b := startGW(t, mb, "b", tweak)
 			waitReady(t, a, b)
@@ -541,11 +541,11 @@ func FuzzAcceptorHandshake(f *testing.F) {
 	ks := newKeys(f, "a", "b")
 	lanA, wanA, lanB, wanB := ports(f)
 	m := keyedMap(f, lanA, wanA, lanB, wanB, ks)
-	acc, err := newPeerAuth(m, mustSite(f, m, "b"), ks["b"], "test")
+	acc, err := newPeerAuth(m, mustSite(f, m, "b"), ks["b"], "test", seal.ModeEncrypt)
 	if err != nil {
 		f.Fatal(err)
 	}
-	dial, err := newPeerAuth(m, mustSite(f, m, "a"), ks["a"], "test")
+	dial, err := newPeerAuth(m, mustSite(f, m, "a"), ks["a"], "test", seal.ModeEncrypt)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -574,4 +574,100 @@ func FuzzAcceptorHandshake(f *testing.F) {
 			t.Fatalf("the acceptor completed a handshake with %d fuzzed bytes", len(data))
 		}
 	})
+}
+
+// TestWANEncryptMismatch: gateways whose --wan-encrypt differ never link.
+// Each end of the handshake refuses with an error naming the flag, and
+// a running acceptor counts the refusal as wan_encrypt.
+func TestWANEncryptMismatch(t *testing.T) {
+	ks := newKeys(t, "a", "b")
+	lanA, wanA, lanB, wanB := ports(t)
+	m := keyedMap(t, lanA, wanA, lanB, wanB, ks)
+	for _, dialerMode := range []seal.Mode{seal.ModeEncrypt, seal.ModeIntegrity} {
+		acc, err := newPeerAuth(m, mustSite(t, m, "b"), ks["b"], "test", 1-dialerMode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dial, err := newPeerAuth(m, mustSite(t, m, "a"), ks["a"], "test", dialerMode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, s := tcpPair(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		errs := make(chan error, 1)
+		go func() {
+			_, _, err := acc.handshake(ctx, s, acc.acceptor(func(*sitemap.Site) bool { return true }), false)
+			s.Close()
+			errs <- err
+		}()
+		_, _, derr := dial.handshake(ctx, c, dial.dialer(mustSite(t, m, "b")), true)
+		c.Close()
+		aerr := <-errs
+		cancel()
+		for side, err := range map[string]error{"dialer": derr, "acceptor": aerr} {
+			if err == nil || !strings.Contains(err.Error(), "--wan-encrypt") {
+				t.Errorf("dialer %v: the %s's error does not name --wan-encrypt: %v", dialerMode, side, err)
+			}
+		}
+	}
+
+	a := startGW(t, m, "a", func(c *Config) { withKey(ks)(c); c.WANIntegrityOnly = true })
+	b := startGW(t, m, "b", withKey(ks))
+	deadline := time.Now().Add(10 * time.Second)
+	for refusedFor(t, b, "wan_encrypt") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10 s: b counted %v wan_encrypt refusals, want 2", refusedFor(t, b, "wan_encrypt"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := len(a.allLinks()) + len(b.allLinks()); n != 0 {
+		t.Fatalf("%d links up between gateways whose --wan-encrypt differ", n)
+	}
+}
+
+// tcpPair is a connected pair of loopback TCP connections.
+func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
+	t.Helper()
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ln.AcceptTCP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, s
+}
+
+// TestSealedSmallMessageAllocs: with keys, the small-message path
+// allocates no more than without (TestSmallMessageAllocs): records are
+// sealed and opened in buffers the link keeps.
+func TestSealedSmallMessageAllocs(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("short, or the race detector (its instrumentation allocates)")
+	}
+	for _, integrity := range []bool{false, true} {
+		ks := newKeys(t, "a", "b")
+		lanA, wanA, lanB, wanB := ports(t)
+		m := keyedMap(t, lanA, wanA, lanB, wanB, ks)
+		tweak := func(c *Config) { withKey(ks)(c); c.WANIntegrityOnly = integrity }
+		a := startGW(t, m, "a", tweak)
+		b := startGW(t, m, "b", tweak)
+		waitReady(t, a, b)
+		app, err := lanOpen(a.LANAddr(), nodeA, testnet.Echo(t, nodeB))
+		if err != nil {
+			t.Fatal(err)
+		}
+		per := testnet.RoundTripAllocs(t, app, 2000)
+		app.Close()
+		t.Logf("integrity-only %v: %.3f allocations per round trip", integrity, per)
+		if per > 0.5 {
+			t.Errorf("integrity-only %v: %.2f allocations per round trip; the small-message path should make none", integrity, per)
+		}
+	}
 }

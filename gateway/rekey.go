@@ -75,12 +75,12 @@ func (g *Gateway) reauthenticate(m *sitemap.Map) []string {
 		g.peersMu.Unlock()
 		stale := 0
 		for _, l := range links {
-			wc, ok := l.Conn().(*wanConn)
+			sc, ok := l.Conn().(*relay.SealedConn)
 			if !ok {
 				continue
 			}
-			k, err := peerKey(certsDER(wc.ConnectionState().PeerCertificates))
-			if err != nil {
+			k, ok := sc.Peer.(ed25519.PublicKey)
+			if !ok {
 				continue
 			}
 			if s, ok := m.SiteByKey(k); ok && s.ID == p.site.ID {

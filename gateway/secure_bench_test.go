@@ -11,7 +11,8 @@ import (
 )
 
 // startSecureChildren starts the child gateway pair with a keyed map (TLS
-// on every WAN link) or, keyed false, the same map without keys.
+// and sealed records on every WAN link) or, keyed false, the same map
+// without keys.
 func startSecureChildren(b testing.TB, keyed bool, flags ...string) *childPair {
 	lanA, wanA, lanB, wanB := ports(b)
 	if !keyed {
@@ -34,21 +35,19 @@ func startSecureChildren(b testing.TB, keyed bool, flags ...string) *childPair {
 	return startChildrenMap(b, keyedMap(b, lanA, wanA, lanB, wanB, ks), files, flags...)
 }
 
-// BenchmarkSecure: the cost of authenticated encryption on the WAN leg,
-// plaintext and TLS side by side and alternating (run it with -count):
-// the 1-byte round trip through the pair (ns/op; goal: at most 5 µs more
-// with TLS) and one bulk stream's rate per CPU-second of each gateway
-// (goal: TLS at least 80 % of plaintext). Both gateways run in processes
-// of their own, as in BenchmarkPingPong's "gateway" row.
+// BenchmarkSecure: the cost of keyed WAN links, plaintext (a map without
+// keys), encrypted records and integrity-only ones (--wan-encrypt=false)
+// side by side and alternating (run it with -count): the 1-byte round
+// trip through the pair (ns/op; goal: at most 5 µs more than plaintext)
+// and one bulk stream's rate per CPU-second of each gateway (goal: at
+// least 80 % of plaintext). Both gateways run in processes of their own,
+// as in BenchmarkPingPong's "gateway" row.
 func BenchmarkSecure(b *testing.B) {
-	// plain-go-poller: plaintext links read by Go's network poller, as a
-	// TLS link is (it cannot use the relay's poller thread): what TLS
-	// costs beyond losing that thread.
 	modes := []struct {
 		name  string
 		keyed bool
 		flags []string
-	}{{"plain", false, nil}, {"tls", true, nil}, {"plain-go-poller", false, []string{"--poll-thread=false"}}}
+	}{{"plain", false, nil}, {"encrypt", true, nil}, {"integrity", true, []string{"--wan-encrypt=false"}}}
 	for _, m := range modes {
 		b.Run("pingpong/"+m.name, func(b *testing.B) {
 			dst := testnet.Serve(b, nodeB, echoServer)

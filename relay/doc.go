@@ -177,6 +177,8 @@
 //     Go's runtime out of the small-message path.
 //   - grid.go: the shared 100 ms grid of idle periodic work.
 //   - pool.go, tcpconn.go: payload buffers; the kernel TCP Conn.
+//   - sealed.go: SealedConn, a keyed link's connection carrying package
+//     seal's AEAD records, read and written on the poller thread too.
 //
 // The benchmarks (a) to (e) and the NPB-like comparison, with their
 // history, are indexed in bench/figures/README.md.

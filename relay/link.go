@@ -97,11 +97,13 @@ type Link struct {
 
 	// The reader's state, which the poller thread uses while the link is
 	// idle (see poller.go); w is nil without a poller.
-	w    *waiter
-	r    *header.Reader
-	ctl  [header.MaxControl]byte
-	ob   [header.DataAtPrefix]byte // a DATA_AT frame's offset, as read
-	rerr error                     // what ended the poller's reading
+	w      *waiter
+	r      *header.Reader
+	fill   func([]byte) (int, error) // the non-blocking read (readVia)
+	sealed *SealedConn               // the connection, when it is sealed
+	ctl    [header.MaxControl]byte
+	ob     [header.DataAtPrefix]byte // a DATA_AT frame's offset, as read
+	rerr   error                     // what ended the poller's reading
 	// bulk1: the last frame was a DATA larger than SmallFrame. A link
 	// carrying bulk waits in Go's poller: its next bytes are due at once,
 	// and the poller thread would only hand the next large frame back.
@@ -113,7 +115,10 @@ type Link struct {
 	queued    atomic.Int64  // DATA bytes handed to this link and not yet written
 	homed     atomic.Int32  // streams whose OPEN used this link
 
-	mu        sync.Mutex // queues and closing
+	mu sync.Mutex // queues and closing
+	// tail: the poller thread's non-blocking write left part of a record
+	// in the SealedConn, which the writer sends before anything else.
+	tail      bool
 	urgent    []frame
 	ctlQueued int  // control frames in urgent (MaxControl)
 	overflow  bool // ctlQueued passed MaxControl: the link is failing
@@ -172,10 +177,11 @@ func newLink(conn net.Conn, cfg Config, peer header.Hello, t *Trunk, index int, 
 	if session != 0 && peer.Session != 0 && peer.Features&header.FeatureResume != 0 && t.lanes {
 		l.rs = newResumer(&l.cfg, session)
 	}
-	l.r = header.NewReader(conn, 0)
+	l.r = header.NewReader(conn, readerSize(conn))
 	if !cfg.NoPoller {
 		l.w = newWaiter(conn, l.readStep, !cfg.RuntimeWakes)
 	}
+	l.readVia(conn, l.w)
 	return l
 }
 
@@ -328,7 +334,7 @@ func (l *Link) fail(err error) {
 		}
 		close(l.done)
 		w.cancel() // before the socket closes: its number may be reused
-		if tc, ok := conn.(*net.TCPConn); ok {
+		if tc := TCPOf(conn); tc != nil {
 			tc.SetLinger(0) // the peer learns at once, even with data queued
 		}
 		conn.Close()

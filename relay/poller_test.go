@@ -57,8 +57,8 @@ func TestPollerForwards(t *testing.T) {
 func TestPollerPartialWrite(t *testing.T) {
 	cfg := Config{PingInterval: time.Hour}
 	ca, cb, ha, _ := handshaken(t, &cfg, 0, 1, 0)
-	ca.(*net.TCPConn).SetWriteBuffer(4096)
-	cb.(*net.TCPConn).SetReadBuffer(4096)
+	TCPOf(ca).SetWriteBuffer(4096)
+	TCPOf(cb).SetReadBuffer(4096)
 	l := NewLink(ca, cfg, ha, true, nil)
 	t.Cleanup(func() { l.Close(); cb.Close() })
 	if l.w == nil {

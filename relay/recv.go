@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"time"
 
 	"github.com/mpi5k/mpi5k/header"
@@ -25,11 +26,12 @@ func readErr(err error) error {
 func (l *Link) readLoop(r *header.Reader, w *waiter, gen uint64, done chan struct{}) {
 	defer close(done)
 	defer w.close()
+	fill := l.fill
 	for {
 		if w != nil && !l.bulk1 && r.Buffered() == 0 && r.Remaining() == 0 {
 			// Nothing buffered: if the socket is empty too, the poller
 			// thread waits for it and reads while frames arrive whole.
-			_, err := r.FillFrom(w.read)
+			_, err := r.FillFrom(fill)
 			if err == errWouldBlock {
 				r.Release() // an idle link holds no read buffer
 			}
@@ -64,7 +66,7 @@ func (l *Link) readStep() bool {
 	r := l.r
 	for {
 		room := r.Room()
-		n, err := r.FillFrom(l.w.read)
+		n, err := r.FillFrom(l.fill)
 		if err == errWouldBlock {
 			break
 		}
@@ -83,16 +85,41 @@ func (l *Link) readStep() bool {
 				return false
 			}
 		}
-		if n == 0 || n < room { // no room (a frame larger than the buffer), or the socket is drained
+		if n == 0 { // no room: a frame larger than the buffer
+			break
+		}
+		if n < room && !l.sealedBuffered() { // the socket is drained
 			break
 		}
 	}
-	if r.Buffered() == 0 {
+	// A record already read and not yet opened must not wait for the
+	// socket's next bytes: readLoop takes it.
+	if r.Buffered() == 0 && !l.sealedBuffered() {
 		r.Release() // an idle link holds no read buffer
 		return true
 	}
 	return false
 }
+
+// readVia sets how the reader of connection conn (waited for by w) reads
+// without blocking: w's raw read, through the record layer on a sealed
+// connection. Called before the connection's reader starts.
+func (l *Link) readVia(conn net.Conn, w *waiter) {
+	l.sealed, _ = conn.(*SealedConn)
+	l.fill = nil
+	switch {
+	case w == nil:
+	case l.sealed != nil:
+		sc := l.sealed
+		l.fill = func(p []byte) (int, error) { return sc.readWith(p, w.read) }
+	default:
+		l.fill = w.read
+	}
+}
+
+// sealedBuffered reports whether the link's SealedConn holds record
+// bytes it can hand over without reading the socket.
+func (l *Link) sealedBuffered() bool { return l.sealed != nil && l.sealed.r.Buffered() }
 
 // handle processes one received frame whose header r has just read; a
 // resuming link counts it once it is handled whole.

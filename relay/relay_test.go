@@ -56,6 +56,9 @@ func handshaken(t testing.TB, cfg *Config, index, count int, features uint8) (ca
 		t.Fatal(r.err)
 	}
 	cb = r.c
+	if sealLinks {
+		ca, cb = sealedPair(t, ca, cb)
+	}
 	if cfg.PingInterval == 0 {
 		// Dead after 20 s: under -race, hundreds of busy goroutines in this
 		// one process can keep a link's reader off the CPU for seconds.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/seal"
 )
 
 // WAN resume (HELLO feature RESUME, docs/wire-format.md).
@@ -294,7 +295,8 @@ func isBreak(err error) bool {
 	var ne net.Error
 	var errno syscall.Errno
 	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || errors.As(err, &ne) ||
-		errors.As(err, &errno) || errors.Is(err, errSilent) || errors.Is(err, errBreak)
+		errors.As(err, &errno) || errors.Is(err, errSilent) || errors.Is(err, errBreak) ||
+		seal.IsRecordError(err) // bytes altered on the path, as a TLS record's tag failure was
 }
 
 // errBreak marks a connection ended on purpose for a resume (Break).
@@ -348,7 +350,10 @@ func (l *Link) broke(gen uint64, err error) {
 	conn, w := l.conn, l.w
 	l.mu.Unlock()
 	w.cancel() // before the socket closes: its number may be reused
-	if tc, ok := conn.(*net.TCPConn); ok {
+	if sc, ok := conn.(*SealedConn); ok && seal.IsRecordError(err) && !errors.Is(err, seal.ErrAlert) {
+		// An orderly close after the alert: a reset could discard it.
+		sc.alert()
+	} else if tc := TCPOf(conn); tc != nil {
 		tc.SetLinger(0)
 	}
 	conn.Close()
@@ -480,11 +485,13 @@ func (l *Link) Resume(conn net.Conn, peer header.Hello) error {
 	l.urgent = slices.Insert(l.urgent, l.ui, again...)
 	l.conn = conn
 	l.remote.Store(conn.RemoteAddr())
-	l.r = header.NewReader(conn, 0)
+	l.r = header.NewReader(conn, readerSize(conn))
 	l.w = nil
 	if !l.cfg.NoPoller {
 		l.w = newWaiter(conn, l.readStep, !l.cfg.RuntimeWakes)
 	}
+	l.readVia(conn, l.w)
+	l.tail = false // the old connection's
 	l.bulk1 = false
 	l.gen++
 	l.broken = false

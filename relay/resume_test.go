@@ -75,6 +75,9 @@ func handshakenH(t testing.TB, cfg *Config, edit func(h *header.Hello, dialer bo
 	if cb == nil {
 		t.Fatal("accept failed")
 	}
+	if sealLinks {
+		ca, cb = sealedPair(t, ca, cb)
+	}
 	if cfg.PingInterval == 0 {
 		cfg.PingInterval = 5 * time.Second // as handshaken: -race can starve a reader for seconds
 	}
@@ -100,7 +103,7 @@ func handshakenH(t testing.TB, cfg *Config, edit func(h *header.Hello, dialer bo
 // kill resets link l's connection, as `ss -K` or a middlebox would: both
 // ends see it fail.
 func kill(l *Link) {
-	if tc, ok := l.Conn().(*net.TCPConn); ok {
+	if tc := TCPOf(l.Conn()); tc != nil {
 		tc.SetLinger(0)
 		tc.Close()
 	}

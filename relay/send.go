@@ -125,7 +125,7 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 	if mode == sendTry && l.w == nil {
 		mode = sendQueue // no raw socket to try
 	}
-	if mode != sendQueue && !l.writing && !l.broken && l.ui == len(l.urgent) && l.bi == len(l.bulk) && (mode == sendInline || int(f.h.Length) <= l.cfg.SmallFrame) && !l.held() && l.replayRoom() {
+	if mode != sendQueue && !l.writing && !l.broken && !l.tail && l.ui == len(l.urgent) && l.bi == len(l.bulk) && (mode == sendInline || int(f.h.Length) <= l.cfg.SmallFrame) && !l.held() && l.replayRoom() {
 		l.writing = true
 		conn, w, gen := l.conn, l.w, l.gen
 		l.mu.Unlock()
@@ -139,9 +139,20 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 		iw.f = f
 		iov := iw.f.appendIOV(iw.a[:0], iw.hb[:])
 		var err error
+		tail := false // part of a sealed record waits in the SealedConn
 		if mode == sendTry {
 			var n int
-			n, err = w.writev(iov)
+			if sc, ok := conn.(*SealedConn); ok {
+				// The record carries the whole frame: what the socket
+				// did not take is the record's, not the frame's.
+				tail, err = sc.tryWritev(iov, w.writev)
+				n = f.wireLen()
+				if tail {
+					l.Stats.PollPartial.Add(1)
+				}
+			} else {
+				n, err = w.writev(iov)
+			}
 			l.Stats.PollSent.Add(1)
 			if err == nil && n < f.wireLen() {
 				l.Stats.PollPartial.Add(1)
@@ -166,7 +177,7 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 			}
 		} else {
 			iw.bufs = iov
-			_, err = iw.bufs.WriteTo(conn)
+			err = writeBatch(conn, &iw.bufs)
 			l.Stats.InlineSent.Add(1)
 		}
 		*iw = inlineWrite{} // pins no payload
@@ -174,8 +185,9 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 		l.sent(&f)
 		l.mu.Lock()
 		l.writing = false
+		l.tail = l.tail || tail
 		// A link retiring meanwhile waits for its writer to send RETIRE.
-		pending := l.ui < len(l.urgent) || l.bi < len(l.bulk) || l.succ != nil
+		pending := l.ui < len(l.urgent) || l.bi < len(l.bulk) || l.succ != nil || tail
 		l.mu.Unlock()
 		if err != nil {
 			err = fmt.Errorf("relay: write to %v: %w", l.remoteAddr(), err)
@@ -351,7 +363,7 @@ func (l *Link) writeLoop() {
 			l.writeRetire(hdrs[:header.Size])
 			return
 		}
-		if l.writing || l.broken || l.ui == len(l.urgent) && (l.bi == len(l.bulk) || !l.replayRoom()) {
+		if l.writing || l.broken || l.ui == len(l.urgent) && (l.bi == len(l.bulk) || !l.replayRoom()) && !l.tail {
 			l.mu.Unlock()
 			select {
 			case <-l.wake:
@@ -371,6 +383,7 @@ func (l *Link) writeLoop() {
 			continue
 		}
 		l.writing = true
+		l.tail = false // writeBatch sends it first
 		conn, gen := l.conn, l.gen
 		batch = l.take(batch[:0])
 		l.mu.Unlock()
@@ -384,7 +397,7 @@ func (l *Link) writeLoop() {
 		}
 		// WriteTo consumes its receiver; keep iov's backing array for reuse.
 		w := iov
-		_, err := w.WriteTo(conn)
+		err := writeBatch(conn, &w)
 		l.Stats.Writes.Add(1)
 		for i := range batch {
 			l.sent(&batch[i])

@@ -174,3 +174,26 @@ func (v Checked) Set(s string) error {
 }
 
 func (v Checked) Type() string { return "string" }
+
+// Not is a boolean flag stored negated: a setting on by default whose
+// Config field is the exception (--wan-encrypt sets WANIntegrityOnly), so
+// a Config left zero keeps the safe side.
+type Not struct{ P *bool }
+
+func (v Not) String() string {
+	if v.P == nil {
+		return "true"
+	}
+	return strconv.FormatBool(!*v.P)
+}
+
+func (v Not) Set(s string) error {
+	b, err := strconv.ParseBool(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("want true or false")
+	}
+	*v.P = !b
+	return nil
+}
+
+func (v Not) Type() string { return "bool" }
