@@ -24,9 +24,15 @@ type lossy struct {
 	loss float64
 }
 
+func (l *lossy) setLoss(f float64) {
+	l.mu.Lock()
+	l.loss = f
+	l.mu.Unlock()
+}
+
 func (l *lossy) Send(b []byte) error {
 	l.mu.Lock()
-	drop := l.r.Float64() < l.loss
+	drop := l.loss > 0 && l.r.Float64() < l.loss
 	l.mu.Unlock()
 	if drop {
 		return nil
@@ -34,23 +40,31 @@ func (l *lossy) Send(b []byte) error {
 	return l.Link.Send(b)
 }
 
+// engines runs an engine on each end of v, each behind a lossy link
+// (loss: the fraction of frames it drops, settable later with setLoss).
 func engines(t testing.TB, v *veth, loss float64, cfgA, cfgB mx.Config) (*mx.Engine, *mx.Engine) {
+	ea, eb, _, _ := lossyEngines(t, v, loss, cfgA, cfgB)
+	return ea, eb
+}
+
+func lossyEngines(t testing.TB, v *veth, loss float64, cfgA, cfgB mx.Config) (*mx.Engine, *mx.Engine, *lossy, *lossy) {
+	return lossyEnginesOn(t, v, "mxa", "mxb", false, loss, cfgA, cfgB)
+}
+
+func lossyEnginesOn(t testing.TB, v *veth, ifA, ifB string, blocking bool, loss float64, cfgA, cfgB mx.Config) (*mx.Engine, *mx.Engine, *lossy, *lossy) {
 	t.Helper()
 	var la, lb *Link
 	var err error
-	in(t, v.nsA, func() { la, err = Open("mxa") })
+	in(t, v.nsA, func() { la, err = open(ifA, blocking) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	in(t, v.nsB, func() { lb, err = Open("mxb") })
+	in(t, v.nsB, func() { lb, err = open(ifB, blocking) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	var linkA, linkB mx.Link = la, lb
-	if loss > 0 {
-		linkA = &lossy{Link: la, r: rand.New(rand.NewPCG(1, 2)), loss: loss}
-		linkB = &lossy{Link: lb, r: rand.New(rand.NewPCG(3, 4)), loss: loss}
-	}
+	linkA := &lossy{Link: la, r: rand.New(rand.NewPCG(1, 2)), loss: loss}
+	linkB := &lossy{Link: lb, r: rand.New(rand.NewPCG(3, 4)), loss: loss}
 	ea, err := mx.New(linkA, cfgA)
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +74,7 @@ func engines(t testing.TB, v *veth, loss float64, cfgA, cfgB mx.Config) (*mx.Eng
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ea.Close(); eb.Close() })
-	return ea, eb
+	return ea, eb, linkA, linkB
 }
 
 func streams(t testing.TB, ea, eb *mx.Engine) (*mx.Stream, *mx.Stream) {
@@ -98,8 +112,11 @@ func TestOpenErrors(t *testing.T) {
 // dropped in each direction.
 func TestStreamsOverVeth(t *testing.T) {
 	v := newVeth(t)
-	for _, loss := range []float64{0, 0.01, 0.05} {
-		ea, eb := engines(t, v, loss, mx.Config{}, mx.Config{})
+	for i, loss := range []float64{0, 0.01, 0.05} {
+		// Both ways of waiting for a frame: the poller (the default) and a
+		// read blocked in the kernel.
+		blocking := i == 1
+		ea, eb, _, _ := lossyEnginesOn(t, v, "mxa", "mxb", blocking, loss, mx.Config{}, mx.Config{})
 		d, s := streams(t, ea, eb)
 		const n = 8<<20 + 3
 		data := make([]byte, n)
@@ -131,7 +148,7 @@ func TestStreamsOverVeth(t *testing.T) {
 			t.Fatalf("loss %v: writes %v %v", loss, werr[0], werr[1])
 		}
 		sa := ea.Stats()
-		t.Logf("loss %v: A %+v", loss, sa)
+		t.Logf("loss %v blocking %v: A %+v", loss, blocking, sa)
 		if loss > 0 && sa.Retransmits == 0 {
 			t.Fatalf("loss %v without a retransmission", loss)
 		}

@@ -5,6 +5,9 @@ package afpacket
 import (
 	"io"
 	"net"
+	"os"
+	"slices"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -54,8 +57,14 @@ func tcpPair(b *testing.B, v *veth, ip, nsL string) (net.Conn, net.Conn) {
 // it cost (cpu-us/op). With -count N the sub-benchmarks alternate.
 func BenchmarkLAN(b *testing.B) {
 	v := newVeth(b)
-	ea, eb := engines(b, v, 0, mx.Config{}, mx.Config{})
+	var cfg mx.Config
+	if os.Getenv("MXT_MTU") != "" {
+		cfg.Buffers = 1024 // 9 KiB frames: bound the pools to 9 MiB per engine
+	}
+	ea, eb, la, lb := lossyEngines(b, v, 0, cfg, cfg)
 	md, ms := streams(b, ea, eb)
+	eba, ebb, _, _ := lossyEnginesOn(b, v, "mxc", "mxd", true, 0, cfg, cfg)
+	bd, bs := streams(b, eba, ebb)
 	td, ts := tcpPair(b, v, v.ipB, v.nsB)
 	// The extra hop a rank pays if a per-node daemon carries its MX
 	// traffic (docs/architecture.md): loopback TCP inside one host.
@@ -63,8 +72,31 @@ func BenchmarkLAN(b *testing.B) {
 	pairs := []struct {
 		name string
 		a, b conn
-	}{{"mx", md, ms}, {"tcp", td, ts}, {"loopback", ld, ls}}
-	for _, p := range pairs {
+	}{{"mx", md, ms}, {"mx-blocking", bd, bs}, {"tcp", td, ts}, {"loopback", ld, ls}}
+	rounds := 1
+	if r, err := strconv.Atoi(os.Getenv("MXT_ROUNDS")); err == nil && r > 0 {
+		rounds = r // side by side, alternating: mx, tcp, loopback, mx, ...
+	}
+	for range rounds {
+		for _, p := range pairs {
+			benchPair(b, p.name, p.a, p.b)
+		}
+		// The goal: small messages at 1 % LAN loss, p99 <= 1 ms.
+		la.setLoss(0.01)
+		lb.setLoss(0.01)
+		benchPair(b, "mx-loss1", md, ms)
+		la.setLoss(0)
+		lb.setLoss(0)
+	}
+	b.Logf("mx A %+v", ea.Stats())
+}
+
+func benchPair(b *testing.B, name string, pa, pb conn) {
+	p := struct {
+		name string
+		a, b conn
+	}{name, pa, pb}
+	{
 		b.Run("rtt1B/"+p.name, func(b *testing.B) {
 			stop := make(chan struct{})
 			go func() { // echo
@@ -82,24 +114,30 @@ func BenchmarkLAN(b *testing.B) {
 				}
 			}()
 			buf := []byte{7}
+			lat := make([]time.Duration, b.N)
 			cpu := cpuTime()
 			b.ResetTimer()
 			for i := range b.N {
 				if i == b.N-1 {
 					close(stop)
 				}
+				t0 := time.Now()
 				if _, err := p.a.Write(buf); err != nil {
 					b.Fatal(err)
 				}
 				if _, err := io.ReadFull(p.a, buf); err != nil {
 					b.Fatal(err)
 				}
+				lat[i] = time.Since(t0)
 			}
 			b.StopTimer()
 			b.ReportMetric(float64((cpuTime()-cpu).Microseconds())/float64(b.N), "cpu-us/op")
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-us")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-us")
 		})
-		if p.name == "loopback" {
-			continue
+		if p.name == "loopback" || p.name == "mx-loss1" {
+			return
 		}
 		b.Run("bulk/"+p.name, func(b *testing.B) {
 			const chunk = 1 << 20
@@ -134,5 +172,4 @@ func BenchmarkLAN(b *testing.B) {
 			b.ReportMetric(float64((cpuTime()-cpu).Microseconds())/float64(b.N), "cpu-us/op")
 		})
 	}
-	b.Logf("mx A %+v", ea.Stats())
 }

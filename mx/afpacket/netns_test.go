@@ -44,9 +44,18 @@ func newVeth(t testing.TB) *veth {
 	})
 	sh(t, "ip", "netns", "add", v.nsA)
 	sh(t, "ip", "netns", "add", v.nsB)
-	sh(t, "ip", "-n", v.nsA, "link", "add", "mxa", "address", "02:00:00:77:00:01", "type", "veth",
-		"peer", "name", "mxb", "address", "02:00:00:77:00:02", "netns", v.nsB)
-	for _, s := range []struct{ ns, dev, ip string }{{v.nsA, "mxa", v.ipA}, {v.nsB, "mxb", v.ipB}} {
+	mtu := "1500"
+	if m := os.Getenv("MXT_MTU"); m != "" { // jumbo frames: MXT_MTU=9000
+		mtu = m
+	}
+	sh(t, "ip", "-n", v.nsA, "link", "add", "mxa", "mtu", mtu, "address", "02:00:00:77:00:01", "type", "veth",
+		"peer", "name", "mxb", "mtu", mtu, "address", "02:00:00:77:00:02", "netns", v.nsB)
+	// A second pair for a second engine per host (one engine owns an
+	// interface's MX frames).
+	sh(t, "ip", "-n", v.nsA, "link", "add", "mxc", "mtu", mtu, "address", "02:00:00:77:00:03", "type", "veth",
+		"peer", "name", "mxd", "mtu", mtu, "address", "02:00:00:77:00:04", "netns", v.nsB)
+	for _, s := range []struct{ ns, dev, ip string }{{v.nsA, "mxa", v.ipA}, {v.nsB, "mxb", v.ipB},
+		{v.nsA, "mxc", "10.77.1.1"}, {v.nsB, "mxd", "10.77.1.2"}} {
 		sh(t, "ip", "-n", s.ns, "addr", "add", s.ip+"/24", "dev", s.dev)
 		sh(t, "ip", "-n", s.ns, "link", "set", s.dev, "up")
 		sh(t, "ip", "-n", s.ns, "link", "set", "lo", "up")
