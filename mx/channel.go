@@ -67,6 +67,7 @@ type channel struct {
 	srtt, rttvar    time.Duration
 	rto             time.Duration
 	backoff         uint
+	probed          bool // the tail-loss probe went out since the last progress
 	lastProgress    time.Time
 	probeAt         time.Time
 
@@ -250,7 +251,14 @@ func (ch *channel) transmit(f *txFrame) {
 	ch.ackAt = timeNever
 	f.sentAt = e.now()
 	e.xmit(ch.peer.MAC, b)
-	e.arm(f.sentAt.Add(ch.curRTO()))
+	e.arm(f.sentAt.Add(ch.pto())) // the tail-loss probe's time, before the RTO's
+}
+
+// pto is the tail-loss probe's timeout: two smoothed round trips, at
+// least half the RTO floor (a LAN round trip is tens of microseconds, a
+// timer's wake-up on a loaded host about as long).
+func (ch *channel) pto() time.Duration {
+	return min(max(2*ch.srtt, ch.ep.e.cfg.RTOMin/2), ch.curRTO())
 }
 
 func (ch *channel) curRTO() time.Duration {
@@ -280,6 +288,7 @@ func (ch *channel) onAck(h *wire.Header) {
 		ch.sndUna = h.Ack
 		ch.lastProgress = now
 		ch.backoff = 0
+		ch.probed = false
 		if sample > 0 {
 			ch.rttSample(sample)
 		}
@@ -541,6 +550,20 @@ func (ch *channel) tick(now time.Time) time.Time {
 			start = oldest.sentAt
 			if ch.lastProgress.After(start) {
 				start = ch.lastProgress
+			}
+		}
+		// Tail-loss probe: when the newest frame has had two round trips
+		// to be answered and nothing follows it, send it again once. A
+		// lost lone message (or its reply) then costs a few round trips,
+		// not an RTO inflated by this host's scheduling jitter; the probe's
+		// acknowledgement (or SACK) shows what else is missing.
+		if newest := ch.inflight[len(ch.inflight)-1]; !ch.probed && ch.srtt > 0 && !ch.hasWork() && !newest.sacked {
+			if due(newest.sentAt.Add(ch.pto())) {
+				ch.probed = true
+				newest.retx++
+				e.c.retransmits.Add(1)
+				e.c.probes.Add(1)
+				ch.transmit(newest)
 			}
 		}
 		if oldest != nil && due(start.Add(ch.curRTO())) {

@@ -118,6 +118,7 @@ type Stats struct {
 	Sent, Received uint64 // frames
 	Retransmits    uint64 // frames sent again (timeout or hole)
 	Timeouts       uint64 // RTO expiries
+	Probes         uint64 // tail-loss probes (counted in Retransmits too)
 	Duplicates     uint64 // sequenced frames received twice
 	OutOfOrder     uint64 // frames held until the hole before them filled
 	NoBuffer       uint64 // frames dropped because the receive pool was empty
@@ -129,7 +130,7 @@ type Stats struct {
 }
 
 type counters struct {
-	sent, received, retransmits, timeouts, duplicates, outOfOrder,
+	sent, received, retransmits, timeouts, probes, duplicates, outOfOrder,
 	noBuffer, foreign, malformed, stale, sendErrors atomic.Uint64
 }
 
@@ -177,7 +178,7 @@ func (e *Engine) Stats() Stats {
 	rtt := e.lastRTT
 	e.mu.Unlock()
 	return Stats{Sent: e.c.sent.Load(), Received: e.c.received.Load(),
-		Retransmits: e.c.retransmits.Load(), Timeouts: e.c.timeouts.Load(),
+		Retransmits: e.c.retransmits.Load(), Timeouts: e.c.timeouts.Load(), Probes: e.c.probes.Load(),
 		Duplicates: e.c.duplicates.Load(), OutOfOrder: e.c.outOfOrder.Load(),
 		NoBuffer: e.c.noBuffer.Load(), Foreign: e.c.foreign.Load(),
 		Malformed: e.c.malformed.Load(), Stale: e.c.stale.Load(),

@@ -466,3 +466,50 @@ func TestConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestTailLossProbe: a lone message whose only frame is lost is resent
+// after two round trips by the probe, well before the RTO.
+func TestTailLossProbe(t *testing.T) {
+	clk := &fakeClock{now: time.Unix(1e9, 0)}
+	var mu sync.Mutex
+	dropNext := false
+	fault := func([]byte) Fault {
+		mu.Lock()
+		defer mu.Unlock()
+		d := dropNext
+		dropNext = false
+		return Fault{Drop: d}
+	}
+	_, ea, _, a, b := pair(t, fault, Config{Clock: clk, RTOMin: 200 * time.Microsecond})
+	ea.mu.Lock()
+	ch := a.chans[b.Addr()]
+	for range 10 {
+		ch.rttSample(30 * time.Microsecond)
+	}
+	ch.rttvar = 2 * time.Millisecond // a jittery host: RTO far above the round trip
+	ch.rto = 8 * time.Millisecond
+	ea.mu.Unlock()
+	mu.Lock()
+	dropNext = true
+	mu.Unlock()
+	r := b.Irecv(make([]byte, 4), 9, ^uint64(0))
+	if err := a.Send(ctx10(t), b.Addr(), 9, []byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		select {
+		case <-r.Done():
+		default:
+			clk.Advance(20 * time.Microsecond)
+			time.Sleep(time.Millisecond)
+		}
+	}
+	select {
+	case <-r.Done():
+	default:
+		t.Fatal("a lost lone frame was not resent within 400 µs (the RTO is 8 ms)")
+	}
+	if st := ea.Stats(); st.Probes != 1 || st.Timeouts != 0 {
+		t.Fatalf("want one probe and no RTO: %+v", st)
+	}
+}

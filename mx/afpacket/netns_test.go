@@ -36,6 +36,7 @@ func newVeth(t testing.TB) *veth {
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("needs iproute2")
 	}
+	removeStale()
 	v := &veth{nsA: fmt.Sprintf("mxt-%d-a", os.Getpid()), nsB: fmt.Sprintf("mxt-%d-b", os.Getpid()),
 		ipA: "10.77.0.1", ipB: "10.77.0.2"}
 	t.Cleanup(func() {
@@ -84,4 +85,21 @@ func in(t testing.TB, ns string, f func()) {
 	}
 	defer netns.Set(orig)
 	f()
+}
+
+// removeStale deletes namespaces an earlier run of these tests left when
+// it was killed before its cleanup (mxt-<pid>-x, pid no longer running).
+func removeStale() {
+	out, _ := exec.Command("ip", "netns", "list").Output()
+	for _, line := range strings.Split(string(out), "\n") {
+		name, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+		var pid int
+		var side string
+		if n, _ := fmt.Sscanf(strings.ReplaceAll(name, "-", " "), "mxt %d %s", &pid, &side); n != 2 {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); os.IsNotExist(err) {
+			exec.Command("ip", "netns", "del", name).Run()
+		}
+	}
 }
