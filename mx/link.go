@@ -3,6 +3,7 @@ package mx
 import (
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/mpi5k/mpi5k/mx/wire"
@@ -63,9 +64,22 @@ type Timer interface{ Stop() bool }
 type realClock struct{}
 
 func (realClock) Now() time.Time { return time.Now() }
+
+// AfterFunc runs f after d. Timers under a millisecond (RTO floor, ACK
+// delay, tail-loss probe) sleep in the kernel on a thread of their own
+// (shortTimer): Go's poller waits in whole milliseconds on Linux
+// (runtime/netpoll_epoll.go rounds any shorter wait up to 1 ms), which
+// would make every sub-millisecond timer of an idle engine fire late.
 func (realClock) AfterFunc(d time.Duration, f func()) Timer {
+	if d < time.Millisecond {
+		return shortTimer(d, f)
+	}
 	return time.AfterFunc(d, f)
 }
+
+type kernelTimer struct{ done atomic.Bool }
+
+func (t *kernelTimer) Stop() bool { return t.done.CompareAndSwap(false, true) }
 
 // putEth writes the Ethernet header of a frame from src to dst.
 func putEth(b []byte, dst, src MAC) {
