@@ -3,7 +3,6 @@ package mx
 import (
 	"fmt"
 	"net"
-	"sync/atomic"
 	"time"
 
 	"github.com/mpi5k/mpi5k/mx/wire"
@@ -65,21 +64,15 @@ type realClock struct{}
 
 func (realClock) Now() time.Time { return time.Now() }
 
-// AfterFunc runs f after d. Timers under a millisecond (RTO floor, ACK
-// delay, tail-loss probe) sleep in the kernel on a thread of their own
-// (shortTimer): Go's poller waits in whole milliseconds on Linux
-// (runtime/netpoll_epoll.go rounds any shorter wait up to 1 ms), which
-// would make every sub-millisecond timer of an idle engine fire late.
+// AfterFunc runs f after d. Go's poller waits in whole milliseconds on
+// Linux (runtime/netpoll_epoll.go rounds a shorter wait up to 1 ms), so an
+// idle engine's sub-millisecond timers fire late; a goroutine asleep in
+// nanosleep(2) per timer was tried and cost five times the median round
+// trip (bench/figures/mx, e5b1593). A timerfd waited on in the poller is
+// the candidate fix.
 func (realClock) AfterFunc(d time.Duration, f func()) Timer {
-	if d < time.Millisecond {
-		return shortTimer(d, f)
-	}
 	return time.AfterFunc(d, f)
 }
-
-type kernelTimer struct{ done atomic.Bool }
-
-func (t *kernelTimer) Stop() bool { return t.done.CompareAndSwap(false, true) }
 
 // putEth writes the Ethernet header of a frame from src to dst.
 func putEth(b []byte, dst, src MAC) {
