@@ -151,25 +151,15 @@ type Engine struct {
 	scratch   []byte // an Ethernet header + one control frame
 	lastRTT   time.Duration
 	streamSeq uint64
-	fdClock   *fdClock // the real clock's timerfd, closed with the engine
 	done      chan struct{}
 }
 
 // New starts an engine on link. Close stops it and closes the link.
 func New(link Link, cfg Config) (*Engine, error) {
-	var fc *fdClock
-	if cfg.Clock == nil {
-		if c, err := newFDClock(); err == nil {
-			fc, cfg.Clock = c, c
-		}
-	}
 	if err := cfg.fill(link.MTU()); err != nil {
-		if fc != nil {
-			fc.Close()
-		}
 		return nil, err
 	}
-	e := &Engine{cfg: cfg, link: link, mac: link.MAC(), mtu: link.MTU(), fdClock: fc,
+	e := &Engine{cfg: cfg, link: link, mac: link.MAC(), mtu: link.MTU(),
 		eps: map[uint16]*Endpoint{}, done: make(chan struct{})}
 	size := wire.EthSize + e.mtu
 	e.rx = newPool(cfg.Buffers, size)
@@ -212,9 +202,6 @@ func (e *Engine) Close() error {
 	e.mu.Unlock()
 	err := e.link.Close()
 	<-e.done
-	if e.fdClock != nil {
-		e.fdClock.Close()
-	}
 	return err
 }
 

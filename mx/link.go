@@ -64,11 +64,12 @@ type realClock struct{}
 
 func (realClock) Now() time.Time { return time.Now() }
 
-// AfterFunc runs f after d. Where a timerfd exists the engine uses
-// fdClock instead: Go's poller waits in whole milliseconds on Linux, which
-// makes sub-millisecond timers fire late; a goroutine asleep in nanosleep(2)
-// per timer was tried and cost five times the median round trip
-// (bench/figures/mx, e5b1593).
+// AfterFunc runs f after d. Go's poller waits in whole milliseconds on
+// Linux (runtime/netpoll_epoll.go rounds a shorter wait up to 1 ms), so an
+// idle engine's sub-millisecond timers fire late; a goroutine asleep in
+// nanosleep(2) per timer was tried and cost five times the median round
+// trip (bench/figures/mx, e5b1593). A timerfd waited on in the poller is
+// the candidate fix.
 func (realClock) AfterFunc(d time.Duration, f func()) Timer {
 	return time.AfterFunc(d, f)
 }
