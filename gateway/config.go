@@ -128,8 +128,15 @@ type Config struct {
 	ReplayMax  int
 	FirstFrame time.Duration // how long a LAN connection may take to send OPEN/PEER_QUERY (default 10 s)
 
-	Transport LANTransport // nil = kernel TCP with the LAN options
+	Transport LANTransport // nil = LANTransport below
 	Logger    *slog.Logger
+
+	// LANTransport picks the LAN transport when Transport is nil: "tcp"
+	// (kernel TCP with the LAN options, the default) or "mx" (MX-style
+	// messaging in raw Ethernet frames on LANIf; the site's nodes then need
+	// an MX endpoint, docs/architecture.md).
+	LANTransport string
+	LANIf        string
 
 	// Limits against hostile or broken peers and nodes (docs/limits.md):
 	// advanced settings, zero takes the default. Refusals are logged at
@@ -175,6 +182,7 @@ func DefaultConfig() Config {
 		PollThread: true, QuietRuntime: true, WANQueue: time.Millisecond,
 		ResumeWithin: time.Minute,
 		AllowPorts:   DefaultAllowPorts,
+		LANTransport: "tcp",
 	}
 }
 
@@ -183,6 +191,15 @@ func DefaultConfig() Config {
 // reads nothing from the kernel, so `mpi5k run` checks the remote
 // gateways' settings with it before it starts any.
 func (c *Config) Validate() error {
+	switch c.LANTransport {
+	case "", "tcp":
+	case "mx":
+		if c.LANIf == "" {
+			return fmt.Errorf("--lan-transport mx needs --lan-if, the gateway's interface on the site LAN (e.g. eth0)")
+		}
+	default:
+		return fmt.Errorf("--lan-transport %q: want tcp or mx", c.LANTransport)
+	}
 	if c.Chunk < 0 || c.Chunk > header.MaxPayload {
 		return fmt.Errorf("--chunk %s out of range 1..%s", units.FormatSize(c.Chunk), units.FormatSize(header.MaxPayload))
 	}

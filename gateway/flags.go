@@ -75,6 +75,9 @@ func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
 	addBool(&c.Prime, "wan-prime", "fill each new BBR WAN link with filler until BBR has measured the path, so it does not pace messages at the rate of earlier small ones")
 	addBool(&c.KeepWarm, "wan-keep-warm", "check that TCP slow start after idle (net.ipv4.tcp_slow_start_after_idle) is off when a WAN socket is not BBR, and warn with the fix if not (the gateway changes no host setting; the service unit sets it and restores it)")
 	add(size(&c.ReplayMax, 0, gib), "wan-replay", "bulk bytes a WAN link keeps until the peer acknowledges them, to resend after a break (0: 16MiB); keep it above the WAN's bandwidth-delay product")
+	add(cli.Choice{P: &c.LANTransport, Words: []string{"tcp", "mx"}}, "lan-transport",
+		"LAN transport between the site's nodes and the gateway: tcp (kernel TCP) or mx (MX-style messages in raw Ethernet frames, needs --lan-if and CAP_NET_RAW)")
+	add(cli.Checked{P: &c.LANIf, Check: func(string) error { return nil }}, "lan-if", "the gateway's interface on the site LAN, for --lan-transport mx")
 	addBool(&c.PollThread, "poll-thread", "forward small messages on one event-loop thread that waits for every idle socket (false: Go's network poller)")
 	addBool(&c.QuietRuntime, "quiet-runtime", "take sockets the poll thread waits for out of Go's runtime epoll registration, so a message wakes one thread, not two")
 	cli.MarkAdvanced(fs, f.names[adv:]...)

@@ -235,6 +235,13 @@ func New(cfg Config) (*Gateway, error) {
 			g.refused(reason, "WAN peer hit a limit", "peer", peer, "err", err)
 		}}
 	g.lan = cfg.Transport
+	if g.lan == nil && cfg.LANTransport == "mx" {
+		t, err := newMXLAN(&cfg, site)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: --lan-transport mx: %w", err)
+		}
+		g.lan = t
+	}
 	if g.lan == nil {
 		g.lan = &TCPTransport{Opts: cfg.LAN}
 	}

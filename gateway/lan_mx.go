@@ -1,0 +1,155 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+
+	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/mx"
+)
+
+// MXTransport is the MX-style LAN transport (docs/mx-wire-format.md): each
+// LAN connection is an mx.Stream on the gateway's endpoint, carrying the
+// same bytes a kernel TCP connection would (OPEN, then the application's
+// bytes). The open message of a stream names the IP endpoints it stands
+// for, because MX addresses hosts by MAC and endpoint id: the node's end
+// (the rank's address and port, which the gateway checks against its site
+// like a TCP peer address) and the gateway's end. Which MACs may speak at
+// all is the engine's Config.Allow.
+type MXTransport struct {
+	EP *mx.Endpoint
+	// Resolve maps a node's IP address to the MX endpoint that carries its
+	// streams (its node daemon). Needed by Dial only.
+	Resolve func(netip.Addr) (mx.Addr, error)
+	Stream  mx.StreamConfig
+
+	mu        sync.Mutex
+	listening bool
+	port      atomic.Uint32
+}
+
+// mxMeta is the open metadata: endpoint of the dialer, endpoint it dials.
+func mxMeta(from, to netip.AddrPort) ([]byte, error) {
+	b := make([]byte, header.EndpointLen(from)+header.EndpointLen(to))
+	n, err := header.PutEndpoint(b, from)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := header.PutEndpoint(b[n:], to); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+func parseMXMeta(b []byte) (from, to netip.AddrPort, err error) {
+	from, n, err := header.ParseEndpoint(b)
+	if err != nil {
+		return from, to, err
+	}
+	to, m, err := header.ParseEndpoint(b[n:])
+	if err == nil && n+m != len(b) {
+		err = fmt.Errorf("%d bytes after the two endpoints", len(b)-n-m)
+	}
+	return from, to, err
+}
+
+type mxLANConn struct {
+	*mx.Stream
+	local, remote netip.AddrPort
+}
+
+func (c *mxLANConn) Local() netip.AddrPort  { return c.local }
+func (c *mxLANConn) Remote() netip.AddrPort { return c.remote }
+
+type mxListener struct {
+	t      *MXTransport
+	ln     *mx.Listener
+	addr   netip.AddrPort
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// Listen accepts streams on the transport's endpoint; addr is the
+// gateway's LAN address the streams' open metadata must name.
+func (t *MXTransport) Listen(addr netip.AddrPort) (LANListener, error) {
+	if t.EP == nil {
+		return nil, errors.New("mx LAN transport: no endpoint (open one on an engine bound to the LAN interface)")
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.listening {
+		return nil, fmt.Errorf("mx LAN transport: endpoint %v already has a listener", t.EP.Addr())
+	}
+	ln, err := mx.Listen(t.EP, t.Stream)
+	if err != nil {
+		return nil, err
+	}
+	t.listening = true
+	ctx, cancel := context.WithCancel(context.Background())
+	return &mxListener{t: t, ln: ln, addr: addr, ctx: ctx, cancel: cancel}, nil
+}
+
+func (l *mxListener) Accept() (LANConn, error) {
+	for {
+		s, err := l.ln.Accept(l.ctx)
+		if err != nil {
+			if l.ctx.Err() != nil {
+				return nil, fmt.Errorf("mx LAN listener %v: %w", l.addr, net.ErrClosed)
+			}
+			return nil, err
+		}
+		from, to, err := parseMXMeta(s.Meta)
+		if err != nil || to != l.addr {
+			// A node that does not say who it is, or names another
+			// gateway, gets a reset, as a TCP connection to a wrong
+			// address would.
+			s.Abort()
+			continue
+		}
+		return &mxLANConn{Stream: s, local: l.addr, remote: from}, nil
+	}
+}
+
+func (l *mxListener) Addr() netip.AddrPort { return l.addr }
+
+func (l *mxListener) Close() error {
+	l.cancel()
+	l.t.mu.Lock()
+	l.t.listening = false
+	l.t.mu.Unlock()
+	return nil
+}
+
+// Dial opens a stream to the node daemon serving dst. The local endpoint is
+// local and a port the transport draws (MX has no ports): the destination
+// sees it as the connection's source, and bound records it first.
+func (t *MXTransport) Dial(ctx context.Context, local netip.Addr, dst netip.AddrPort, bound func(netip.AddrPort)) (LANConn, error) {
+	if t.EP == nil || t.Resolve == nil {
+		return nil, errors.New("mx LAN transport: Dial needs an endpoint and a Resolve function")
+	}
+	to, err := t.Resolve(dst.Addr())
+	if err != nil {
+		return nil, fmt.Errorf("mx LAN transport: no MX endpoint for %v: %w", dst.Addr(), err)
+	}
+	port := uint16(32768 + t.port.Add(1)%28232) // Linux's ephemeral range
+	src := netip.AddrPortFrom(local, port)
+	if bound != nil {
+		bound(src)
+	}
+	meta, err := mxMeta(src, dst)
+	if err != nil {
+		return nil, err
+	}
+	s, err := mx.Dial(ctx, t.EP, to, meta, t.Stream)
+	if err != nil {
+		return nil, err
+	}
+	return &mxLANConn{Stream: s, local: src, remote: dst}, nil
+}
+
+var _ LANConn = (*mxLANConn)(nil)

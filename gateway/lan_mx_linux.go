@@ -1,0 +1,113 @@
+package gateway
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/mpi5k/mpi5k/mx"
+	"github.com/mpi5k/mpi5k/mx/afpacket"
+	"github.com/mpi5k/mpi5k/sitemap"
+)
+
+// MXEndpoint is the endpoint id of the MX LAN transport on every host of a
+// site: the gateway's and each node daemon's.
+const MXEndpoint = 1
+
+// newMXLAN starts the MX engine of --lan-transport mx on cfg.LANIf. The
+// engine lives as long as the process: streams drain past the LAN
+// listener's close.
+func newMXLAN(cfg *Config, site *sitemap.Site) (*MXTransport, error) {
+	ifi, err := net.InterfaceByName(cfg.LANIf)
+	if err != nil {
+		return nil, fmt.Errorf("--lan-if %q: %w", cfg.LANIf, err)
+	}
+	link, err := afpacket.Open(cfg.LANIf)
+	if err != nil {
+		return nil, err
+	}
+	nb := &neighbors{ifindex: ifi.Index, site: site}
+	e, err := mx.New(link, mx.Config{Allow: nb.allowed})
+	if err != nil {
+		link.Close()
+		return nil, err
+	}
+	ep, err := e.Open(MXEndpoint)
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	return &MXTransport{EP: ep, Resolve: nb.resolve}, nil
+}
+
+// neighbors is the site's hosts as the kernel's neighbour (ARP/NDP) table
+// on the LAN interface knows them: which MACs may send MX frames (those of
+// addresses in the site's networks) and where a node's daemon is. It is
+// re-read on a miss, at most once a second, so a flood of foreign frames
+// costs one netlink dump a second.
+type neighbors struct {
+	ifindex int
+	site    *sitemap.Site
+
+	mu     sync.Mutex
+	macs   map[mx.MAC]bool
+	byIP   map[netip.Addr]mx.MAC
+	readAt time.Time
+}
+
+func (n *neighbors) refresh() {
+	if time.Since(n.readAt) < time.Second {
+		return
+	}
+	n.readAt = time.Now()
+	list, err := netlink.NeighList(n.ifindex, netlink.FAMILY_ALL)
+	if err != nil {
+		return
+	}
+	n.macs, n.byIP = map[mx.MAC]bool{}, map[netip.Addr]mx.MAC{}
+	for _, e := range list {
+		a, ok := netip.AddrFromSlice(e.IP)
+		if !ok || len(e.HardwareAddr) != 6 || e.State&(netlink.NUD_FAILED|netlink.NUD_INCOMPLETE) != 0 {
+			continue
+		}
+		a = a.Unmap()
+		in := false
+		for _, p := range n.site.Nets {
+			in = in || p.Contains(a)
+		}
+		if !in {
+			continue
+		}
+		var m mx.MAC
+		copy(m[:], e.HardwareAddr)
+		n.macs[m] = true
+		n.byIP[a] = m
+	}
+}
+
+func (n *neighbors) allowed(m mx.MAC) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.macs[m] {
+		n.refresh()
+	}
+	return n.macs[m]
+}
+
+func (n *neighbors) resolve(a netip.Addr) (mx.Addr, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m, ok := n.byIP[a]
+	if !ok {
+		n.refresh()
+		m, ok = n.byIP[a]
+	}
+	if !ok {
+		return mx.Addr{}, fmt.Errorf("%v is not in the neighbour table of the LAN interface (the node has not spoken to this host)", a)
+	}
+	return mx.Addr{MAC: m, EP: MXEndpoint}, nil
+}

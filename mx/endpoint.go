@@ -1,0 +1,355 @@
+package mx
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/mpi5k/mpi5k/mx/wire"
+)
+
+// Endpoint is an MX endpoint: it holds channels to peers, posted receives
+// and the messages that arrived before a receive matched them.
+type Endpoint struct {
+	e          *Engine
+	id         uint16
+	chans      map[Addr]*channel
+	posted     []*Request // receives in the order they were posted
+	unexpected []*inMsg   // messages in the order they arrived
+	closed     bool
+}
+
+// ID is the endpoint's id.
+func (ep *Endpoint) ID() uint16 { return ep.id }
+
+// Addr is the endpoint's address.
+func (ep *Endpoint) Addr() Addr { return Addr{MAC: ep.e.mac, EP: ep.id} }
+
+// inMsg is a message being received: matched to a receive (req) or waiting
+// in the unexpected queue with the frames that carried it.
+type inMsg struct {
+	ch     *channel
+	match  uint64
+	msg    uint32
+	length int
+	got    int  // bytes arrived (eager) or pulled in (rendezvous)
+	rts    bool // rendezvous: the bytes are pulled once matched
+	req    *Request
+	frames [][]byte // unexpected eager: pooled buffers
+	parts  [][]byte // their payloads, in offset order
+	pulled int      // rendezvous: bytes asked for so far
+}
+
+// Connect opens a channel to a peer endpoint, or returns at once if one is
+// open. It fails with ErrTimeout if the peer does not answer within the
+// peer timeout, ErrRejected if it has no such endpoint.
+func (ep *Endpoint) Connect(ctx context.Context, to Addr) error {
+	e := ep.e
+	e.mu.Lock()
+	if ep.closed {
+		e.mu.Unlock()
+		return ErrClosed
+	}
+	ch := ep.chans[to]
+	if ch == nil {
+		ch = ep.newChannel(to)
+		ch.state = stateConnecting
+		ch.connWait = make(chan struct{})
+		ch.connectStart = e.now()
+		ch.sendConnect(wire.TypeConnect)
+	}
+	wait := ch.connWait
+	e.mu.Unlock()
+	if wait == nil {
+		return nil
+	}
+	select {
+	case <-wait:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return ch.err
+}
+
+// Connected reports whether a channel to the peer is open.
+func (ep *Endpoint) Connected(to Addr) bool {
+	ep.e.mu.Lock()
+	defer ep.e.mu.Unlock()
+	ch := ep.chans[to]
+	return ch != nil && ch.state == stateOpen
+}
+
+func (ep *Endpoint) onConnect(from Addr, h *wire.Header, p []byte) {
+	c, err := wire.ParseConnect(p)
+	if err != nil {
+		ep.e.c.malformed.Add(1)
+		return
+	}
+	ch := ep.chans[from]
+	if ch != nil && ch.peerSession == h.Session && ch.state == stateOpen {
+		ch.sendConnect(wire.TypeConnectAck) // our answer was lost
+		return
+	}
+	if ch != nil && ch.state == stateOpen {
+		ch.fail(fmt.Errorf("%w: %v reconnected (it restarted)", ErrPeerClosed, from))
+		ch = nil
+	}
+	if ch == nil {
+		ch = ep.newChannel(from)
+	}
+	// A CONNECT that crosses ours: both ends then hold the channel open
+	// with each other's session.
+	ch.open(h.Session, int(c.MaxFrame), h.Window)
+	ch.sendConnect(wire.TypeConnectAck)
+}
+
+func (ep *Endpoint) onConnectAck(from Addr, h *wire.Header, p []byte) {
+	c, err := wire.ParseConnect(p)
+	if err != nil {
+		ep.e.c.malformed.Add(1)
+		return
+	}
+	ch := ep.chans[from]
+	if ch == nil || h.Ack != ch.session {
+		ep.e.c.stale.Add(1)
+		return
+	}
+	if ch.state == stateOpen {
+		return
+	}
+	ch.open(h.Session, int(c.MaxFrame), h.Window)
+}
+
+// Isend sends buf to a connected peer with match bits. buf must stay
+// unchanged until the request completes: at once for an eager message
+// once its frames are built, after the receiver pulled it for a large one.
+func (ep *Endpoint) Isend(to Addr, match uint64, buf []byte) (*Request, error) {
+	if uint64(len(buf)) > 1<<32-1 {
+		return nil, fmt.Errorf("mx: message of %d bytes, at most 4 GiB-1", len(buf))
+	}
+	e := ep.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if ep.closed {
+		return nil, ErrClosed
+	}
+	ch := ep.chans[to]
+	if ch == nil || ch.state != stateOpen {
+		if ch != nil && ch.err != nil {
+			return nil, ch.err
+		}
+		return nil, fmt.Errorf("%w: %v", ErrNotConnected, to)
+	}
+	r := &Request{done: make(chan struct{}), ep: ep, buf: buf, n: len(buf)}
+	msg := ch.msgNext
+	ch.msgNext++
+	if len(buf) <= e.cfg.EagerMax {
+		ch.queue = append(ch.queue, &sendItem{kind: wire.TypeEager, msg: msg, match: match, data: buf, req: r})
+	} else {
+		ch.rndv[msg] = r
+		ch.queue = append(ch.queue, &sendItem{kind: wire.TypeRTS, msg: msg, match: match, data: buf})
+	}
+	ch.pump()
+	return r, nil
+}
+
+// Send is Isend and Wait.
+func (ep *Endpoint) Send(ctx context.Context, to Addr, match uint64, buf []byte) error {
+	r, err := ep.Isend(to, match, buf)
+	if err != nil {
+		return err
+	}
+	_, err = r.Wait(ctx)
+	return err
+}
+
+// Irecv posts a receive into buf for the first message, from any peer,
+// whose match bits equal match on the bits set in mask.
+func (ep *Endpoint) Irecv(buf []byte, match, mask uint64) *Request {
+	return ep.irecv(buf, match, mask, nil)
+}
+
+// IrecvFrom is Irecv for messages from one peer only; it fails if the
+// channel to that peer fails.
+func (ep *Endpoint) IrecvFrom(from Addr, buf []byte, match, mask uint64) *Request {
+	return ep.irecv(buf, match, mask, &from)
+}
+
+// Recv is Irecv and Wait.
+func (ep *Endpoint) Recv(ctx context.Context, buf []byte, match, mask uint64) (int, uint64, Addr, error) {
+	r := ep.Irecv(buf, match, mask)
+	if _, err := r.Wait(ctx); err != nil && ep.Cancel(r) {
+		return 0, 0, Addr{}, err
+	}
+	return r.Status()
+}
+
+func (r *Request) matches(from Addr, match uint64) bool {
+	return (match^r.want)&r.mask == 0 && (r.filter == nil || *r.filter == from)
+}
+
+func (ep *Endpoint) irecv(buf []byte, match, mask uint64, from *Addr) *Request {
+	e := ep.e
+	r := &Request{done: make(chan struct{}), ep: ep, buf: buf, want: match, mask: mask, filter: from, recv: true}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if ep.closed {
+		r.finish(ErrClosed)
+		return r
+	}
+	if from != nil {
+		if ch := ep.chans[*from]; ch == nil || ch.state != stateOpen {
+			err := fmt.Errorf("%w: %v", ErrNotConnected, *from)
+			if ch != nil && ch.err != nil {
+				err = ch.err
+			}
+			r.finish(err)
+			return r
+		}
+	}
+	for i, m := range ep.unexpected {
+		if r.matches(m.ch.peer, m.match) {
+			ep.unexpected = append(ep.unexpected[:i], ep.unexpected[i+1:]...)
+			m.bind(r)
+			return r
+		}
+	}
+	ep.posted = append(ep.posted, r)
+	return r
+}
+
+// Cancel withdraws a posted receive that no message matched yet; it
+// reports whether it did (the request then ends with ErrCanceled).
+func (ep *Endpoint) Cancel(r *Request) bool {
+	ep.e.mu.Lock()
+	defer ep.e.mu.Unlock()
+	for i, p := range ep.posted {
+		if p == r {
+			ep.posted = append(ep.posted[:i], ep.posted[i+1:]...)
+			r.finish(ErrCanceled)
+			return true
+		}
+	}
+	return false
+}
+
+// match finds and removes the first posted receive for a new message.
+func (ep *Endpoint) match(from Addr, match uint64) *Request {
+	for i, r := range ep.posted {
+		if r.matches(from, match) {
+			ep.posted = append(ep.posted[:i], ep.posted[i+1:]...)
+			return r
+		}
+	}
+	return nil
+}
+
+// bind attaches receive r to message m: the bytes that arrived are copied,
+// a rendezvous starts pulling.
+func (m *inMsg) bind(r *Request) {
+	m.req = r
+	r.in = m
+	r.match = m.match
+	r.from = m.ch.peer
+	r.n = min(m.length, len(r.buf))
+	if m.rts {
+		m.ch.pulls[m.msg] = m
+		m.pullMore()
+		return
+	}
+	off := 0
+	for _, p := range m.parts {
+		if off < len(r.buf) {
+			copy(r.buf[off:], p)
+		}
+		off += len(p)
+	}
+	for _, f := range m.frames {
+		m.ch.ep.e.rx.put(f)
+	}
+	m.frames, m.parts = nil, nil
+	m.ch.windowUpdate()
+	if m.got == m.length {
+		m.complete()
+	} else {
+		m.ch.rxMsgs[m.msg] = m
+	}
+}
+
+func (m *inMsg) complete() {
+	delete(m.ch.rxMsgs, m.msg)
+	var err error
+	if m.length > len(m.req.buf) {
+		err = fmt.Errorf("%w: %d bytes from %v into %d", ErrTruncated, m.length, m.ch.peer, len(m.req.buf))
+	}
+	m.req.finish(err)
+}
+
+// want is how many bytes of a rendezvous message the receive takes.
+func (m *inMsg) want() int { return min(m.length, len(m.req.buf)) }
+
+// pullMore keeps PullAhead blocks of a rendezvous message asked for.
+func (m *inMsg) pullMore() {
+	cfg := &m.ch.ep.e.cfg
+	for m.pulled < m.want() && m.pulled-m.got < cfg.PullAhead*cfg.PullBlock {
+		n := min(cfg.PullBlock, m.want()-m.pulled)
+		m.ch.ctl = append(m.ch.ctl, &sendItem{kind: wire.TypePull, msg: m.msg, off: m.pulled, end: m.pulled + n})
+		m.pulled += n
+	}
+	if m.want() == 0 { // a zero-length receive buffer: nothing to pull
+		m.rndvDone()
+	}
+	m.ch.pump()
+}
+
+func (m *inMsg) rndvDone() {
+	delete(m.ch.pulls, m.msg)
+	m.ch.ctl = append(m.ch.ctl, &sendItem{kind: wire.TypeDone, msg: m.msg})
+	m.ch.pump()
+	var err error
+	if m.length > len(m.req.buf) {
+		err = fmt.Errorf("%w: %d bytes from %v into %d", ErrTruncated, m.length, m.ch.peer, len(m.req.buf))
+	}
+	m.req.finish(err)
+}
+
+// Close closes the endpoint: every channel is told (DISCONNECT, after the
+// frames before it) and every pending request fails with ErrClosed.
+func (ep *Endpoint) Close() error {
+	ep.e.mu.Lock()
+	defer ep.e.mu.Unlock()
+	ep.closeLocked(true)
+	return nil
+}
+
+func (ep *Endpoint) closeLocked(tell bool) {
+	if ep.closed {
+		return
+	}
+	ep.closed = true
+	for _, ch := range ep.chans {
+		if tell && ch.state == stateOpen {
+			// Best effort: the frame goes out now if the window allows;
+			// the channel's state is dropped either way.
+			ch.queue = append(ch.queue, &sendItem{kind: wire.TypeDisconnect})
+			ch.pump()
+		}
+		ch.fail(fmt.Errorf("%w: endpoint %d closed", ErrClosed, ep.id))
+	}
+	for _, r := range ep.posted {
+		r.finish(fmt.Errorf("%w: endpoint %d closed", ErrClosed, ep.id))
+	}
+	ep.posted = nil
+	for _, m := range ep.unexpected {
+		for _, f := range m.frames {
+			ep.e.rx.put(f)
+		}
+	}
+	ep.unexpected = nil
+	delete(ep.e.eps, ep.id)
+}
+
+// timeNever is a zero deadline: nothing due.
+var timeNever time.Time

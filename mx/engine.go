@@ -1,0 +1,450 @@
+// Package mx is an MX-style messaging engine over raw Ethernet frames
+// (docs/mx-wire-format.md): endpoints, sends and receives matched by 64-bit
+// match bits and masks, eager messages below a threshold and rendezvous
+// (the receiver pulls into its posted buffer) above it, and per-channel
+// reliability at LAN time scales: sequence numbers, cumulative and selective
+// acknowledgements, retransmission after an RTO measured in microseconds,
+// a receive window for flow control, duplicate suppression.
+//
+// The engine is pure Go and talks to the network through a Link, so tests
+// drive it over MemHub (loss, duplication, reordering) and the gateway over
+// an AF_PACKET socket (package mx/afpacket). Stream adapts a pair of
+// endpoints to a byte stream (Read, Write, CloseWrite, Abort), which is what
+// the gateway and the ranks speak.
+//
+// One mutex guards an engine's state; the receive goroutine, the single
+// timer and the API calls take it briefly and never block under it (Link.Send
+// is a non-blocking system call on a raw socket).
+package mx
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mpi5k/mpi5k/mx/wire"
+)
+
+// Config tunes an engine. The zero value of a field means its default.
+type Config struct {
+	// EagerMax is the largest message sent eagerly (copied into frames at
+	// once); larger ones use rendezvous. Default 8 KiB, at most
+	// wire.MaxEager.
+	EagerMax int
+	// Window is how many frames a channel keeps in flight and accepts out
+	// of order. Default 256.
+	Window int
+	// Buffers is the number of frame buffers in each of the receive and
+	// send pools, shared by all channels. Default 4096.
+	Buffers int
+	// RTOMin and RTOMax bound the retransmission timeout. Defaults 200 µs
+	// and 50 ms: a LAN round trip is tens of microseconds.
+	RTOMin, RTOMax time.Duration
+	// AckDelay is how long a receiver may hold an acknowledgement hoping a
+	// reply carries it. Default 20 µs.
+	AckDelay time.Duration
+	// PeerTimeout fails a channel whose oldest frame goes unacknowledged
+	// this long, and a connect that gets no answer. Default 1 s.
+	PeerTimeout time.Duration
+	// PullBlock is the size of one PULL; PullAhead how many are
+	// outstanding. Defaults 64 KiB and 4.
+	PullBlock, PullAhead int
+	// Allow, if set, admits frames by source MAC; others are dropped and
+	// counted (Stats.Foreign) before they are decoded.
+	Allow func(MAC) bool
+	// Clock replaces the real clock in tests.
+	Clock Clock
+}
+
+func (c *Config) fill(mtu int) error {
+	def := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	defd := func(p *time.Duration, v time.Duration) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	def(&c.EagerMax, 8<<10)
+	def(&c.Window, 256)
+	def(&c.Buffers, 4096)
+	def(&c.PullBlock, 64<<10)
+	def(&c.PullAhead, 4)
+	defd(&c.RTOMin, 200*time.Microsecond)
+	defd(&c.RTOMax, 50*time.Millisecond)
+	defd(&c.AckDelay, 20*time.Microsecond)
+	defd(&c.PeerTimeout, time.Second)
+	if c.Clock == nil {
+		c.Clock = realClock{}
+	}
+	switch {
+	case c.EagerMax < 0 || c.EagerMax > wire.MaxEager:
+		return fmt.Errorf("mx: eager threshold %d out of range 1..%d", c.EagerMax, wire.MaxEager)
+	case c.Window < 1 || c.Window > 32768:
+		return fmt.Errorf("mx: window %d frames out of range 1..32768", c.Window)
+	case c.Buffers < 2*c.Window:
+		return fmt.Errorf("mx: %d buffers cannot back a window of %d frames; give at least %d", c.Buffers, c.Window, 2*c.Window)
+	case c.RTOMin <= 0 || c.RTOMax < c.RTOMin:
+		return fmt.Errorf("mx: RTO bounds %v..%v invalid", c.RTOMin, c.RTOMax)
+	case c.PullBlock < 1 || c.PullAhead < 1:
+		return fmt.Errorf("mx: pull block %d x %d invalid", c.PullBlock, c.PullAhead)
+	case mtu <= wire.Size || mtu > wire.MaxFrame:
+		return fmt.Errorf("mx: link MTU %d out of range %d..%d", mtu, wire.Size+1, wire.MaxFrame)
+	}
+	return nil
+}
+
+// Errors a request or call can end with; the returned errors wrap them and
+// name the peer.
+var (
+	ErrTimeout      = errors.New("mx: peer did not answer")
+	ErrRejected     = errors.New("mx: peer rejected the channel")
+	ErrPeerClosed   = errors.New("mx: peer closed the channel")
+	ErrClosed       = errors.New("mx: endpoint closed")
+	ErrNotConnected = errors.New("mx: no channel to this peer (Connect first)")
+	ErrTruncated    = errors.New("mx: message longer than the receive buffer")
+	ErrCanceled     = errors.New("mx: receive canceled")
+)
+
+// Stats counts what the engine saw; read with Engine.Stats.
+type Stats struct {
+	Sent, Received uint64 // frames
+	Retransmits    uint64 // frames sent again (timeout or hole)
+	Timeouts       uint64 // RTO expiries
+	Probes         uint64 // tail-loss probes (counted in Retransmits too)
+	Duplicates     uint64 // sequenced frames received twice
+	OutOfOrder     uint64 // frames held until the hole before them filled
+	NoBuffer       uint64 // frames dropped because the receive pool was empty
+	Foreign        uint64 // frames from a MAC outside the allowed set
+	Malformed      uint64 // frames the decoder rejected
+	Stale          uint64 // frames for no channel or an old session
+	SendErrors     uint64 // Link.Send failures
+	RTT            time.Duration
+}
+
+type counters struct {
+	sent, received, retransmits, timeouts, probes, duplicates, outOfOrder,
+	noBuffer, foreign, malformed, stale, sendErrors atomic.Uint64
+}
+
+// Engine runs the protocol on one link.
+type Engine struct {
+	cfg  Config
+	link Link
+	mac  MAC
+	mtu  int
+	c    counters
+
+	mu        sync.Mutex
+	eps       map[uint16]*Endpoint
+	rx, tx    *pool
+	timer     Timer
+	timerAt   time.Time
+	closed    bool
+	scratch   []byte // an Ethernet header + one control frame
+	lastRTT   time.Duration
+	streamSeq uint64
+	done      chan struct{}
+}
+
+// New starts an engine on link. Close stops it and closes the link.
+func New(link Link, cfg Config) (*Engine, error) {
+	if err := cfg.fill(link.MTU()); err != nil {
+		return nil, err
+	}
+	e := &Engine{cfg: cfg, link: link, mac: link.MAC(), mtu: link.MTU(),
+		eps: map[uint16]*Endpoint{}, done: make(chan struct{})}
+	size := wire.EthSize + e.mtu
+	e.rx = newPool(cfg.Buffers, size)
+	e.tx = newPool(cfg.Buffers, size)
+	e.scratch = make([]byte, wire.EthSize+wire.Size+wire.ConnectSize)
+	go e.recvLoop()
+	return e, nil
+}
+
+// MAC is the engine's own address.
+func (e *Engine) MAC() MAC { return e.mac }
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() Stats {
+	e.mu.Lock()
+	rtt := e.lastRTT
+	e.mu.Unlock()
+	return Stats{Sent: e.c.sent.Load(), Received: e.c.received.Load(),
+		Retransmits: e.c.retransmits.Load(), Timeouts: e.c.timeouts.Load(), Probes: e.c.probes.Load(),
+		Duplicates: e.c.duplicates.Load(), OutOfOrder: e.c.outOfOrder.Load(),
+		NoBuffer: e.c.noBuffer.Load(), Foreign: e.c.foreign.Load(),
+		Malformed: e.c.malformed.Load(), Stale: e.c.stale.Load(),
+		SendErrors: e.c.sendErrors.Load(), RTT: rtt}
+}
+
+// Close closes every endpoint (without waiting for peers) and the link.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	for _, ep := range e.eps {
+		ep.closeLocked(false)
+	}
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	e.mu.Unlock()
+	err := e.link.Close()
+	<-e.done
+	return err
+}
+
+// Open creates endpoint id.
+func (e *Engine) Open(id uint16) (*Endpoint, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, ErrClosed
+	}
+	if e.eps[id] != nil {
+		return nil, fmt.Errorf("mx: endpoint %d is already open on %v", id, e.mac)
+	}
+	ep := &Endpoint{e: e, id: id, chans: map[Addr]*channel{}}
+	e.eps[id] = ep
+	return ep, nil
+}
+
+func (e *Engine) recvLoop() {
+	defer close(e.done)
+	spare := make([]byte, wire.EthSize+e.mtu)
+	for {
+		e.mu.Lock()
+		buf := e.rx.get()
+		e.mu.Unlock()
+		pooled := buf != nil
+		if !pooled {
+			buf = spare
+		}
+		n, err := e.link.Recv(buf)
+		if err != nil {
+			if pooled {
+				e.mu.Lock()
+				e.rx.put(buf)
+				e.mu.Unlock()
+			}
+			return
+		}
+		e.mu.Lock()
+		kept := e.input(buf[:n], pooled)
+		if pooled && !kept {
+			e.rx.put(buf)
+		}
+		e.mu.Unlock()
+	}
+}
+
+// input handles one received Ethernet frame. pooled says whether buf may
+// be kept (it then belongs to the engine until released to e.rx); it
+// returns whether it kept it.
+func (e *Engine) input(buf []byte, pooled bool) bool {
+	if e.closed || len(buf) < wire.EthSize {
+		return false
+	}
+	if buf[12] != wire.EtherType>>8 || buf[13] != wire.EtherType&0xff {
+		return false
+	}
+	var src MAC
+	copy(src[:], buf[6:12])
+	if e.cfg.Allow != nil && !e.cfg.Allow(src) {
+		e.c.foreign.Add(1)
+		return false
+	}
+	f := buf[wire.EthSize:]
+	h, err := wire.Decode(f)
+	if err != nil {
+		e.c.malformed.Add(1)
+		return false
+	}
+	e.c.received.Add(1)
+	payload := f[wire.Size : wire.Size+int(h.Len)]
+	from := Addr{MAC: src, EP: h.Src}
+	ep := e.eps[h.Dst]
+	if ep == nil || ep.closed {
+		if h.Type == wire.TypeConnect || h.Type.Sequenced() {
+			e.sendReject(from, h.Dst, h.Session, wire.RejectNoEndpoint)
+		}
+		e.c.stale.Add(1)
+		return false
+	}
+	switch h.Type {
+	case wire.TypeConnect:
+		ep.onConnect(from, &h, payload)
+		return false
+	case wire.TypeConnectAck:
+		ep.onConnectAck(from, &h, payload)
+		return false
+	case wire.TypeReject:
+		// Only a REJECT of our current session counts: one provoked by a
+		// stale frame of an earlier channel must not end the new one.
+		if ch := ep.chans[from]; ch != nil && h.Session == ch.session {
+			reason, _ := wire.ParseReject(payload)
+			ch.fail(fmt.Errorf("%w: %v answered REJECT %d", ErrRejected, from, reason))
+		}
+		return false
+	}
+	ch := ep.chans[from]
+	if ch != nil && ch.state == stateConnecting {
+		// The peer opened its side and sent before its CONNECT_ACK
+		// reached us (reordering): drop, it resends.
+		return false
+	}
+	if ch == nil || h.Session != ch.peerSession {
+		e.c.stale.Add(1)
+		e.sendReject(from, ep.id, h.Session, wire.RejectNoChannel)
+		return false
+	}
+	ch.onAck(&h)
+	if !h.Type.Sequenced() {
+		if h.Flags&wire.FlagAckNow != 0 {
+			ch.sendAck(wire.TypeAck)
+		}
+		return false
+	}
+	return ch.onSequenced(&h, payload, buf, pooled)
+}
+
+// now is the engine clock's time.
+func (e *Engine) now() time.Time { return e.cfg.Clock.Now() }
+
+// xmit sends a frame built in b (Ethernet header included) to dst.
+func (e *Engine) xmit(dst MAC, b []byte) {
+	putEth(b, dst, e.mac)
+	if err := e.link.Send(b); err != nil {
+		e.c.sendErrors.Add(1)
+		return
+	}
+	e.c.sent.Add(1)
+}
+
+// sendReject answers a frame of session that has no channel or endpoint;
+// the REJECT names that session so it ends only the channel it concerns.
+func (e *Engine) sendReject(to Addr, from uint16, session uint32, reason uint8) {
+	h := wire.Header{Type: wire.TypeReject, Dst: to.EP, Src: from, Session: session, Len: 1}
+	b := e.scratch[:wire.EthSize+wire.Size+1]
+	h.Encode(b[wire.EthSize:])
+	b[wire.EthSize+wire.Size] = reason
+	e.xmit(to.MAC, b)
+}
+
+// arm makes sure the timer fires by t.
+func (e *Engine) arm(t time.Time) {
+	if e.closed || (!e.timerAt.IsZero() && !t.Before(e.timerAt)) {
+		return
+	}
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	e.timerAt = t
+	d := t.Sub(e.now())
+	if d < 0 {
+		d = 0
+	}
+	e.timer = e.cfg.Clock.AfterFunc(d, e.onTimer)
+}
+
+func (e *Engine) onTimer() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return
+	}
+	now := e.now()
+	e.timerAt = time.Time{}
+	var next time.Time
+	for _, ep := range e.eps {
+		for _, ch := range ep.chans {
+			if t := ch.tick(now); !t.IsZero() && (next.IsZero() || t.Before(next)) {
+				next = t
+			}
+		}
+	}
+	if !next.IsZero() {
+		e.arm(next)
+	}
+}
+
+// pumpAll lets every channel waiting for send buffers use freed ones.
+func (e *Engine) pumpAll() {
+	for _, ep := range e.eps {
+		for _, ch := range ep.chans {
+			if ch.hasWork() {
+				ch.pump()
+			}
+		}
+	}
+}
+
+func nonce() uint32 {
+	var b [4]byte
+	for {
+		rand.Read(b[:])
+		if v := binary.BigEndian.Uint32(b[:]); v != 0 {
+			return v
+		}
+	}
+}
+
+// Request is a pending send or receive.
+type Request struct {
+	done chan struct{}
+	err  error
+	n    int
+	// Set when the request completes, for receives.
+	match uint64
+	from  Addr
+
+	ep         *Endpoint
+	buf        []byte
+	want, mask uint64
+	filter     *Addr
+	recv       bool
+	in         *inMsg // the message a receive is bound to
+	finished   bool
+}
+
+// Done is closed when the request completes.
+func (r *Request) Done() <-chan struct{} { return r.done }
+
+// Wait blocks until the request completes or ctx ends; for a receive it
+// returns the bytes received. A context that ends first leaves the request
+// pending.
+func (r *Request) Wait(ctx context.Context) (int, error) {
+	select {
+	case <-r.done:
+		return r.n, r.err
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// Status reports, once Done is closed, what a receive got: its length,
+// its match bits and its sender.
+func (r *Request) Status() (n int, match uint64, from Addr, err error) {
+	<-r.done
+	return r.n, r.match, r.from, r.err
+}
+
+func (r *Request) finish(err error) {
+	if r.finished {
+		return
+	}
+	r.finished = true
+	r.err = err
+	close(r.done)
+}
