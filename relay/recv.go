@@ -32,8 +32,11 @@ func (l *Link) readLoop(r *header.Reader, w *waiter, gen uint64, done chan struc
 			// Nothing buffered: if the socket is empty too, the poller
 			// thread waits for it and reads while frames arrive whole.
 			_, err := r.FillFrom(fill)
-			if err == errWouldBlock {
-				r.Release() // an idle link holds no read buffer
+			if err == errWouldBlock && l.sealed == nil {
+				// An idle link holds no read buffer. A sealed link's is
+				// record-sized, not the pool's size: it keeps it rather
+				// than allocate 320 KiB per message.
+				r.Release()
 			}
 			if err == errWouldBlock && w.wait() {
 				if l.rerr != nil {
@@ -95,7 +98,9 @@ func (l *Link) readStep() bool {
 	// A record already read and not yet opened must not wait for the
 	// socket's next bytes: readLoop takes it.
 	if r.Buffered() == 0 && !l.sealedBuffered() {
-		r.Release() // an idle link holds no read buffer
+		if l.sealed == nil {
+			r.Release() // an idle link holds no read buffer (see readLoop)
+		}
 		return true
 	}
 	return false
