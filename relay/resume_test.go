@@ -154,37 +154,11 @@ func resume(t testing.TB, cfg Config, a, b *Link) error {
 func TestResumeLossless(t *testing.T) {
 	cfg := Config{Chunk: 32 << 10, Window: 256 << 10, ExpressMax: 4 << 10, Logger: testLogger(t)}
 	_, _, as, bs := resumingPair(t, cfg, 2)
-	dst := testnet.Serve(t, loopback, testnet.SumServer)
-	stop := make(chan struct{})
-	var kills atomic.Int64
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		r := rand.New(rand.NewPCG(3, 4))
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Duration(5+r.IntN(15)) * time.Millisecond):
-			}
-			i := r.IntN(len(as))
-			kill(as[i])
-			waitDown(t, as[i], bs[i])
-			time.Sleep(time.Duration(r.IntN(5)) * time.Millisecond)
-			if err := resume(t, cfg, as[i], bs[i]); err != nil {
-				t.Errorf("resume link %d: %v", i, err)
-				return
-			}
-			kills.Add(1)
-		}
-	}()
-	var total int64
-	for round := uint64(0); round < 10 && (round == 0 || kills.Load() < 10); round++ {
-		total += runStreams(t, as[0], dst, 100, 2<<20, 7+round)
-	}
-	close(stop)
-	wg.Wait()
+	total, kills := breakWhileStreaming(t, cfg, as, bs, 100, 2<<20, 7, 10, func(r *rand.Rand, i int) {
+		kill(as[i])
+		waitDown(t, as[i], bs[i])
+		time.Sleep(time.Duration(r.IntN(5)) * time.Millisecond)
+	})
 	var resumes, replayed uint64
 	for i := range as {
 		st := as[i].ResumeStats()
@@ -194,10 +168,47 @@ func TestResumeLossless(t *testing.T) {
 			t.Fatalf("link %d failed: %v", i, err)
 		}
 	}
-	if kills.Load() < 10 || resumes < uint64(kills.Load()) {
-		t.Fatalf("%d kills, %d resumes: the test did not break the links", kills.Load(), resumes)
+	if kills < 10 || resumes < uint64(kills) {
+		t.Fatalf("%d kills, %d resumes: the test did not break the links", kills, resumes)
 	}
 	t.Logf("%d bytes in checksummed streams across %d resumes, %d bytes written again", total, resumes, replayed)
+}
+
+// breakWhileStreaming runs rounds of n checksummed streams of size bytes
+// over as[0] (seeds from seed on) while it breaks a random link of the
+// trunk with brk every 5-20 ms and resumes it, until want breaks happened
+// (at most 10 rounds). It returns the bytes the streams carried and the
+// breaks.
+func breakWhileStreaming(t *testing.T, cfg Config, as, bs []*Link, n, size int, seed uint64, want int64, brk func(r *rand.Rand, i int)) (total, breaks int64) {
+	dst := testnet.Serve(t, loopback, testnet.SumServer)
+	stop := make(chan struct{})
+	var done atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r := rand.New(rand.NewPCG(seed, seed+1))
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Duration(5+r.IntN(15)) * time.Millisecond):
+			}
+			i := r.IntN(len(as))
+			brk(r, i)
+			if err := resume(t, cfg, as[i], bs[i]); err != nil {
+				t.Errorf("resume link %d: %v", i, err)
+				return
+			}
+			done.Add(1)
+		}
+	}()
+	for round := uint64(0); round < 10 && (round == 0 || done.Load() < want); round++ {
+		total += runStreams(t, as[0], dst, n, size, seed+round)
+	}
+	close(stop)
+	wg.Wait()
+	return total, done.Load()
 }
 
 // TestResumeAcksFree: the replay list empties as the peer acknowledges,
