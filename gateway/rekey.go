@@ -65,16 +65,8 @@ func (g *Gateway) reauthenticate(m *sitemap.Map) []string {
 	}
 	var names []string
 	for _, p := range g.peerList() {
-		g.peersMu.Lock()
-		links := make([]*relay.Link, 0, len(p.links))
-		for _, l := range p.links {
-			if l != nil {
-				links = append(links, l)
-			}
-		}
-		g.peersMu.Unlock()
 		stale := 0
-		for _, l := range links {
+		for _, l := range g.linksOf(p) {
 			sc, ok := l.Conn().(*relay.SealedConn)
 			if !ok {
 				continue

@@ -174,18 +174,23 @@ func (g *Gateway) Reload(m *sitemap.Map) (ReloadResult, error) {
 	return res, nil
 }
 
-// retire drains a peer that left the map: its streams may finish within
-// RetireTimeout (or until the gateway stops), then its links close.
-func (g *Gateway) retire(p *peer) {
+// linksOf is a snapshot of p's links that exist now.
+func (g *Gateway) linksOf(p *peer) []*relay.Link {
 	g.peersMu.Lock()
+	defer g.peersMu.Unlock()
 	links := make([]*relay.Link, 0, len(p.links))
 	for _, l := range p.links {
 		if l != nil {
 			links = append(links, l)
 		}
 	}
-	g.peersMu.Unlock()
-	g.retireLinks(p, links...)
+	return links
+}
+
+// retire drains a peer that left the map: its streams may finish within
+// RetireTimeout (or until the gateway stops), then its links close.
+func (g *Gateway) retire(p *peer) {
+	g.retireLinks(p, g.linksOf(p)...)
 }
 
 // retireLinks drains and closes links of the removed peer p, on a
