@@ -464,6 +464,7 @@ func (g *Gateway) dialHello(p *peer, h header.Hello) (net.Conn, header.Hello, ti
 // l (it restarted), or nil when l failed.
 func (g *Gateway) resumeLoop(p *peer, i int, l *relay.Link, log *slog.Logger) *relay.Link {
 	backoff := time.Duration(0)
+	refused := false
 	for {
 		select {
 		case <-l.Done():
@@ -480,11 +481,19 @@ func (g *Gateway) resumeLoop(p *peer, i int, l *relay.Link, log *slog.Logger) *r
 		c, ph, since, err := g.dialHello(p, h)
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			// The peer's host answers and no gateway listens: it has
-			// exited, and the link's state with it.
-			log.Warn("WAN link cannot resume: the peer gateway is not running; its streams are reset", "addr", p.site.WAN.String())
-			l.Close()
-			return nil
+			// exited, and the link's state with it. Only when a second
+			// dial confirms it: one refusal can be a passing state of a
+			// busy peer's listener, and a wrong verdict costs the streams.
+			if refused {
+				log.Warn("WAN link cannot resume: the peer gateway is not running; its streams are reset", "addr", p.site.WAN.String())
+				l.Close()
+				return nil
+			}
+			refused = true
+			log.Debug("WAN link resume: refused once; dialing again to confirm", "addr", p.site.WAN.String())
+			continue
 		}
+		refused = false
 		if err != nil {
 			log.Debug("WAN link resume: dial failed", "err", err, "retry_in", backoff)
 			g.m.wanDialFailures.Inc()
@@ -652,6 +661,11 @@ func (g *Gateway) watchDown(p *peer, l *relay.Link) {
 			}
 			d := net.Dialer{Timeout: 2 * time.Second}
 			c, err := d.DialContext(g.ctx, "tcp", p.site.WAN.String())
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				// Confirmed by a second probe, as the dialer's resume does.
+				time.Sleep(50 * time.Millisecond)
+				c, err = d.DialContext(g.ctx, "tcp", p.site.WAN.String())
+			}
 			if errors.Is(err, syscall.ECONNREFUSED) {
 				g.log.Warn("WAN link cannot resume: the peer gateway is not running; its streams are reset",
 					"peer", p.site.Name, "link", l.Index(), "addr", p.site.WAN.String())
