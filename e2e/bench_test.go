@@ -50,6 +50,15 @@ func TestBenchLab(t *testing.T) {
 	l := labUp(t, testbed.Config{Nodes: 2, RTT: 10 * time.Millisecond, WANRate: 200e6})
 	dir := t.TempDir()
 	ex := &npb.LabExecutor{Lab: l, Flavour: "openmpi", Workload: wl, Mpi5k: mpi5k, WorkDir: filepath.Join(dir, "work")}
+	// What `mpi5k bench --dry-run` prints is built without writing anything.
+	dry := *ex
+	dry.DryRun, dry.WorkDir = true, filepath.Join(dir, "dry")
+	if argv, err := dry.Command(npb.Job{Mode: npb.Direct, Workload: "bt", Ranks: 4}); err != nil || len(argv) == 0 {
+		t.Fatalf("dry-run command: %v %v", argv, err)
+	}
+	if _, err := os.Stat(dry.WorkDir); !os.IsNotExist(err) {
+		t.Errorf("dry-run command wrote %s (stat: %v)", dry.WorkDir, err)
+	}
 	c := npb.Config{
 		Workloads: []string{"pingpong", "bt"},
 		Modes:     []npb.Mode{npb.Direct, {Name: "gateways", Kind: npb.KindGateways, Args: strings.Fields(os.Getenv("MPI5K_RUN_ARGS"))}, {Name: "socat-relay", Kind: npb.KindRelay}},

@@ -28,6 +28,7 @@ type LabExecutor struct {
 	WorkDir    string // host files and gateway work directories
 	CrossFlows int    // competing flows per direction (default 1)
 	Echo       io.Writer
+	DryRun     bool // Command writes no host file: `mpi5k bench --dry-run` leaves nothing behind
 }
 
 // Describe is the lab line of the report header.
@@ -68,14 +69,11 @@ func (e *LabExecutor) hosts(ranks int) ([]string, error) {
 	return out, nil
 }
 
-// Command builds the job's argv (without running it) and writes its host
-// file; exported so `mpi5k bench --dry-run` can show it.
+// Command builds the job's argv (without running it) and, unless DryRun,
+// writes its host file; exported so `mpi5k bench --dry-run` can show it.
 func (e *LabExecutor) Command(job Job) ([]string, error) {
 	hosts, err := e.hosts(job.Ranks)
 	if err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(e.WorkDir, 0o755); err != nil {
 		return nil, err
 	}
 	np := strconv.Itoa(len(hosts))
@@ -104,8 +102,13 @@ func (e *LabExecutor) Command(job Job) ([]string, error) {
 		return nil, fmt.Errorf("flavour %q: want openmpi or mpich", e.Flavour)
 	}
 	hfPath := filepath.Join(e.WorkDir, fmt.Sprintf("hosts-%s-%d", e.Flavour, len(hosts)))
-	if err := os.WriteFile(hfPath, []byte(hf.String()), 0o644); err != nil {
-		return nil, err
+	if !e.DryRun {
+		if err := os.MkdirAll(e.WorkDir, 0o755); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(hfPath, []byte(hf.String()), 0o644); err != nil {
+			return nil, err
+		}
 	}
 	for i := range argv {
 		if argv[i] == "" {

@@ -238,7 +238,7 @@ func runBench(args []string) int {
 		return fail(1, "%v", err)
 	}
 	ex := &npb.LabExecutor{Lab: lab, Flavour: *flavour, Workload: wl, Mpi5k: self,
-		WorkDir: filepath.Join(absOut, "work"), CrossFlows: *crossFlows}
+		WorkDir: filepath.Join(absOut, "work"), CrossFlows: *crossFlows, DryRun: *dryRun}
 
 	if *size == "A" {
 		// What each workload stands for at this size, and how sure that is.
