@@ -83,6 +83,10 @@ type Config struct {
 	// of Go's runtime epoll registration (package relay, rtquiet.go), so an
 	// arriving message wakes one thread, not two.
 	QuietRuntime bool
+	// Priority is the nice value the gateway process asks for at start
+	// (RaisePriority; mpi5k-gateway applies it, not New, since it is the
+	// whole process's). 0 keeps the inherited priority.
+	Priority int
 
 	// KeyFile is this gateway's Ed25519 private key (GenerateKey), needed
 	// when the map lists gateway keys: the WAN links are then mutually

@@ -80,6 +80,8 @@ func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
 	add(cli.Checked{P: &c.LANIf, Check: func(string) error { return nil }}, "lan-if", "the gateway's interface on the site LAN, for --lan-transport mx")
 	addBool(&c.PollThread, "poll-thread", "forward small messages on one event-loop thread that waits for every idle socket (false: Go's network poller)")
 	addBool(&c.QuietRuntime, "quiet-runtime", "take sockets the poll thread waits for out of Go's runtime epoll registration, so a message wakes one thread, not two")
+	add(cli.IntRange{P: &c.Priority, Min: -20, Max: 19, What: "nice value"}, "priority",
+		"nice value the gateway asks for, so it forwards at once beside ranks that compute on its host (needs CAP_SYS_NICE or RLIMIT_NICE below 0; without, a warning and the inherited priority; 0: keep it)")
 	cli.MarkAdvanced(fs, f.names[adv:]...)
 	return f
 }

@@ -101,6 +101,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cfg.Map, cfg.Site, cfg.ReadyFile, cfg.MetricsAddr, cfg.Logger = m, *site, *ready, *metrics, log
 	cfg.ReadyTag = *readyTag
 	cfg.KeyFile = *key
+	if cfg.Priority != 0 {
+		if err := gateway.RaisePriority(cfg.Priority); err != nil {
+			log.Warn("gateway keeps its inherited priority; ranks computing on this host may delay forwarding (see --priority)", "err", err)
+		}
+	}
 	g, err := gateway.New(cfg)
 	if err != nil {
 		return cmd.Failf("%v", err)
