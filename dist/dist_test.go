@@ -2,7 +2,6 @@ package dist
 
 import (
 	"bytes"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/sitemap"
 )
 
@@ -211,14 +211,7 @@ func TestDeb(t *testing.T) {
 // namespace): start saves and zeroes, a second start (a restart whose stop
 // did not run) keeps the host's saved value, stop restores it once.
 func TestKeepWarmScript(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespace")
-	}
-	ns := fmt.Sprintf("mpi5k-kw-%d", os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	ns := testnet.Netns(t, "mpi5k-kw", "a")[0]
 	saved := filepath.Join(t.TempDir(), "saved")
 	script, _ := filepath.Abs("keep-warm")
 	const sysctl = "/proc/sys/net/ipv4/tcp_slow_start_after_idle"

@@ -15,8 +15,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -184,34 +182,15 @@ func TestThousandStreams(t *testing.T) {
 // maxSize from a's site to dst, reports each failure, and returns the
 // bytes checked.
 func sumStreams(t *testing.T, a *testGW, dst netip.AddrPort, n, maxSize int, seed uint64) int64 {
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	var total atomic.Int64
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := rand.New(rand.NewPCG(seed, uint64(i)))
-			size := testnet.StreamSize(r, maxSize)
+	total, errs := testnet.Streams(n, seed, func(r *rand.Rand) int { return testnet.StreamSize(r, maxSize) },
+		func() (*net.TCPConn, func() string, error) {
 			c, err := lanOpen(a.LANAddr(), nodeA, dst)
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer c.Close()
-			if err := testnet.SendAndCheck(c, r, size); err != nil {
-				errs <- fmt.Errorf("stream %d: %w", i, err)
-				return
-			}
-			total.Add(int64(size))
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+			return c, nil, err
+		})
+	for _, err := range errs {
 		t.Error(err)
 	}
-	return total.Load()
+	return total
 }
 
 // TestSmallMessageAllocs: a 1-byte ping-pong through the gateway pair (in

@@ -25,9 +25,10 @@
 // RESUME; a link that fails takes with it the streams homed on it and,
 // via RESET, those whose bytes crossed it.
 //
-// Per link: one writer goroutine, one reader goroutine, one keepalive
-// ticker. Per stream: two stages (stage.go), the out-stage (application ->
-// link) and the in-stage (link -> application). Each is one step function
+// Per link: one writer goroutine, one keepalive ticker, and the reader, a
+// stage (recv.go). Per stream: two stages (stage.go), the out-stage
+// (application -> link) and the in-stage (link -> application). Each is one
+// step function
 // that runs until it would block and then says what it waits for: a
 // pipeline token, credit or queued data (whoever provides it kicks the
 // stage), or the application's socket readable (the poller thread runs the
@@ -66,6 +67,11 @@
 //     and the reader delivers a small payload to an idle stream with one
 //     non-blocking write (no hand-off to the in-stage). The reader itself never
 //     blocks on a write, so two gateways cannot deadlock on each other.
+//     So a frame is sent one way (Link.send) in one of three modes that
+//     say who sends it: queued only (the reader, control frames), written
+//     at once with a blocking write (an out-stage on a goroutine), or
+//     written at once without blocking, small frames only (an out-stage on
+//     the poller thread, which serves every socket and must not block).
 //   - Failure: a protocol violation (bad frame, DATA beyond the granted
 //     window, OPEN id of the wrong parity), the peer's FIN, or a broken
 //     connection (a read/write error, a peer silent for DeadAfter) of a
@@ -163,14 +169,15 @@
 //     drain.
 //   - send.go: the write side: frames, the send queues, inline writes, the
 //     writer goroutine, Hold and Pad.
-//   - recv.go: the read side: frame decoding and dispatch to streams.
+//   - recv.go: the read side: the link's reader (a stage: on the poller
+//     thread while the link is idle), frame decoding, dispatch to streams.
 //   - renew.go: retiring a link for its successor (express renewal).
 //   - resume.go: WAN resume: the replay list, ACKs, a link down between
 //     two connections, Resume.
 //   - stream.go: Stream, one relayed connection, its windows and its two
 //     stages' steps.
-//   - stage.go: the stage, one "wait until ready" for both stages of every
-//     stream, on the poller thread or a goroutine.
+//   - stage.go: the stage, one "wait until ready" for every link's reader
+//     and both stages of every stream, on the poller thread or a goroutine.
 //   - trunk.go: Trunk, a site pair's links and the streams they share.
 //   - queue.go: the queue-control hook: sampling the bulk links, CLAMP.
 //   - poller.go, rtquiet.go, rawsys.go: the poller thread and how it keeps

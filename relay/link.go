@@ -95,15 +95,15 @@ type Link struct {
 	log     *slog.Logger
 	Stats   Stats
 
-	// The reader's state, which the poller thread uses while the link is
-	// idle (see poller.go); w is nil without a poller.
+	// The current connection's reader (recv.go) and its state; w is nil
+	// without a poller.
+	rd     *linkReader
 	w      *waiter
 	r      *header.Reader
 	fill   func([]byte) (int, error) // the non-blocking read (readVia)
 	sealed *SealedConn               // the connection, when it is sealed
 	ctl    [header.MaxControl]byte
 	ob     [header.DataAtPrefix]byte // a DATA_AT frame's offset, as read
-	rerr   error                     // what ended the poller's reading
 	// bulk1: the last frame was a DATA larger than SmallFrame. A link
 	// carrying bulk waits in Go's poller: its next bytes are due at once,
 	// and the poller thread would only hand the next large frame back.
@@ -177,21 +177,16 @@ func newLink(conn net.Conn, cfg Config, peer header.Hello, t *Trunk, index int, 
 	if session != 0 && peer.Session != 0 && peer.Features&header.FeatureResume != 0 && t.lanes {
 		l.rs = newResumer(&l.cfg, session)
 	}
-	l.r = header.NewReader(conn, readerSize(conn))
-	if !cfg.NoPoller {
-		l.w = newWaiter(conn, l.readStep, !cfg.RuntimeWakes)
+	rd := l.newReader(conn, 0)
+	if l.rs != nil {
+		l.rs.readerDone = rd.done
 	}
-	l.readVia(conn, l.w)
 	return l
 }
 
 func (l *Link) start() {
 	go l.writeLoop()
-	rd := make(chan struct{})
-	if l.rs != nil {
-		l.rs.readerDone = rd
-	}
-	go l.readLoop(l.r, l.w, 0, rd)
+	l.rd.start()
 	go l.keepalive()
 	l.t.startQueueControl(l)
 }
@@ -327,7 +322,7 @@ func (l *Link) fail(err error) {
 			}
 		}
 		l.urgent, l.bulk, l.ui, l.bi, l.ctlQueued = nil, nil, 0, 0, 0
-		conn, w := l.conn, l.w
+		conn, w, rd := l.conn, l.w, l.rd
 		l.mu.Unlock()
 		if l.rs != nil {
 			l.rs.release()
@@ -338,6 +333,7 @@ func (l *Link) fail(err error) {
 			tc.SetLinger(0) // the peer learns at once, even with data queued
 		}
 		conn.Close()
+		rd.stop()
 		// The peer sees the same connection fail and resets the streams homed
 		// here itself; a stream homed elsewhere whose bytes crossed this link
 		// is reset explicitly on its home link (the peer may not know that

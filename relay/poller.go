@@ -33,9 +33,9 @@ import (
 // never blocks (non-blocking reads and writes, short mutexes); anything it
 // cannot finish without blocking (a frame larger than the reader's buffer,
 // a read that fills a stream's buffer, end of file, an error) it hands to a
-// goroutine: the link's reader, or one the stream's out-stage starts
-// (stage.go); a stream waiting for credit or a token waits for a kick,
-// without a goroutine. A streaming socket keeps waiting in Go's
+// worker goroutine that runs the same step with blocking reads (stage.go:
+// a link's reader and a stream's out-stage are stages); a stream waiting
+// for credit or a token waits for a kick, without a goroutine. A streaming socket keeps waiting in Go's
 // poller (its bytes are due at once), so bulk payload never crosses the
 // poller thread; the WINDOW frames coming back for it still wake the
 // thread, which costs bulk forwarding about 10 % more CPU per byte.
@@ -315,20 +315,18 @@ func (p *poller) sweep() {
 	}
 }
 
-// A waiter is one socket's registration. Its owner (a link's reader
-// goroutine, or a stream's out-stage) owns the socket except between
+// A waiter is one socket's registration. Its owner, a stage (a link's
+// reader, a stream's out-stage: stage.go), owns the socket except between
 // arming it and the hand-back, when the poller thread does.
 type waiter struct {
-	p    *poller
-	id   uint32
-	rc   syscall.RawConn
-	step func() bool // on the poller thread; true: wait for more bytes
-	// back: the poller hands the socket back to a goroutine blocked in
-	// wait. nil for a stage, whose step itself arranges what runs next;
-	// lost then tells it that the socket was taken from the poller.
-	back chan struct{}
-	lost func()
-	mu   sync.Mutex
+	p  *poller
+	id uint32
+	rc syscall.RawConn
+	// g's step runs on the poller thread when the socket is readable
+	// (stage.readable); g is kicked when the poller loses the socket
+	// (closed under it), since no readiness event will come for it.
+	g  *stage
+	mu sync.Mutex
 	// armed: the poller thread owns the socket and runs its step on the
 	// next readiness event. added: in the epoll set.
 	// cancelled: the socket is closing; never arm again.
@@ -353,11 +351,11 @@ type waiter struct {
 }
 
 // newWaiter registers c (which must expose its file descriptor) with the
-// process's poller; nil when there is no poller or c is not a socket.
+// process's poller for stage g: g arms the socket and the poller runs g's
+// step on readiness. nil when there is no poller or c is not a socket.
 // quiet: keep the runtime from waking for the socket's input while the
-// poller owns it (rtquiet.go). Its owner waits in wait, unless stageWaiter
-// makes it a stage's.
-func newWaiter(c any, step func() bool, quiet bool) *waiter {
+// poller owns it (rtquiet.go).
+func newWaiter(c any, g *stage, quiet bool) *waiter {
 	sc, ok := c.(interface {
 		SyscallConn() (syscall.RawConn, error)
 	})
@@ -372,7 +370,7 @@ func newWaiter(c any, step func() bool, quiet bool) *waiter {
 	if p == nil {
 		return nil
 	}
-	w := &waiter{p: p, rc: rc, step: step, back: make(chan struct{}, 1)}
+	w := &waiter{p: p, rc: rc, g: g}
 	w.rfn = func(fd uintptr) bool {
 		for {
 			w.rn, w.rerr = rawRead(int(fd), w.rb)
@@ -421,17 +419,6 @@ func (w *waiter) ctl(op int) error {
 	return err
 }
 
-// stageWaiter is newWaiter for a stage (stage.go): the stage arms the
-// socket and the poller runs g's step on readiness; g is kicked when the
-// poller loses the socket (closed under it).
-func stageWaiter(c any, g *stage, quiet bool) *waiter {
-	w := newWaiter(c, g.readable, quiet)
-	if w != nil {
-		w.back, w.lost = nil, g.kick
-	}
-	return w
-}
-
 // arm gives the socket to the poller thread, which runs the step when it
 // becomes readable; false when it cannot be armed (closing, or epoll
 // refused it) and the owner should read it itself. Only the owner arms.
@@ -468,28 +455,9 @@ func (w *waiter) loud() {
 	}
 }
 
-// wait arms the socket and blocks until the poller hands it back, and
-// reports whether it did; false means the socket could not be armed and
-// the caller should read it itself.
-func (w *waiter) wait() bool {
-	if !w.arm() {
-		w.loud()
-		return false
-	}
-	<-w.back
-	w.loud()
-	return true
-}
-
-// handBack returns the socket to its owner after the poller let it go
-// without the step's say (cancel, a socket closed under it).
-func (w *waiter) handBack() {
-	if w.back != nil {
-		w.back <- struct{}{}
-	} else {
-		w.lost()
-	}
-}
+// handBack returns the socket to its stage after the poller let it go
+// without the step's say (a socket closed under it).
+func (w *waiter) handBack() { w.g.kick() }
 
 // fire runs the step for one readiness event, then waits again or hands
 // the socket back.
@@ -501,7 +469,7 @@ func (w *waiter) fire() {
 	}
 	w.armed = false
 	w.mu.Unlock()
-	more := w.step()
+	more := w.g.readable()
 	w.mu.Lock()
 	switch {
 	case w.cancelled:
@@ -510,16 +478,12 @@ func (w *waiter) fire() {
 	case more:
 		w.armed = true // still registered: nothing to do
 	case w.armed:
-		// A stage's step handed over to a goroutine, which armed the
-		// socket again already.
+		// The step handed over to a goroutine, which armed the socket
+		// again already.
 	default:
 		w.remove()
 	}
-	back := w.back != nil && (!more || w.cancelled)
 	w.mu.Unlock()
-	if back {
-		w.back <- struct{}{}
-	}
 }
 
 // remove takes the socket out of the epoll set; under mu.
@@ -531,26 +495,23 @@ func (w *waiter) remove() {
 }
 
 // cancel takes the socket back from the poller before it is closed, and
-// keeps it from being armed again. Any goroutine may call it. A goroutine
-// blocked in wait gets the socket back; a stage is ending anyway.
+// keeps it from being armed again. Any goroutine may call it. The stage is
+// not kicked: one that must see the close (a link's reader) is kicked by
+// its closer once the socket is closed, when its step cannot wait again.
 func (w *waiter) cancel() {
 	if w == nil {
 		return
 	}
 	w.mu.Lock()
 	w.cancelled = true
-	armed := w.armed
-	if armed {
+	if w.armed {
 		w.armed = false
 		w.remove()
 	}
 	w.mu.Unlock()
-	if armed && w.back != nil {
-		w.back <- struct{}{}
-	}
 }
 
-// close unregisters the waiter once its goroutine is done with the socket.
+// close unregisters the waiter once its stage is done with the socket.
 func (w *waiter) close() {
 	if w == nil {
 		return

@@ -129,17 +129,33 @@ func TestPollerQuietsRuntime(t *testing.T) {
 	far := <-accepted
 	defer c.Close()
 	defer far.Close()
+	// A stage whose first step arms the socket; the poller's step reads
+	// it and hands the socket back to a goroutine, which makes it loud.
 	got := make(chan []byte, 1)
+	waited, back := make(chan bool, 1), make(chan struct{})
+	var g stage
 	var w *waiter
-	w = newWaiter(c, func() bool {
+	first := true
+	g.step = func(onPoller bool) waitOn {
+		if !onPoller {
+			if first {
+				first = false
+				waited <- w.arm()
+				return onReadable
+			}
+			w.loud()
+			close(back)
+			return finished
+		}
 		b := make([]byte, 16)
 		n, err := w.read(b)
 		if err == errWouldBlock {
-			return true
+			return onReadable
 		}
 		got <- b[:n]
-		return false
-	}, true)
+		return onGoroutine
+	}
+	w = newWaiter(c, &g, true)
 	if w == nil {
 		t.Skip("no poller on this system")
 	}
@@ -180,8 +196,7 @@ func TestPollerQuietsRuntime(t *testing.T) {
 		_, err := c.Write(make([]byte, 32<<20))
 		wrote <- err
 	}()
-	waited := make(chan bool, 1)
-	go func() { waited <- w.wait() }()
+	g.kick()
 	deadline := time.Now().Add(5 * time.Second)
 	for events()&rtInput != 0 {
 		if time.Now().After(deadline) {
@@ -217,8 +232,9 @@ func TestPollerQuietsRuntime(t *testing.T) {
 		t.Fatalf("poller read %q", b)
 	}
 	if !<-waited {
-		t.Fatal("wait did not arm")
+		t.Fatal("the stage did not arm")
 	}
+	<-back
 	if ev := events(); ev != before.Events {
 		t.Fatalf("after the hand-back the registration is %#x, want %#x", ev, before.Events)
 	}

@@ -21,89 +21,129 @@ func readErr(err error) error {
 	return err
 }
 
-// readLoop reads connection gen of the link (r and w are its reader and
-// waiter) until it ends, and closes done when it returns.
-func (l *Link) readLoop(r *header.Reader, w *waiter, gen uint64, done chan struct{}) {
-	defer close(done)
-	defer w.close()
-	fill := l.fill
+// The link's reader: one stage (stage.go) per connection of the link.
+//
+// Its step reads frames and handles them (a DATA goes to its stream's
+// receive queue, a WINDOW to its out-stage, ...). While the link is idle
+// the connection is armed with the poller thread, which runs the step when
+// bytes arrive: it handles every frame that has arrived whole without
+// blocking, and waits again. A frame it cannot read whole (a large DATA, or
+// one still arriving), end of file and errors go to a worker goroutine,
+// which reads on with blocking reads. A link carrying bulk (bulk1) reads
+// there too, in Go's poller: its next bytes are due at once, and the
+// poller thread would only hand the next large frame back. So an idle link
+// holds no goroutine, and without a poller (Config.NoPoller, a connection
+// that is not a kernel socket) the same step reads with blocking reads on
+// its worker.
+type linkReader struct {
+	l    *Link
+	g    stage
+	r    *header.Reader
+	w    *waiter // nil: blocking reads only
+	gen  uint64  // the connection's generation (resume.go)
+	done chan struct{}
+	err  error // what ended reading on the poller thread, for the worker
+}
+
+// newReader makes the reader of connection conn, generation gen, and sets
+// the link's reading state (l.r, l.w, readVia) to it. It starts at start.
+func (l *Link) newReader(conn net.Conn, gen uint64) *linkReader {
+	rd := &linkReader{l: l, gen: gen, done: make(chan struct{})}
+	rd.g.step = rd.step
+	rd.r = header.NewReader(conn, readerSize(conn))
+	if !l.cfg.NoPoller {
+		rd.w = newWaiter(conn, &rd.g, !l.cfg.RuntimeWakes)
+	}
+	l.r, l.w, l.rd = rd.r, rd.w, rd
+	l.readVia(conn, rd.w)
+	return rd
+}
+
+// start runs the reader's first step on a worker.
+func (rd *linkReader) start() { rd.g.kick() }
+
+// stop makes the reader see that its connection is closed: called after
+// Close, so that its next step reads the error wherever it waits.
+func (rd *linkReader) stop() {
+	if rd != nil {
+		rd.g.kick()
+	}
+}
+
+// step is the reader's step: see linkReader.
+func (rd *linkReader) step(onPoller bool) waitOn {
+	l, r := rd.l, rd.r
+	if rd.err != nil { // from the poller thread: end here, off it
+		return rd.end(rd.err)
+	}
 	for {
-		if w != nil && !l.bulk1 && r.Buffered() == 0 && r.Remaining() == 0 {
-			// Nothing buffered: if the socket is empty too, the poller
-			// thread waits for it and reads while frames arrive whole.
-			_, err := r.FillFrom(fill)
-			if err == errWouldBlock && l.sealed == nil {
-				// An idle link holds no read buffer. A sealed link's is
-				// record-sized, not the pool's size: it keeps it rather
-				// than allocate 320 KiB per message.
-				r.Release()
-			}
-			if err == errWouldBlock && w.wait() {
-				if l.rerr != nil {
-					err, l.rerr = l.rerr, nil
-					l.readEnd(gen, err)
-					return
-				}
-				continue
-			}
+		if rd.w != nil && (onPoller || !l.bulk1) && r.Remaining() == 0 {
+			// Without blocking: read what the socket holds and handle
+			// every frame that has arrived whole.
+			room := r.Room()
+			n, err := r.FillFrom(l.fill)
 			if err != nil && err != errWouldBlock {
-				l.readEnd(gen, err)
-				return
+				return rd.fail(onPoller, readErr(err))
 			}
+			for r.FrameBuffered() {
+				h, err := r.Next()
+				if err == nil {
+					if onPoller {
+						l.Stats.PollRecv.Add(1)
+					}
+					err = l.handle(r, h)
+				}
+				if err != nil {
+					return rd.fail(onPoller, err)
+				}
+			}
+			if n > 0 && (n == room || l.sealedBuffered()) {
+				continue // the socket may hold more
+			}
+			if r.Buffered() == 0 && !l.sealedBuffered() {
+				// Drained. An idle link holds no read buffer. A sealed
+				// link's is record-sized, not the pool's size: it keeps
+				// it rather than allocate 320 KiB per message.
+				if l.sealed == nil {
+					r.Release()
+				}
+				if onPoller || rd.w.arm() {
+					return onReadable
+				}
+			}
+			// A partial frame, or a record already read and not yet
+			// opened, which must not wait for the socket's next bytes.
 		}
+		if onPoller {
+			return onGoroutine
+		}
+		rd.w.loud() // Go's poller waits for the socket now
 		h, err := r.Next()
 		if err == nil {
 			err = l.handle(r, h)
 		}
 		if err != nil {
-			l.readEnd(gen, err)
-			return
+			return rd.end(err)
 		}
 	}
 }
 
-// readStep runs on the poller thread when the idle link becomes readable:
-// it handles every frame that has arrived whole and hands a partial one
-// (a large DATA, or one still arriving) back to readLoop.
-func (l *Link) readStep() bool {
-	r := l.r
-	for {
-		room := r.Room()
-		n, err := r.FillFrom(l.fill)
-		if err == errWouldBlock {
-			break
-		}
-		if err != nil {
-			l.rerr = readErr(err)
-			return false
-		}
-		for r.FrameBuffered() {
-			h, err := r.Next()
-			if err == nil {
-				l.Stats.PollRecv.Add(1)
-				err = l.handle(r, h)
-			}
-			if err != nil {
-				l.rerr = err
-				return false
-			}
-		}
-		if n == 0 { // no room: a frame larger than the buffer
-			break
-		}
-		if n < room && !l.sealedBuffered() { // the socket is drained
-			break
-		}
+// fail ends the reader with err, on a worker when on the poller thread:
+// ending a link closes sockets and runs callbacks.
+func (rd *linkReader) fail(onPoller bool, err error) waitOn {
+	if onPoller {
+		rd.err = err
+		return onGoroutine
 	}
-	// A record already read and not yet opened must not wait for the
-	// socket's next bytes: readLoop takes it.
-	if r.Buffered() == 0 && !l.sealedBuffered() {
-		if l.sealed == nil {
-			r.Release() // an idle link holds no read buffer (see readLoop)
-		}
-		return true
-	}
-	return false
+	return rd.end(err)
+}
+
+// end ends the reader: the link learns why, the socket leaves the poller.
+func (rd *linkReader) end(err error) waitOn {
+	rd.l.readEnd(rd.gen, err)
+	rd.w.close()
+	close(rd.done)
+	return finished
 }
 
 // readVia sets how the reader of connection conn (waited for by w) reads

@@ -10,8 +10,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -283,30 +281,15 @@ func TestManyStreams(t *testing.T) {
 }
 
 func runStreams(t testing.TB, l *Link, dst netip.AddrPort, n, maxSize int, seed uint64) int64 {
-	var wg sync.WaitGroup
-	var total atomic.Int64
-	errs := make(chan error, n)
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := rand.New(rand.NewPCG(seed, uint64(i)))
-			size := r.IntN(maxSize + 1)
+	total, errs := testnet.Streams(n, seed, func(r *rand.Rand) int { return r.IntN(maxSize + 1) },
+		func() (*net.TCPConn, func() string, error) {
 			app, st := openVia(t, l, dst)
-			defer app.Close()
-			if err := testnet.SendAndCheck(app, r, size); err != nil {
-				errs <- fmt.Errorf("stream %d: %w (stream code %v, link err %v)", i, err, st.Code(), l.Err())
-				return
-			}
-			total.Add(int64(size))
-		}()
+			return app, func() string { return fmt.Sprintf("stream code %v, link err %v", st.Code(), l.Err()) }, nil
+		})
+	if len(errs) > 0 {
+		t.Fatal(errs[0])
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	return total.Load()
+	return total
 }
 
 // TestStalledReceiver: a destination that never reads stalls only its own

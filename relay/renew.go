@@ -70,6 +70,7 @@ func (l *Link) retireDone() {
 		close(l.done)
 		l.w.cancel()
 		l.conn.Close() // no linger 0: our RETIRE may still be in the socket
+		l.rd.stop()
 		l.log.Debug("link retired", "peer", l.peer.Name, "link", l.index, "remote", l.remoteAddr())
 		for _, f := range cbs {
 			f(ErrLinkRetired)

@@ -347,7 +347,7 @@ func (l *Link) broke(gen uint64, err error) {
 	l.broken = true
 	l.down.Store(true)
 	l.rs.downAt, l.rs.downErr = time.Now(), err
-	conn, w := l.conn, l.w
+	conn, w, rd := l.conn, l.w, l.rd
 	l.mu.Unlock()
 	w.cancel() // before the socket closes: its number may be reused
 	if sc, ok := conn.(*SealedConn); ok && seal.IsRecordError(err) && !errors.Is(err, seal.ErrAlert) {
@@ -357,6 +357,7 @@ func (l *Link) broke(gen uint64, err error) {
 		tc.SetLinger(0)
 	}
 	conn.Close()
+	rd.stop()
 	l.log.Warn("WAN link broken; its streams wait for it to resume", "peer", l.peer.Name, "link", l.index,
 		"remote", l.remoteAddr(), "within", l.rs.within, "err", err)
 	select {
@@ -485,28 +486,21 @@ func (l *Link) Resume(conn net.Conn, peer header.Hello) error {
 	l.urgent = slices.Insert(l.urgent, l.ui, again...)
 	l.conn = conn
 	l.remote.Store(conn.RemoteAddr())
-	l.r = header.NewReader(conn, readerSize(conn))
-	l.w = nil
-	if !l.cfg.NoPoller {
-		l.w = newWaiter(conn, l.readStep, !l.cfg.RuntimeWakes)
-	}
-	l.readVia(conn, l.w)
+	l.gen++
+	rd := l.newReader(conn, l.gen)
 	l.tail = false // the old connection's
 	l.bulk1 = false
-	l.gen++
 	l.broken = false
 	l.down.Store(false)
 	downFor := time.Since(l.rs.downAt)
-	rd := make(chan struct{})
-	l.rs.readerDone = rd
+	l.rs.readerDone = rd.done
 	l.lastRecv.Store(time.Now().UnixNano())
-	r, w, gen := l.r, l.w, l.gen
 	l.mu.Unlock()
 	l.rs.resumedAt.Store(time.Now().UnixNano())
 	l.rs.ackSent.Store(l.rs.recvSeq.Load()) // the peer learnt it from our HELLO
 	l.rs.Resumes.Add(1)
 	l.rs.Replayed.Add(bytes)
-	go l.readLoop(r, w, gen, rd)
+	rd.start()
 	kick(l.wake)
 	l.log.Info("WAN link resumed", "peer", l.peer.Name, "link", l.index, "remote", conn.RemoteAddr().String(),
 		"down_for", downFor.Round(time.Millisecond), "replayed_bytes", bytes, "frames", len(again))

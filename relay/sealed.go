@@ -29,7 +29,7 @@ type SealedConn struct {
 
 	one [1][]byte // tryWritev's iovec: a literal would escape, an allocation per message
 
-	r  *seal.Reader // the reading owner's: readLoop or the poller thread
+	r  *seal.Reader // the link reader's (recv.go), on whichever thread runs it
 	rd func([]byte) (int, error)
 
 	// Peer is what authenticated the far end, for the connection's owner

@@ -81,26 +81,33 @@ func (f *frame) wireLen() int { return header.Size + int(f.h.Length) }
 // HALF_CLOSE never overtake each other.
 func (l *Link) enqueue(f frame, s *Stream) bool { return l.send(f, s, sendQueue) }
 
-// How send may write a frame itself.
+// How send may write a frame itself, which depends on who calls it:
+//
+//   - sendQueue: never. The link's reader (and anyone who may not block,
+//     or holds a lock) only queues: a reader blocked on a write could
+//     deadlock two gateways, each waiting for the other to read.
+//   - sendInline: on an idle link, with a blocking write. A stream's
+//     out-stage on a worker goroutine: it saves the hand-off to the writer
+//     goroutine, a thread wake-up of several microseconds, which is latency
+//     on the small-message path and, for a bulk stream on an idle link
+//     (one wake-up per chunk), cost the sending gateway 8-23 % of its
+//     forwarding rate per CPU-second (medians of BenchmarkForward,
+//     bench/figures/forwarding).
+//   - sendTry: on an idle link, small frames only, without blocking. The
+//     poller thread, which serves every socket of the process and so must
+//     never block: what the socket does not take at once goes to the writer.
+//
+// The three are one path (send) with the write-now case first.
 type sendMode int
 
 const (
-	sendQueue  sendMode = iota // never: the writer goroutine does
-	sendInline                 // when the link is idle, blocking
-	sendTry                    // when the link is idle, without blocking (the poller thread)
+	sendQueue sendMode = iota
+	sendInline
+	sendTry
 )
 
-// send is enqueue with an inline fast path: unless mode is sendQueue, and
-// nobody is writing or waiting, the caller writes the frame to the socket
-// itself. That saves the hand-off to the writer goroutine, a thread
-// wake-up of several microseconds: on the small-message path it is
-// latency, and for a bulk stream on an idle link, one wake-up per chunk,
-// it cost the sending gateway 8-23 % of its forwarding rate per
-// CPU-second (medians of BenchmarkForward, bench/figures/forwarding). Only stream
-// out-stages write inline: the link reader must never block on a write, or two
-// gateways could deadlock each waiting for the other to read. The poller
-// thread reads links too, so it writes with sendTry, small frames only:
-// whatever the socket does not take at once goes to the writer.
+// send writes f now if the link is idle and mode allows it (writeNow),
+// and otherwise queues it for the writer goroutine.
 func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 	l.mu.Lock()
 	if l.retired {
@@ -122,85 +129,108 @@ func (l *Link) send(f frame, s *Stream, mode sendMode) bool {
 	if f.isData() {
 		l.queued.Add(int64(f.dataLen()))
 	}
-	if mode == sendTry && l.w == nil {
-		mode = sendQueue // no raw socket to try
+	if l.idleFor(&f, mode) {
+		return l.writeNow(f, mode)
 	}
-	if mode != sendQueue && !l.writing && !l.broken && !l.tail && l.ui == len(l.urgent) && l.bi == len(l.bulk) && (mode == sendInline || int(f.h.Length) <= l.cfg.SmallFrame) && !l.held() && l.replayRoom() {
-		l.writing = true
-		conn, w, gen := l.conn, l.w, l.gen
-		l.mu.Unlock()
-		// The inline writer's frame, header and iovec live in the link
-		// (l.writing makes them its own): on the stack they would escape
-		// into the write and cost four allocations per small frame.
-		iw := &l.inline
-		if l.rs != nil {
-			l.keep(&f)
+	return l.queue(f, s)
+}
+
+// idleFor reports whether the caller may write f itself (mode): nobody
+// writes or waits to, and nothing holds the link back. Under l.mu.
+func (l *Link) idleFor(f *frame, mode sendMode) bool {
+	switch mode {
+	case sendQueue:
+		return false
+	case sendTry:
+		if l.w == nil || int(f.h.Length) > l.cfg.SmallFrame {
+			return false // no raw socket to try; a large frame would not go at once
 		}
-		iw.f = f
-		iov := iw.f.appendIOV(iw.a[:0], iw.hb[:])
-		var err error
-		tail := false // part of a sealed record waits in the SealedConn
-		if mode == sendTry {
-			var n int
-			if sc, ok := conn.(*SealedConn); ok {
-				// The record carries the whole frame: what the socket
-				// did not take is the record's, not the frame's.
-				tail, err = sc.tryWritev(iov, w.writev)
-				n = f.wireLen()
-				if tail {
-					l.Stats.PollPartial.Add(1)
-				}
-			} else {
-				n, err = w.writev(iov)
-			}
-			l.Stats.PollSent.Add(1)
-			if err == nil && n < f.wireLen() {
+	}
+	return !l.writing && !l.broken && !l.tail && l.ui == len(l.urgent) && l.bi == len(l.bulk) && !l.held() && l.replayRoom()
+}
+
+// writeNow writes f on the caller's thread (send's fast path). Called with
+// l.mu held; it takes the socket (l.writing) and releases the lock.
+func (l *Link) writeNow(f frame, mode sendMode) bool {
+	l.writing = true
+	conn, w, gen := l.conn, l.w, l.gen
+	l.mu.Unlock()
+	// The inline writer's frame, header and iovec live in the link
+	// (l.writing makes them its own): on the stack they would escape
+	// into the write and cost four allocations per small frame.
+	iw := &l.inline
+	if l.rs != nil {
+		l.keep(&f)
+	}
+	iw.f = f
+	iov := iw.f.appendIOV(iw.a[:0], iw.hb[:])
+	var err error
+	tail := false // part of a sealed record waits in the SealedConn
+	if mode == sendTry {
+		var n int
+		if sc, ok := conn.(*SealedConn); ok {
+			// The record carries the whole frame: what the socket
+			// did not take is the record's, not the frame's.
+			tail, err = sc.tryWritev(iov, w.writev)
+			n = f.wireLen()
+			if tail {
 				l.Stats.PollPartial.Add(1)
-				// The socket took part of the frame, or none of it: the
-				// writer sends the rest before anything else.
-				f.skip = n
-				*iw = inlineWrite{}
-				l.mu.Lock()
-				l.writing = false
-				if !l.closed {
-					if !f.isData() {
-						l.ctlQueued++
-					}
-					l.urgent = slices.Insert(l.urgent, l.ui, f)
-					l.mu.Unlock()
-					kick(l.wake)
-					return true
-				}
-				l.mu.Unlock()
-				l.sent(&f) // the link failed meanwhile
-				return true
 			}
 		} else {
-			iw.bufs = iov
-			err = writeBatch(conn, &iw.bufs)
-			l.Stats.InlineSent.Add(1)
+			n, err = w.writev(iov)
 		}
-		*iw = inlineWrite{} // pins no payload
-		l.Stats.Writes.Add(1)
-		l.sent(&f)
-		l.mu.Lock()
-		l.writing = false
-		l.tail = l.tail || tail
-		// A link retiring meanwhile waits for its writer to send RETIRE.
-		pending := l.ui < len(l.urgent) || l.bi < len(l.bulk) || l.succ != nil || tail
-		l.mu.Unlock()
-		if err != nil {
-			err = fmt.Errorf("relay: write to %v: %w", l.remoteAddr(), err)
-			if mode == sendTry {
-				go l.broke(gen, err) // fail runs callbacks; never on the poller thread
-			} else {
-				l.broke(gen, err)
+		l.Stats.PollSent.Add(1)
+		if err == nil && n < f.wireLen() {
+			l.Stats.PollPartial.Add(1)
+			// The socket took part of the frame, or none of it: the
+			// writer sends the rest before anything else.
+			f.skip = n
+			*iw = inlineWrite{}
+			l.mu.Lock()
+			l.writing = false
+			if !l.closed {
+				if !f.isData() {
+					l.ctlQueued++
+				}
+				l.urgent = slices.Insert(l.urgent, l.ui, f)
+				l.mu.Unlock()
+				kick(l.wake)
+				return true
 			}
-		} else if pending {
-			kick(l.wake)
+			l.mu.Unlock()
+			l.sent(&f) // the link failed meanwhile
+			return true
 		}
-		return true
+	} else {
+		iw.bufs = iov
+		err = writeBatch(conn, &iw.bufs)
+		l.Stats.InlineSent.Add(1)
 	}
+	*iw = inlineWrite{} // pins no payload
+	l.Stats.Writes.Add(1)
+	l.sent(&f)
+	l.mu.Lock()
+	l.writing = false
+	l.tail = l.tail || tail
+	// A link retiring meanwhile waits for its writer to send RETIRE.
+	pending := l.ui < len(l.urgent) || l.bi < len(l.bulk) || l.succ != nil || tail
+	l.mu.Unlock()
+	if err != nil {
+		err = fmt.Errorf("relay: write to %v: %w", l.remoteAddr(), err)
+		if mode == sendTry {
+			go l.broke(gen, err) // fail runs callbacks; never on the poller thread
+		} else {
+			l.broke(gen, err)
+		}
+	} else if pending {
+		kick(l.wake)
+	}
+	return true
+}
+
+// queue puts f on its queue for the writer goroutine. Called with l.mu
+// held; releases it.
+func (l *Link) queue(f frame, s *Stream) bool {
 	// In a trunk, offsets restore a stream's order, so only size decides.
 	// Filler waits behind everything.
 	bulk := f.isData() && f.dataLen() > l.cfg.SmallFrame || f.h.Type == header.TypePad

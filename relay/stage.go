@@ -5,7 +5,10 @@ import (
 	"sync/atomic"
 )
 
-// Stages: each direction of a stream's data path, written once.
+// Stages: each step of the data path, written once.
+//
+// A link's reader (recv.go) is a stage: it reads frames on the poller
+// thread while the link is idle and on a worker goroutine otherwise.
 //
 // A stream moves bytes in two stages: the out-stage (application -> link:
 // read the application's socket, frame, send) and the in-stage (link ->

@@ -243,7 +243,7 @@ func (s *Stream) attach(conn Conn) {
 	s.conn = conn
 	s.tw, _ = conn.(TryWriter)
 	if !s.l.cfg.NoPoller {
-		s.w = stageWaiter(conn, &s.out, !s.l.cfg.RuntimeWakes)
+		s.w = newWaiter(conn, &s.out, !s.l.cfg.RuntimeWakes)
 	}
 	early := s.early // from now on the stream's window bounds them
 	s.early = 0

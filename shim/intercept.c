@@ -23,7 +23,6 @@
 #include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -143,6 +142,11 @@ void mpi5k_set_gateways(const struct mpi5k_ep *eps, int n) {
 
 // ---- addresses ------------------------------------------------------------
 
+// An IPv4-mapped IPv6 address (RFC 4291 2.5.5.2) is this prefix, then the
+// IPv4 address.
+static const uint8_t v4mapped_prefix[12] = {[10] = 0xff, [11] = 0xff};
+#define V4MAPPED_ADDR sizeof v4mapped_prefix // where the IPv4 address starts
+
 int mpi5k_sockaddr_to_ep(const struct sockaddr *sa, socklen_t len, struct mpi5k_ep *ep) {
 	memset(ep, 0, sizeof *ep);
 	if (sa == NULL) return 0;
@@ -158,7 +162,7 @@ int mpi5k_sockaddr_to_ep(const struct sockaddr *sa, socklen_t len, struct mpi5k_
 		ep->port = ntohs(s->sin6_port);
 		if (IN6_IS_ADDR_V4MAPPED(&s->sin6_addr)) { // compare as IPv4
 			ep->family = 4;
-			memcpy(ep->addr, &s->sin6_addr.s6_addr[12], 4);
+			memcpy(ep->addr, &s->sin6_addr.s6_addr[V4MAPPED_ADDR], 4);
 		} else {
 			ep->family = 6;
 			memcpy(ep->addr, &s->sin6_addr, 16);
@@ -178,9 +182,8 @@ static socklen_t ep_to_sockaddr(const struct mpi5k_ep *ep, int family, struct so
 		s->sin6_family = AF_INET6;
 		s->sin6_port = htons(ep->port);
 		if (ep->family == 4) {
-			s->sin6_addr.s6_addr[10] = 0xff;
-			s->sin6_addr.s6_addr[11] = 0xff;
-			memcpy(&s->sin6_addr.s6_addr[12], ep->addr, 4);
+			memcpy(s->sin6_addr.s6_addr, v4mapped_prefix, sizeof v4mapped_prefix);
+			memcpy(&s->sin6_addr.s6_addr[V4MAPPED_ADDR], ep->addr, 4);
 		} else {
 			memcpy(&s->sin6_addr, ep->addr, 16);
 			s->sin6_scope_id = ep->scope;
@@ -210,7 +213,8 @@ static int is_local_addr(const struct sockaddr *sa) {
 	}
 	const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
 	if (IN6_IS_ADDR_LOOPBACK(a) || IN6_IS_ADDR_UNSPECIFIED(a)) return 1;
-	return IN6_IS_ADDR_V4MAPPED(a) && (a->s6_addr[12] == 127 || !memcmp(&a->s6_addr[12], "\0\0\0\0", 4));
+	return IN6_IS_ADDR_V4MAPPED(a) &&
+	       (a->s6_addr[V4MAPPED_ADDR] == 127 || !memcmp(&a->s6_addr[V4MAPPED_ADDR], "\0\0\0\0", 4));
 }
 
 static int is_gateway(const struct mpi5k_ep *ep) {
@@ -243,78 +247,20 @@ static int cfg_active(void) {
 	return c == 1;
 }
 
-// ---- tracing: records into the ring (ring.c) -------------------------------
+// ---- tracing: which fds are traced; records are filled in record.c --------
 
-static __thread uint32_t t_tid __attribute__((tls_model("initial-exec")));
-
-static inline uint32_t tid(void) {
-	if (unlikely(t_tid == 0)) t_tid = (uint32_t)syscall(SYS_gettid);
-	return t_tid;
+// trace_flags is what a record says of fd: relayed, or accepted with its
+// true peer.
+static inline uint16_t trace_flags(int fd) {
+	return fd_ok(fd) ? (LOADR(&g_flags[fd]) & (MPI5K_F_RELAYED | MPI5K_F_TRUEPEER)) : 0;
 }
 
-static void trace_call(int fd, int fn, uint64_t t0, int64_t ret, uint64_t req, int err) {
-	uint64_t pos, t1 = mpi5k_now_ns();
-	struct mpi5k_rec *rc = mpi5k_ring_claim(&pos);
-	if (!rc) return;
-	uint64_t d = t1 - t0;
-	rc->t = t0;
-	rc->dur = d > 0xffffffffu ? 0xffffffffu : (uint32_t)d;
-	rc->tid = tid();
-	rc->fd = fd;
-	rc->kind = 1;
-	rc->fn = (uint8_t)fn;
-	rc->flags = fd_ok(fd) ? (LOADR(&g_flags[fd]) & (MPI5K_F_RELAYED | MPI5K_F_TRUEPEER)) : 0;
-	rc->ret = ret;
-	rc->req = req;
-	rc->err = ret < 0 ? err : 0;
-	rc->resv0 = 0;
-	memset(rc->resv1, 0, sizeof rc->resv1);
-	mpi5k_ring_commit(pos);
+static inline void trace_call(int fd, int fn, uint64_t t0, int64_t ret, uint64_t req, int err) {
+	mpi5k_trace_call(fd, fn, trace_flags(fd), t0, ret, req, err);
 }
 
-static void ep_to_tep(const struct mpi5k_ep *e, struct mpi5k_trace_ep *t) {
-	t->family = e->family;
-	t->site = e->site;
-	t->port = e->port;
-	memcpy(t->addr, e->addr, 16);
-}
-
-// sample_hook has the Go side take a TCP_INFO sample of a traced TCP socket
-// right after it opened (open=1) or right before it closes (shim/sample.go).
-// Only once Go opened the trace file: the runtime is up then, so the hook
-// never enters Go from a constructor (golang/go#43836).
-static void sample_hook(int fd, int open) {
-	if (!mpi5k_trace_open()) return;
-	int e = errno;
-	if (open) mpi5kGoSampleOpen(fd);
-	else mpi5kGoSampleClose(fd);
-	errno = e;
-}
-
-static void trace_conn(int fd, int fn, const struct mpi5k_ep *peer) {
-	struct sockaddr_storage ss;
-	socklen_t l = sizeof ss;
-	struct mpi5k_ep local;
-	int e = errno;
-	if (getsockname(fd, (struct sockaddr *)&ss, &l) != 0 || !mpi5k_sockaddr_to_ep((struct sockaddr *)&ss, l, &local))
-		memset(&local, 0, sizeof local);
-	errno = e;
-	struct mpi5k_conn_rec c = {
-	    .t = mpi5k_now_ns(),
-	    .tid = tid(),
-	    .fd = fd,
-	    .kind = 2,
-	    .fn = (uint8_t)fn,
-	    .flags = fd_ok(fd) ? (LOADR(&g_flags[fd]) & (MPI5K_F_RELAYED | MPI5K_F_TRUEPEER)) : 0,
-	};
-	ep_to_tep(&local, &c.local);
-	ep_to_tep(peer, &c.peer);
-	uint64_t pos;
-	struct mpi5k_rec *rc = mpi5k_ring_claim(&pos);
-	if (!rc) return;
-	memcpy(rc, &c, sizeof c);
-	mpi5k_ring_commit(pos);
-	sample_hook(fd, 1);
+static inline void trace_conn(int fd, int fn, const struct mpi5k_ep *peer) {
+	mpi5k_trace_conn(fd, fn, trace_flags(fd), peer);
 }
 
 // classify looks once per fd at whether it is a TCP socket; the answer is
@@ -360,15 +306,17 @@ static void atfork_child(void) {
 // added with setenv() lands in a new array it never sees, but replacing the
 // pointer of an existing slot is seen. Without GODEBUG in the environment the
 // launcher must set it (docs/shim.md): //go:debug cannot set this one.
+#define GODEBUG_EQ "GODEBUG="
 static void fix_godebug(void) {
 	extern char **environ;
+	const size_t k = sizeof GODEBUG_EQ - 1;
 	for (char **e = environ; e && *e; e++) {
-		if (strncmp(*e, "GODEBUG=", 8) != 0) continue;
+		if (strncmp(*e, GODEBUG_EQ, k) != 0) continue;
 		if (strstr(*e, "asyncpreemptoff=")) return;
 		size_t n = strlen(*e) + sizeof ",asyncpreemptoff=1";
 		char *s = malloc(n);
 		if (!s) return;
-		snprintf(s, n, "%s%sasyncpreemptoff=1", *e, (*e)[8] ? "," : "");
+		snprintf(s, n, "%s%sasyncpreemptoff=1", *e, (*e)[k] ? "," : ""); // a comma after a value
 		*e = s; // leaked on purpose: the environment keeps pointing to it
 		return;
 	}
@@ -579,7 +527,7 @@ int close(int fd) {
 	if (likely(!fd_ok(fd))) return REAL(close)(fd);
 	uint8_t f = LOADR(&g_flags[fd]);
 	if (f && LOADR(&g_tracing) && (f & MPI5K_F_TCP)) {
-		sample_hook(fd, 0);
+		mpi5k_sample_hook(fd, 0);
 		fd_clear(fd);
 		uint64_t t0 = mpi5k_now_ns();
 		int r = REAL(close)(fd);

@@ -29,6 +29,12 @@ HIDDEN void mpi5k_ring_commit(uint64_t pos);
 HIDDEN int mpi5k_trace_open(void);   // the flusher has opened the trace file
 HIDDEN int mpi5k_trace_detach(void); // forget the trace fd; returns it to close
 
+// record.c: trace records of a call and of an opening connection; flags
+// are the fd's MPI5K_F_RELAYED and MPI5K_F_TRUEPEER.
+HIDDEN void mpi5k_trace_call(int fd, int fn, uint16_t flags, uint64_t t0, int64_t ret, uint64_t req, int err);
+HIDDEN void mpi5k_trace_conn(int fd, int fn, uint16_t flags, const struct mpi5k_ep *peer);
+HIDDEN void mpi5k_sample_hook(int fd, int open); // TCP_INFO sample at open (1) or close (0)
+
 // gonote.c: start-up check for a second Go runtime.
 HIDDEN int mpi5k_other_go_runtime(void);
 

@@ -102,7 +102,7 @@ static int write_all(int fd, const void *p, size_t n) {
 }
 
 // mpi5k_trace_flush writes every committed record to the trace file, with a
-// kind-3 record first when records were lost since the last flush. Returns
+// lost-records record (MPI5K_REC_LOST) first when records were lost since the last flush. Returns
 // the number of records written.
 int mpi5k_trace_flush(void) {
 	struct ring *r = g_ring;
@@ -116,7 +116,7 @@ int mpi5k_trace_flush(void) {
 		if (lost != r->lost_reported) {
 			memset(&buf[n], 0, sizeof buf[n]);
 			buf[n].t = mpi5k_now_ns();
-			buf[n].kind = 3;
+			buf[n].kind = MPI5K_REC_LOST;
 			buf[n].fd = -1;
 			buf[n].ret = (int64_t)(lost - r->lost_reported);
 			r->lost_reported = lost;

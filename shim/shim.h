@@ -22,6 +22,9 @@ struct mpi5k_ep {
 // kind 2 (conn):  the same 24-byte head, then the local and true peer
 //                 endpoints (struct mpi5k_conn_rec).
 // kind 3 (lost):  ret = number of records dropped because the ring was full.
+#define MPI5K_REC_CALL 1
+#define MPI5K_REC_CONN 2
+#define MPI5K_REC_LOST 3
 struct mpi5k_rec {
 	uint64_t t;     // CLOCK_MONOTONIC ns at the start of the call
 	uint32_t dur;   // ns the call took (saturated)

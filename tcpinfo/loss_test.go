@@ -1,18 +1,13 @@
 package tcpinfo
 
 import (
-	"fmt"
 	"io"
 	"net"
-	"os"
-	"os/exec"
-	"runtime"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
+	"github.com/mpi5k/mpi5k/internal/testnet"
 	"golang.org/x/sys/unix"
 )
 
@@ -24,45 +19,22 @@ type lossNet struct {
 	a, r, b string
 }
 
-func run(t *testing.T, args ...string) {
-	t.Helper()
-	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-}
-
 func newLossNet(t *testing.T) *lossNet {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for network namespaces")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs ip(8)")
-	}
-	if _, err := exec.LookPath("tc"); err != nil {
-		t.Skip("needs tc(8)")
-	}
-	p := fmt.Sprintf("mpi5k-tcpinfo-%d-", os.Getpid())
-	n := &lossNet{a: p + "a", r: p + "r", b: p + "b"}
-	for _, ns := range []string{n.a, n.r, n.b} {
-		exec.Command("ip", "netns", "del", ns).Run() // leftovers of a killed run
-		if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-			t.Skipf("cannot create network namespaces here: %v %s", err, out)
-		}
-		t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-		run(t, "ip", "-n", ns, "link", "set", "lo", "up")
-	}
-	run(t, "ip", "-n", n.a, "link", "add", "eth0", "type", "veth", "peer", "name", "ra", "netns", n.r)
-	run(t, "ip", "-n", n.b, "link", "add", "eth0", "type", "veth", "peer", "name", "rb", "netns", n.r)
-	run(t, "ip", "-n", n.a, "addr", "add", "10.201.1.2/24", "dev", "eth0")
-	run(t, "ip", "-n", n.r, "addr", "add", "10.201.1.1/24", "dev", "ra")
-	run(t, "ip", "-n", n.r, "addr", "add", "10.201.2.1/24", "dev", "rb")
-	run(t, "ip", "-n", n.b, "addr", "add", "10.201.2.2/24", "dev", "eth0")
+	testnet.NeedRoot(t, "tc")
+	ns := testnet.Netns(t, "mpi5k-tcpinfo", "a", "r", "b")
+	n := &lossNet{a: ns[0], r: ns[1], b: ns[2]}
+	testnet.Run(t, "ip", "-n", n.a, "link", "add", "eth0", "type", "veth", "peer", "name", "ra", "netns", n.r)
+	testnet.Run(t, "ip", "-n", n.b, "link", "add", "eth0", "type", "veth", "peer", "name", "rb", "netns", n.r)
+	testnet.Run(t, "ip", "-n", n.a, "addr", "add", "10.201.1.2/24", "dev", "eth0")
+	testnet.Run(t, "ip", "-n", n.r, "addr", "add", "10.201.1.1/24", "dev", "ra")
+	testnet.Run(t, "ip", "-n", n.r, "addr", "add", "10.201.2.1/24", "dev", "rb")
+	testnet.Run(t, "ip", "-n", n.b, "addr", "add", "10.201.2.2/24", "dev", "eth0")
 	for _, l := range [][2]string{{n.a, "eth0"}, {n.b, "eth0"}, {n.r, "ra"}, {n.r, "rb"}} {
-		run(t, "ip", "-n", l[0], "link", "set", l[1], "up")
+		testnet.Run(t, "ip", "-n", l[0], "link", "set", l[1], "up")
 	}
-	run(t, "ip", "-n", n.a, "route", "add", "default", "via", "10.201.1.1")
-	run(t, "ip", "-n", n.b, "route", "add", "default", "via", "10.201.2.1")
-	run(t, "ip", "netns", "exec", n.r, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	testnet.Run(t, "ip", "-n", n.a, "route", "add", "default", "via", "10.201.1.1")
+	testnet.Run(t, "ip", "-n", n.b, "route", "add", "default", "via", "10.201.2.1")
+	testnet.Run(t, "ip", "netns", "exec", n.r, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 	return n
 }
 
@@ -71,42 +43,15 @@ func newLossNet(t *testing.T) *lossNet {
 func (n *lossNet) shape(t *testing.T, rate string) {
 	t.Helper()
 	if rate == "" {
-		run(t, "tc", "-n", n.r, "qdisc", "replace", "dev", "rb", "root", "pfifo", "limit", "0")
+		testnet.Run(t, "tc", "-n", n.r, "qdisc", "replace", "dev", "rb", "root", "pfifo", "limit", "0")
 		return
 	}
-	run(t, "tc", "-n", n.r, "qdisc", "replace", "dev", "rb", "root", "tbf", "rate", rate, "burst", "16kb", "limit", "24kb")
-}
-
-// in runs f with the calling thread in namespace ns: sockets created by f
-// live there (and keep working from any thread afterwards).
-func in(t *testing.T, ns string, f func()) {
-	t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	h, err := netns.GetFromName(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	if err := netns.Set(h); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := netns.Set(orig); err != nil {
-			panic(err) // never hand a thread in the wrong namespace back to Go
-		}
-	}()
-	f()
+	testnet.Run(t, "tc", "-n", n.r, "qdisc", "replace", "dev", "rb", "root", "tbf", "rate", rate, "burst", "16kb", "limit", "24kb")
 }
 
 func (n *lossNet) pair(t *testing.T) *net.TCPConn {
 	var ln net.Listener
-	in(t, n.b, func() {
+	testnet.In(t, n.b, func() {
 		var err error
 		if ln, err = net.Listen("tcp", "10.201.2.2:0"); err != nil {
 			t.Fatal(err)
@@ -122,7 +67,7 @@ func (n *lossNet) pair(t *testing.T) *net.TCPConn {
 		io.Copy(io.Discard, c)
 	}()
 	var c net.Conn
-	in(t, n.a, func() {
+	testnet.In(t, n.a, func() {
 		d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
 			var serr error
 			rc.Control(func(fd uintptr) {

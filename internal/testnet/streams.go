@@ -9,6 +9,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -95,4 +97,44 @@ func Fill(r *rand.Rand, b []byte) {
 	for ; i < len(b); i++ {
 		b[i] = byte(r.Uint32())
 	}
+}
+
+// Streams runs n checksummed streams at once (SendAndCheck) and returns
+// the bytes checked and an error per stream that failed. Stream i draws
+// its size (size) and bytes from rand.NewPCG(seed, i) and its connection
+// from open, whose note (nil if none) adds what the caller knows of a
+// failure (a stream's code, a link's error).
+func Streams(n int, seed uint64, size func(r *rand.Rand) int, open func() (c *net.TCPConn, note func() string, err error)) (int64, []error) {
+	var wg sync.WaitGroup
+	var total atomic.Int64
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(seed, uint64(i)))
+			k := size(r)
+			c, note, err := open()
+			if err != nil {
+				errs <- fmt.Errorf("stream %d: %w", i, err)
+				return
+			}
+			defer c.Close()
+			if err := SendAndCheck(c, r, k); err != nil {
+				if note != nil {
+					err = fmt.Errorf("%w (%s)", err, note())
+				}
+				errs <- fmt.Errorf("stream %d: %w", i, err)
+				return
+			}
+			total.Add(int64(k))
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	var failed []error
+	for err := range errs {
+		failed = append(failed, err)
+	}
+	return total.Load(), failed
 }

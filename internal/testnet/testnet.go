@@ -1,5 +1,6 @@
 // Package testnet holds network helpers shared by the tests of several
-// packages (relay, gateway): listeners, echo and checksummed streams. It is
+// packages (relay, gateway, mx, tcpinfo): listeners, echo, checksummed
+// streams and network namespaces (netns.go, root only). It is
 // imported by tests only.
 package testnet
 

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/mx"
 )
 
@@ -55,11 +56,11 @@ func lossyEnginesOn(t testing.TB, v *veth, ifA, ifB string, blocking bool, loss 
 	t.Helper()
 	var la, lb *Link
 	var err error
-	in(t, v.nsA, func() { la, err = open(ifA, blocking) })
+	testnet.In(t, v.nsA, func() { la, err = open(ifA, blocking) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	in(t, v.nsB, func() { lb, err = open(ifB, blocking) })
+	testnet.In(t, v.nsB, func() { lb, err = open(ifB, blocking) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/mx"
 )
 
@@ -34,13 +35,13 @@ type conn interface {
 func tcpPair(b *testing.B, v *veth, ip, nsL string) (net.Conn, net.Conn) {
 	var ln net.Listener
 	var err error
-	in(b, nsL, func() { ln, err = net.Listen("tcp4", ip+":0") })
+	testnet.In(b, nsL, func() { ln, err = net.Listen("tcp4", ip+":0") })
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer ln.Close()
 	var c net.Conn
-	in(b, v.nsA, func() { c, err = net.Dial("tcp4", ln.Addr().String()) })
+	testnet.In(b, v.nsA, func() { c, err = net.Dial("tcp4", ln.Addr().String()) })
 	if err != nil {
 		b.Fatal(err)
 	}
