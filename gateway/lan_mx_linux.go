@@ -26,6 +26,11 @@ const MXEndpoint = 1
 // hundreds of live streams at once.
 const MXPeerTimeout = 10 * time.Second
 
+// MXKeepAlive is how long an idle MX channel waits before asking its peer
+// to answer: a node daemon then learns within MXPeerTimeout that its
+// gateway is gone (and the gateway that a node is) with no stream open.
+const MXKeepAlive = time.Second
+
 // newMXLAN starts the MX engine of --lan-transport mx on cfg.LANIf. The
 // engine lives as long as the process: streams drain past the LAN
 // listener's close.
@@ -45,7 +50,7 @@ func newMXLAN(cfg *Config, site *sitemap.Site) (*MXTransport, error) {
 		s, ok := m.Lookup(a)
 		return ok && s.ID == site.ID
 	}}
-	e, err := mx.New(link, mx.Config{Allow: nb.allowed, PeerTimeout: MXPeerTimeout})
+	e, err := mx.New(link, mx.Config{Allow: nb.allowed, PeerTimeout: MXPeerTimeout, KeepAlive: MXKeepAlive})
 	if err != nil {
 		link.Close()
 		return nil, err

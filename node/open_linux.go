@@ -63,7 +63,8 @@ func Open(cfg *Config, lanIf string, m *sitemap.Map, site string) (close func(),
 	// Only the gateway opens streams to a node, and only the gateway
 	// answers the node's: frames from any other MAC are dropped and
 	// counted before they are decoded.
-	e, err := mx.New(link, mx.Config{Allow: func(m mx.MAC) bool { return m == mac }, PeerTimeout: gateway.MXPeerTimeout})
+	e, err := mx.New(link, mx.Config{Allow: func(m mx.MAC) bool { return m == mac }, PeerTimeout: gateway.MXPeerTimeout,
+		KeepAlive: gateway.MXKeepAlive})
 	if err != nil {
 		link.Close()
 		return nil, err
