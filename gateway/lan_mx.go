@@ -31,7 +31,15 @@ type MXTransport struct {
 	mu        sync.Mutex
 	listening bool
 	port      atomic.Uint32
+	// learned maps a node's address to the endpoint its streams come
+	// from: a node daemon whose host never spoke IP to the gateway is
+	// absent from the neighbour table Resolve reads, yet reachable.
+	learned  sync.Map // netip.Addr -> mx.Addr
+	nLearned atomic.Int32
 }
+
+// maxLearned bounds learned: a site's hosts, with room to spare.
+const maxLearned = 1 << 16
 
 // mxMeta is the open metadata: endpoint of the dialer, endpoint it dials.
 func mxMeta(from, to netip.AddrPort) ([]byte, error) {
@@ -111,6 +119,10 @@ func (l *mxListener) Accept() (LANConn, error) {
 			s.Abort()
 			continue
 		}
+		if _, had := l.t.learned.Swap(from.Addr().Unmap(), s.Peer()); !had && l.t.nLearned.Add(1) > maxLearned {
+			l.t.learned.Delete(from.Addr().Unmap())
+			l.t.nLearned.Add(-1)
+		}
 		return &mxLANConn{Stream: s, local: l.addr, remote: from}, nil
 	}
 }
@@ -129,11 +141,16 @@ func (l *mxListener) Close() error {
 // local and a port the transport draws (MX has no ports): the destination
 // sees it as the connection's source, and bound records it first.
 func (t *MXTransport) Dial(ctx context.Context, local netip.Addr, dst netip.AddrPort, bound func(netip.AddrPort)) (LANConn, error) {
-	if t.EP == nil || t.Resolve == nil {
-		return nil, errors.New("mx LAN transport: Dial needs an endpoint and a Resolve function")
+	if t.EP == nil {
+		return nil, errors.New("mx LAN transport: Dial needs an endpoint")
 	}
-	to, err := t.Resolve(dst.Addr())
-	if err != nil {
+	var to mx.Addr
+	var err error
+	if v, ok := t.learned.Load(dst.Addr().Unmap()); ok {
+		to = v.(mx.Addr)
+	} else if t.Resolve == nil {
+		return nil, fmt.Errorf("mx LAN transport: no MX endpoint for %v: its node daemon has not opened a stream", dst.Addr())
+	} else if to, err = t.Resolve(dst.Addr()); err != nil {
 		return nil, fmt.Errorf("mx LAN transport: no MX endpoint for %v: %w", dst.Addr(), err)
 	}
 	port := uint16(32768 + t.port.Add(1)%28232) // Linux's ephemeral range

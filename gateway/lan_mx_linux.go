@@ -18,6 +18,19 @@ import (
 // site: the gateway's and each node daemon's.
 const MXEndpoint = 1
 
+// MXPeerTimeout is how long a LAN peer (the gateway, a node daemon) may
+// leave frames unacknowledged before its channel, and every stream on it,
+// is failed: the bound of the WAN links (DeadAfter) and of a rank's
+// connection to its gateway, not the engine's 1 s default, which a CPU
+// starved for a second (the lab on a loaded machine) trips, resetting
+// hundreds of live streams at once.
+const MXPeerTimeout = 10 * time.Second
+
+// MXKeepAlive is how long an idle MX channel waits before asking its peer
+// to answer: a node daemon then learns within MXPeerTimeout that its
+// gateway is gone (and the gateway that a node is) with no stream open.
+const MXKeepAlive = time.Second
+
 // newMXLAN starts the MX engine of --lan-transport mx on cfg.LANIf. The
 // engine lives as long as the process: streams drain past the LAN
 // listener's close.
@@ -30,8 +43,14 @@ func newMXLAN(cfg *Config, site *sitemap.Site) (*MXTransport, error) {
 	if err != nil {
 		return nil, err
 	}
-	nb := &neighbors{ifindex: ifi.Index, site: site}
-	e, err := mx.New(link, mx.Config{Allow: nb.allowed})
+	// A site's nodes are its nets and its explicit hosts: the map `mpi5k
+	// run` writes lists only hosts.
+	m := cfg.Map
+	nb := &neighbors{ifindex: ifi.Index, inSite: func(a netip.Addr) bool {
+		s, ok := m.Lookup(a)
+		return ok && s.ID == site.ID
+	}}
+	e, err := mx.New(link, mx.Config{Allow: nb.allowed, PeerTimeout: MXPeerTimeout, KeepAlive: MXKeepAlive})
 	if err != nil {
 		link.Close()
 		return nil, err
@@ -51,7 +70,7 @@ func newMXLAN(cfg *Config, site *sitemap.Site) (*MXTransport, error) {
 // costs one netlink dump a second.
 type neighbors struct {
 	ifindex int
-	site    *sitemap.Site
+	inSite  func(netip.Addr) bool
 
 	mu     sync.Mutex
 	macs   map[mx.MAC]bool
@@ -75,11 +94,7 @@ func (n *neighbors) refresh() {
 			continue
 		}
 		a = a.Unmap()
-		in := false
-		for _, p := range n.site.Nets {
-			in = in || p.Contains(a)
-		}
-		if !in {
+		if !n.inSite(a) {
 			continue
 		}
 		var m mx.MAC

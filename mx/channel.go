@@ -69,6 +69,7 @@ type channel struct {
 	backoff         uint
 	probed          bool // the tail-loss probe went out since the last progress
 	lastProgress    time.Time
+	heard, keepAt   time.Time // last frame from the peer; next keepalive (Config.KeepAlive)
 	probeAt         time.Time
 
 	// Receiving.
@@ -100,6 +101,10 @@ func (ep *Endpoint) newChannel(to Addr) *channel {
 func (ch *channel) open(peerSession uint32, peerMTU int, window uint16) {
 	ch.state = stateOpen
 	ch.peerSession = peerSession
+	ch.heard = ch.ep.e.now()
+	if ka := ch.ep.e.cfg.KeepAlive; ka > 0 {
+		ch.ep.e.arm(ch.heard.Add(ka))
+	}
 	ch.mtu = min(ch.ep.e.mtu, peerMTU)
 	ch.sndEdge = ch.sndNext + uint32(window)
 	if ch.connWait != nil {
@@ -598,6 +603,23 @@ func (ch *channel) tick(now time.Time) time.Time {
 		e.xmit(ch.peer.MAC, b)
 		ch.probeAt = now.Add(ch.curRTO())
 		due(ch.probeAt)
+	}
+	if ka := e.cfg.KeepAlive; ka > 0 && len(ch.inflight) == 0 && !ch.hasWork() {
+		if now.Sub(ch.heard) >= e.cfg.PeerTimeout {
+			ch.fail(fmt.Errorf("%w: nothing from %v for %v on an idle channel", ErrTimeout, ch.peer, e.cfg.PeerTimeout))
+			return timeNever
+		}
+		if !now.Before(ch.heard.Add(ka)) && !now.Before(ch.keepAt) {
+			h := wire.Header{Type: wire.TypeAck, Flags: wire.FlagAckNow, Dst: ch.peer.EP, Src: ch.ep.id,
+				Session: ch.session, Ack: ch.rcvNext, Sack: ch.sack(), Window: ch.window()}
+			b := e.scratch[:wire.EthSize+wire.Size]
+			h.Encode(b[wire.EthSize:])
+			e.xmit(ch.peer.MAC, b)
+			ch.keepAt = now.Add(ka)
+		}
+		due(ch.heard.Add(ka))
+		due(ch.keepAt)
+		due(ch.heard.Add(e.cfg.PeerTimeout))
 	}
 	return next
 }

@@ -51,6 +51,13 @@ type Config struct {
 	// PeerTimeout fails a channel whose oldest frame goes unacknowledged
 	// this long, and a connect that gets no answer. Default 1 s.
 	PeerTimeout time.Duration
+	// KeepAlive, if set, asks a peer that has sent nothing for this long
+	// on an idle channel to answer (an ACK with ACK_NOW), and fails the
+	// channel once nothing came for PeerTimeout: a channel with no
+	// traffic then learns of a crashed or unplugged peer, which the
+	// unacknowledged-frame timer alone sees only at the next send.
+	// 0: none.
+	KeepAlive time.Duration
 	// PullBlock is the size of one PULL; PullAhead how many are
 	// outstanding. Defaults 64 KiB and 4.
 	PullBlock, PullAhead int
@@ -309,6 +316,7 @@ func (e *Engine) input(buf []byte, pooled bool) bool {
 		e.sendReject(from, ep.id, h.Session, wire.RejectNoChannel)
 		return false
 	}
+	ch.heard = e.now()
 	ch.onAck(&h)
 	if !h.Type.Sequenced() {
 		if h.Flags&wire.FlagAckNow != 0 {

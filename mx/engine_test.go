@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -512,4 +513,45 @@ func TestTailLossProbe(t *testing.T) {
 	if st := ea.Stats(); st.Probes != 1 || st.Timeouts != 0 {
 		t.Fatalf("want one probe and no RTO: %+v", st)
 	}
+}
+
+// TestKeepAlive: an idle channel stays open while its peer answers the
+// keepalives, and fails within about PeerTimeout once the peer falls
+// silent, with no message sent.
+func TestKeepAlive(t *testing.T) {
+	hub := NewMemHub(1500)
+	var silent atomic.Bool
+	hub.Fault = func([]byte) Fault { return Fault{Drop: silent.Load()} }
+	cfg := Config{KeepAlive: 20 * time.Millisecond, PeerTimeout: 300 * time.Millisecond}
+	var eps []*Endpoint
+	for _, mac := range []MAC{{2, 0, 0, 0, 7, 1}, {2, 0, 0, 0, 7, 2}} {
+		e, err := New(hub.Attach(mac), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		ep, err := e.Open(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eps = append(eps, ep)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := eps[0].Connect(ctx, eps[1].Addr()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // idle, more than three peer timeouts
+	if !eps[0].Connected(eps[1].Addr()) {
+		t.Fatal("an idle channel to a live peer failed")
+	}
+	silent.Store(true)
+	start := time.Now()
+	for eps[0].Connected(eps[1].Addr()) {
+		if time.Since(start) > 5*time.Second {
+			t.Fatal("the channel to a silent peer still open after 5 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("silent peer noticed after %v", time.Since(start).Round(time.Millisecond))
 }

@@ -30,6 +30,19 @@ type config struct {
 	timeout  time.Duration // bound on the gateway connect + OPEN
 	fallback bool          // MPI5K_FALLBACK=direct
 	label    string        // OPEN label: "rank R pid P"
+	// node is the node daemon of --lan-transport mx (MPI5K_NODE): when
+	// set, relayed connections and the control connection go to it, on
+	// loopback, instead of to the site gateway.
+	node netip.AddrPort
+}
+
+// gateway is where the process's relayed and control connections go: the
+// node daemon, or the site gateway.
+func (c *config) gateway() netip.AddrPort {
+	if c.node.IsValid() {
+		return c.node
+	}
+	return c.local.LAN
 }
 
 var (
@@ -62,10 +75,10 @@ func loadOnce() *config {
 			return
 		}
 		cfgVal = c
-		var gws []netip.AddrPort
-		gws = append(gws, c.local.LAN)
-		setGateways(gws)
-		logf(levelDebug, "site %s (id %d), gateway %s, map %s, GODEBUG=%s", c.local.Name, c.local.ID, c.local.LAN, c.mapPath, os.Getenv("GODEBUG"))
+		// Connections accepted from the node daemon are relayed ones,
+		// as those from the gateway are without it.
+		setGateways([]netip.AddrPort{c.gateway()})
+		logf(levelDebug, "site %s (id %d), gateway %s, map %s, GODEBUG=%s", c.local.Name, c.local.ID, c.gateway(), c.mapPath, os.Getenv("GODEBUG"))
 	})
 	return cfgVal
 }
@@ -100,6 +113,13 @@ func loadConfig() (*config, error) {
 			return nil, fmt.Errorf("MPI5K_CONNECT_TIMEOUT=%q: want a duration like 2s or seconds", v)
 		}
 		c.timeout = d
+	}
+	if v := os.Getenv("MPI5K_NODE"); v != "" {
+		ap, err := netip.ParseAddrPort(v)
+		if err != nil || !ap.Addr().IsLoopback() || ap.Port() == 0 {
+			return nil, fmt.Errorf("MPI5K_NODE=%q: want the node daemon's loopback address and port, e.g. 127.0.0.1:5070", v)
+		}
+		c.node = ap
 	}
 	switch v := os.Getenv("MPI5K_FALLBACK"); v {
 	case "", "none":

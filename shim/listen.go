@@ -37,14 +37,14 @@ func listenRegister(fd int) {
 	}
 	if err := registerPort(c, ap.Port()); err != nil {
 		logf(levelWarn, "listening on %v: the site gateway %s does not know the port, so ranks of other sites cannot connect to it: %v",
-			ap, c.local.LAN, err)
+			ap, c.gateway(), err)
 	}
 }
 
 // registerPort registers port with the local site's gateway, on the
 // process's control connection to it.
 func registerPort(c *config, port uint16) error {
-	pc := controlClient(c.local.LAN)
+	pc := controlClient(c.gateway())
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
 	var err error

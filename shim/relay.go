@@ -42,7 +42,7 @@ func relayConnect(fd int, dst netip.AddrPort) int {
 		return resPass // talking to a gateway itself (e.g. its metrics)
 	}
 	dst = netip.AddrPortFrom(a, dst.Port())
-	gw := c.local.LAN
+	gw := c.gateway()
 	err := dialGateway(fd, gw, c.timeout)
 	if err == nil {
 		var local unix.Sockaddr
@@ -245,8 +245,14 @@ func peerQuery(fd int, seen netip.AddrPort) (netip.AddrPort, uint8, bool) {
 	if c == nil {
 		return netip.AddrPort{}, 0, false
 	}
-	s, ok := c.m.GatewaySite(seen.Addr())
-	if !ok {
+	gw := c.gateway()
+	if c.node.IsValid() {
+		if seen.Addr().Unmap() != c.node.Addr() {
+			return netip.AddrPort{}, 0, false
+		}
+	} else if s, ok := c.m.GatewaySite(seen.Addr()); ok {
+		gw = s.LAN
+	} else {
 		return netip.AddrPort{}, 0, false
 	}
 	watchGateway(fd) // accepted from a gateway: a relayed connection too
@@ -255,19 +261,19 @@ func peerQuery(fd int, seen netip.AddrPort) (netip.AddrPort, uint8, bool) {
 		return netip.AddrPort{}, 0, false
 	}
 	q := header.PeerQuery{Seen: seen, Local: sockaddrToAddrPort(sa)}
-	pc := controlClient(s.LAN)
+	pc := controlClient(gw)
 	// One retry on a fresh connection: the gateway may have restarted or
 	// closed an idle control connection.
 	for attempt := 0; attempt < 2; attempt++ {
 		r, err := pc.query(&q, c.timeout)
 		if err == nil {
 			if !r.Found {
-				logf(levelInfo, "gateway %s does not know connection %s -> %s", s.LAN, seen, q.Local)
+				logf(levelInfo, "gateway %s does not know connection %s -> %s", gw, seen, q.Local)
 				return netip.AddrPort{}, 0, false
 			}
 			return r.Source, r.SiteID, true
 		}
-		logf(levelWarn, "peer query to gateway %s: %v", s.LAN, err)
+		logf(levelWarn, "peer query to gateway %s: %v", gw, err)
 	}
 	return netip.AddrPort{}, 0, false
 }

@@ -61,12 +61,17 @@ type gateway struct {
 	cmd     *exec.Cmd
 	stdin   io.WriteCloser
 	logPath string
+	logName string // "": gateway-SITE
 	done    chan struct{}
 	waitErr error
 }
 
 func (g *gateway) start(dir string) error {
-	g.logPath = filepath.Join(dir, "gateway-"+g.site.Name+".log")
+	name := g.logName
+	if name == "" {
+		name = "gateway-" + g.site.Name
+	}
+	g.logPath = filepath.Join(dir, name+".log")
 	log, err := os.Create(g.logPath)
 	if err != nil {
 		return err

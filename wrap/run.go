@@ -19,17 +19,23 @@ import (
 
 // Config is one wrapped run.
 type Config struct {
-	Argv                          []string // the user's mpirun command, unmodified
-	Flavour                       Flavour  // Unknown = detect from Argv[0]
-	SitesFile                     string   // --sites FILE; "" = Grid'5000 naming
-	MapFile                       string   // --map FILE ($MPI5K_SITE_MAP): a site map in the documented format
-	Gateways                      map[string]string
-	Dedicated                     bool
-	Launcher                      []string // how to run a command on a host: ssh by default
-	GatewayBin                    string   // mpi5k-gateway, same path on every gateway host
-	Preload                       string   // libmpi5k.so, same path on every host
-	GatewayArgs                   []string // --lan-cc, --wan-cc, --wan-conns, --chunk, --window ... passed on
-	LANPort, WANPort, MetricsPort int      // 0: drawn per job (ports.go)
+	Argv        []string // the user's mpirun command, unmodified
+	Flavour     Flavour  // Unknown = detect from Argv[0]
+	SitesFile   string   // --sites FILE; "" = Grid'5000 naming
+	MapFile     string   // --map FILE ($MPI5K_SITE_MAP): a site map in the documented format
+	Gateways    map[string]string
+	Dedicated   bool
+	Launcher    []string // how to run a command on a host: ssh by default
+	GatewayBin  string   // mpi5k-gateway, same path on every gateway host
+	Preload     string   // libmpi5k.so, same path on every host
+	GatewayArgs []string // --lan-cc, --wan-cc, --wan-conns, --chunk, --window ... passed on
+	// LANTransport "mx" (also in GatewayArgs) starts a node daemon (NodeBin
+	// node) on every rank host, on interface LANIf, listening on loopback
+	// port NodePort (0: the drawn LAN port).
+	LANTransport, LANIf           string
+	NodeBin                       string // mpi5k, same path on every rank host
+	NodePort                      int
+	LANPort, WANPort, MetricsPort int // 0: drawn per job (ports.go)
 	ReadyTimeout                  time.Duration
 	WorkDir                       string // where the map and logs go; must be valid on every host if SharedFS
 	SharedFS                      bool   // WorkDir is visible on every host: skip copying the map
@@ -151,7 +157,11 @@ func Run(ctx context.Context, c Config) (int, error) {
 			return 2, fmt.Errorf("%s: not found on PATH", name)
 		}
 	}
-	for _, p := range []string{c.GatewayBin, c.Preload} {
+	bins := []string{c.GatewayBin, c.Preload}
+	if c.LANTransport == "mx" {
+		bins = append(bins, c.NodeBin)
+	}
+	for _, p := range bins {
 		if _, err := os.Stat(p); err != nil && !c.DryRun {
 			return 2, fmt.Errorf("%v", err)
 		}
@@ -215,6 +225,16 @@ func Run(ctx context.Context, c Config) (int, error) {
 		}
 	}
 	in := Inject{Preload: c.Preload, Map: mapPath, Env: map[string]string{}}
+	var nodes []SiteHost
+	if c.LANTransport == "mx" {
+		if nodes, err = nodeHosts(plan, c.Dedicated); err != nil {
+			return 2, err
+		}
+		if c.NodePort == 0 {
+			c.NodePort = c.LANPort // drawn: no other job's daemon has it
+		}
+		in.Env["MPI5K_NODE"] = c.nodeListen()
+	}
 	if c.TraceDir != "" {
 		in.Env["MPI5K_TRACE"] = c.TraceDir
 	}
@@ -247,6 +267,12 @@ func Run(ctx context.Context, c Config) (int, error) {
 		}
 		if keys != nil {
 			c.printKeyPlacing(plan.Sites)
+		}
+		if nds := c.nodeDaemons(plan, nodes, mapPath); len(nds) > 0 {
+			fmt.Fprintf(c.Stdout, "# node daemons (--lan-transport mx), after the gateways:\n")
+			for _, n := range nds {
+				fmt.Fprintln(c.Stdout, shellJoin(n.argv))
+			}
 		}
 		fmt.Fprintf(c.Stdout, "# gateways:\n")
 		for _, g := range gws {
@@ -289,6 +315,13 @@ func Run(ctx context.Context, c Config) (int, error) {
 		gws = c.gateways(plan, mapPath, tag)
 	}
 	defer stopAll(gws, c.Stderr)
+	if nds := c.nodeDaemons(plan, nodes, mapPath); len(nds) > 0 {
+		err := c.startNodes(ctx, nds)
+		defer stopAll(nds, c.Stderr)
+		if err != nil {
+			return 1, err
+		}
+	}
 	start := snapshot(gws)
 	wctx, unwatch := context.WithCancel(ctx)
 	code, err := runMPI(ctx, c, mpiArgv, watch(wctx, gws, c.Outage))

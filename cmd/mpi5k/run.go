@@ -49,6 +49,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&c.Dedicated, "dedicated-gateways", false, "gateway hosts run no ranks")
 	fs.StringVar(&c.GatewayBin, "gateway-bin", filepath.Join(bindir, "mpi5k-gateway"), "path of mpi5k-gateway on the gateway hosts")
 	fs.StringVar(&c.Preload, "preload", shimPath(bindir), "path of libmpi5k.so on the rank hosts")
+	fs.StringVar(&c.NodeBin, "node-bin", self, "path of mpi5k on the rank hosts, which run 'mpi5k node' with --lan-transport mx")
 	drawn := fmt.Sprintf(" (default: drawn per job in %d-%d, so concurrent jobs never share one)", wrap.PortsFrom, wrap.PortsTo)
 	fs.Var(cli.Port(&c.LANPort), "lan-port", "gateway port for its site's ranks"+drawn)
 	fs.Var(cli.Port(&c.WANPort), "wan-port", "gateway port for peer gateways"+drawn)
@@ -115,11 +116,13 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	// The gateways' settings, checked together here so a mistake fails
 	// before any gateway is started.
-	if _, err := gf.Config(); err != nil {
+	gc, err := gf.Config()
+	if err != nil {
 		return cmd.Usagef("%v", err)
 	}
+	c.LANTransport, c.LANIf = gc.LANTransport, gc.LANIf
 	c.GatewayArgs = gf.Args()
-	for _, p := range []*string{&c.TraceDir, &c.WorkDir, &c.GatewayBin, &c.Preload, &c.MapFile} {
+	for _, p := range []*string{&c.TraceDir, &c.WorkDir, &c.GatewayBin, &c.Preload, &c.MapFile, &c.NodeBin} {
 		if *p != "" {
 			if abs, err := filepath.Abs(*p); err == nil {
 				*p = abs

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/pflag"
+
+	"github.com/mpi5k/mpi5k/internal/cli"
+	"github.com/mpi5k/mpi5k/node"
+	"github.com/mpi5k/mpi5k/sitemap"
+)
+
+func init() {
+	register("node", "the per-node daemon of --lan-transport mx: carries the node's ranks' streams to the gateway", func(args []string) int {
+		return runNode(args, os.Stdout, os.Stderr)
+	})
+}
+
+const nodeUsage = `usage: mpi5k node --map FILE --lan-if IF --listen 127.0.0.1:PORT [flags]
+
+mpi5k node runs on each node of a site whose gateway uses --lan-transport mx
+(docs/architecture.md): it owns the node's MX engine on the LAN interface
+(CAP_NET_RAW), takes the ranks' inter-site connections on a loopback port
+(the shim connects there when MPI5K_NODE names it) and carries each as an MX
+stream to the site gateway, and connects the streams the gateway opens to the
+ranks' ports. 'mpi5k run --lan-transport mx' starts one per node host.
+
+`
+
+func runNode(args []string, stdout, stderr io.Writer) int {
+	fs := pflag.NewFlagSet("mpi5k node", pflag.ContinueOnError)
+	mapPath := fs.String("map", "", "site map file, docs/sitemap-format.md (required)")
+	lanIf := fs.String("lan-if", "", "this node's interface on the site LAN, e.g. eth0 (required)")
+	site := fs.String("site", "", "this node's site in the map (default: the site of --lan-if's address)")
+	listen := fs.String("listen", "", "loopback address the ranks' shims connect to, the value of their MPI5K_NODE, e.g. 127.0.0.1:5070 (required)")
+	maxConns := 4096
+	fs.Var(cli.IntRange{P: &maxConns, Min: 1, Max: 1 << 20}, "max-conns", "connections carried at once, both directions; more are reset")
+	logLevel := "info"
+	fs.Var(cli.Choice{P: &logLevel, Words: []string{"debug", "info", "warn", "error"}}, "log-level", "debug, info, warn or error")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	stdinEOF := fs.Bool("exit-on-stdin-eof", false, "exit when standard input closes (set by mpi5k run: a daemon started through ssh then dies with its launcher)")
+	cmd := cli.Command{Name: "mpi5k node", Stdout: stdout, Stderr: stderr, Help: func(w io.Writer) {
+		fmt.Fprint(w, nodeUsage, "flags:\n", fs.FlagUsages(), cli.ExitStatusHelp(false))
+	}}
+	if code, done := cmd.Parse(fs, args); done {
+		return code
+	}
+	switch {
+	case *showVersion:
+		fmt.Fprintln(stdout, "mpi5k node", version)
+		return cli.ExitOK
+	case fs.NArg() > 0:
+		return cmd.Usagef("unexpected argument %q (every setting is a --flag)", fs.Arg(0))
+	case *mapPath == "" || *lanIf == "" || *listen == "":
+		return cmd.Usagef("--map FILE, --lan-if IF and --listen 127.0.0.1:PORT are required")
+	}
+	ln, err := netip.ParseAddrPort(*listen)
+	if err != nil || !ln.Addr().IsLoopback() || ln.Port() == 0 {
+		return cmd.Usagef("--listen %q: want a loopback address and a port, e.g. 127.0.0.1:5070", *listen)
+	}
+	m, err := sitemap.Load(*mapPath)
+	if err != nil {
+		return cmd.Failf("--map: %v", err)
+	}
+	if *site != "" {
+		if _, ok := m.Site(*site); !ok {
+			return cmd.Usagef("--site %q is not a site of %s", *site, *mapPath)
+		}
+	}
+	var level slog.Level
+	level.UnmarshalText([]byte(logLevel)) // a word cli.Choice took
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	cfg := node.Config{Listen: ln, MaxConns: maxConns, Log: log}
+	closeMX, err := node.Open(&cfg, *lanIf, m, *site)
+	if err != nil {
+		return cmd.Failf("%v", err)
+	}
+	defer closeMX()
+	d, err := node.New(cfg)
+	if err != nil {
+		return cmd.Failf("%v", err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if *stdinEOF {
+		ctx = stopOnStdinEOF(ctx, log)
+	}
+	log.Info("node daemon ready", "listen", d.Addr().String(), "node", cfg.Addr.String(), "gateway", cfg.GatewayLAN.String(), "gateway_mx", cfg.Gateway.String())
+	if err := d.Run(ctx); err != nil {
+		log.Error("node daemon failed", "err", err)
+		return cli.ExitFailure
+	}
+	return cli.ExitOK
+}
+
+func stopOnStdinEOF(parent context.Context, log *slog.Logger) context.Context {
+	ctx, cancel := context.WithCancel(parent)
+	go func() {
+		io.Copy(io.Discard, os.Stdin)
+		log.Info("standard input closed: exiting")
+		cancel()
+	}()
+	return ctx
+}

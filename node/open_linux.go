@@ -1,0 +1,123 @@
+package node
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/mpi5k/mpi5k/gateway"
+	"github.com/mpi5k/mpi5k/mx"
+	"github.com/mpi5k/mpi5k/mx/afpacket"
+	"github.com/mpi5k/mpi5k/sitemap"
+)
+
+// Open starts the node's MX engine on the LAN interface lanIf and fills
+// cfg's Addr (the interface's address in a site of m; site, if not empty,
+// must be that site), GatewayLAN, EP and Gateway. The gateway's MAC comes
+// from the neighbour table; a datagram to the gateway makes the kernel
+// resolve it (and puts this node in the gateway host's table) when it is
+// missing. close stops the engine.
+func Open(cfg *Config, lanIf string, m *sitemap.Map, site string) (close func(), err error) {
+	ifi, err := net.InterfaceByName(lanIf)
+	if err != nil {
+		return nil, fmt.Errorf("--lan-if %q: %w", lanIf, err)
+	}
+	addrs, err := ifi.Addrs()
+	if err != nil {
+		return nil, fmt.Errorf("--lan-if %q: %w", lanIf, err)
+	}
+	var s *sitemap.Site
+	for _, a := range addrs {
+		pn, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(pn.IP)
+		if !ok {
+			continue
+		}
+		ip = ip.Unmap()
+		if ls, ok := m.Lookup(ip); ok && (site == "" || ls.Name == site) {
+			cfg.Addr, s = ip, ls
+			break
+		}
+	}
+	if s == nil {
+		if site != "" {
+			return nil, fmt.Errorf("--lan-if %q has no address in site %s of the map", lanIf, site)
+		}
+		return nil, fmt.Errorf("--lan-if %q has no address in a site of the map", lanIf)
+	}
+	cfg.GatewayLAN = s.LAN
+	mac, err := gatewayMAC(ifi, s.LAN)
+	if err != nil {
+		return nil, err
+	}
+	link, err := afpacket.Open(lanIf)
+	if err != nil {
+		return nil, err
+	}
+	// Only the gateway opens streams to a node, and only the gateway
+	// answers the node's: frames from any other MAC are dropped and
+	// counted before they are decoded.
+	e, err := mx.New(link, mx.Config{Allow: func(m mx.MAC) bool { return m == mac }, PeerTimeout: gateway.MXPeerTimeout,
+		KeepAlive: gateway.MXKeepAlive})
+	if err != nil {
+		link.Close()
+		return nil, err
+	}
+	ep, err := e.Open(gateway.MXEndpoint)
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	cfg.EP, cfg.Gateway = ep, mx.Addr{MAC: mac, EP: gateway.MXEndpoint}
+	return func() { e.Close() }, nil
+}
+
+// gatewayMAC finds gw's MAC in the neighbour table of ifi, prompting the
+// kernel to resolve it for up to 3 s.
+func gatewayMAC(ifi *net.Interface, gw netip.AddrPort) (mx.MAC, error) {
+	deadline := time.Now().Add(3 * time.Second)
+	prompted := time.Time{}
+	for {
+		list, err := netlink.NeighList(ifi.Index, netlink.FAMILY_ALL)
+		if err != nil {
+			return mx.MAC{}, fmt.Errorf("neighbour table of %s: %w", ifi.Name, err)
+		}
+		for _, n := range list {
+			a, ok := netip.AddrFromSlice(n.IP)
+			if ok && a.Unmap() == gw.Addr() && len(n.HardwareAddr) == 6 &&
+				n.State&(netlink.NUD_FAILED|netlink.NUD_INCOMPLETE) == 0 {
+				var m mx.MAC
+				copy(m[:], n.HardwareAddr)
+				return m, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return mx.MAC{}, fmt.Errorf("gateway %v: no MAC address in the neighbour table of %s after 3 s (is the gateway host up, on this LAN?)", gw.Addr(), ifi.Name)
+		}
+		if time.Since(prompted) > time.Second {
+			prompted = time.Now()
+			if err := prompt(gw); err != nil {
+				return mx.MAC{}, fmt.Errorf("gateway %v: %w", gw.Addr(), err)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// prompt sends one empty datagram to the gateway's discard port: the
+// kernel resolves the address first.
+func prompt(gw netip.AddrPort) error {
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(gw.Addr(), 9)))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.Write([]byte{0}) // a refusal (ICMP) still resolved the address
+	return nil
+}
