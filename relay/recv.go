@@ -284,6 +284,7 @@ func (l *Link) dispatch(h header.Header, p []byte) error {
 			s.addCredit(int64(n))
 		}
 	case header.TypePing:
+		l.keepFrames.Add(2) // the PING and its PONG
 		f := frame{h: header.Header{Type: header.TypePong, Length: 8}}
 		copy(f.ctl[:], p)
 		l.enqueue(f, nil)
@@ -294,6 +295,7 @@ func (l *Link) dispatch(h header.Header, p []byte) error {
 		}
 		l.applyClamp(n)
 	case header.TypePong:
+		l.keepFrames.Add(1)
 		var t int64
 		for _, b := range p {
 			t = t<<8 | int64(b)

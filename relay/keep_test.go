@@ -1,0 +1,28 @@
+package relay
+
+import (
+	"testing"
+	"time"
+)
+
+// TestIdleKeepalive: on an idle link only the dialer pings, about every
+// third of DeadAfter, and neither side takes the link for dead.
+func TestIdleKeepalive(t *testing.T) {
+	cfg := Config{PingInterval: 100 * time.Millisecond, DeadAfter: 1500 * time.Millisecond}
+	a, b := pair(t, cfg)
+	time.Sleep(500 * time.Millisecond) // past the first ticks
+	a0, b0 := a.Stats.FramesSent.Load(), b.Stats.FramesSent.Load()
+	const span = 3 * time.Second
+	time.Sleep(span)
+	sa, sb := a.Stats.FramesSent.Load()-a0, b.Stats.FramesSent.Load()-b0
+	// The dialer pings when silent for idlePing - PingInterval (400 ms),
+	// so on 100 ms ticks every 500 ms: about 6 PINGs, 6 PONGs back; the
+	// acceptor (700 ms) does not ping.
+	if sa < 3 || sa > 8 || sb < 3 || sb > 8 {
+		t.Errorf("frames sent in %v: dialer %d, acceptor %d; want about 6 each (PINGs one way, PONGs back)", span, sa, sb)
+	}
+	t.Logf("frames sent in %v: dialer %d, acceptor %d", span, sa, sb)
+	if b.Stats.FramesRecv.Load() == 0 || a.Err() != nil || b.Err() != nil {
+		t.Fatalf("link ended: %v, %v", a.Err(), b.Err())
+	}
+}
