@@ -68,7 +68,16 @@ func (k *keeper) run() {
 	t := time.NewTimer(time.Until(next))
 	defer t.Stop()
 	var links []*Link
+	// steady is since when the ticks have come on time. A keeper that ran
+	// late sent no PINGs meanwhile, so no PONGs came back either: silence
+	// counts from there, or a starved process would take every link for
+	// dead at once.
+	steady, prev := time.Now(), time.Now()
 	for now := range t.C {
+		if now.Sub(prev) > 2*k.period {
+			steady = now
+		}
+		prev = now
 		links = links[:0]
 		k.mu.Lock()
 		for l := range k.links {
@@ -76,7 +85,7 @@ func (k *keeper) run() {
 		}
 		k.mu.Unlock()
 		for _, l := range links {
-			if !l.keepTick(now) {
+			if !l.keepTick(now, steady) {
 				k.mu.Lock()
 				delete(k.links, l)
 				k.mu.Unlock()
@@ -100,10 +109,11 @@ func (k *keeper) run() {
 	}
 }
 
-// keepTick is one keepalive tick of l; false once l has ended. What may
+// keepTick is one keepalive tick of l; false once l has ended. Silence
+// counts from steady at the earliest (see keeper.run). What may
 // block or take long (failing a link, breaking its connection) runs on a
 // goroutine of its own, so one link does not delay the others' ticks.
-func (l *Link) keepTick(now time.Time) bool {
+func (l *Link) keepTick(now, steady time.Time) bool {
 	select {
 	case <-l.done:
 		return false
@@ -124,7 +134,7 @@ func (l *Link) keepTick(now time.Time) bool {
 		return true
 	}
 	silent := now.Sub(time.Unix(0, l.lastRecv.Load()))
-	if silent > l.cfg.DeadAfter {
+	if d := now.Sub(steady); silent > l.cfg.DeadAfter && d > l.cfg.DeadAfter {
 		go l.broke(gen, fmt.Errorf("%w for %v (from %v)", errSilent, silent.Round(time.Millisecond), l.remoteAddr()))
 		return true
 	}
