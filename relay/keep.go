@@ -14,7 +14,7 @@ import (
 // times a second, and each PING cost four frames at the hub (its PING,
 // the peer's PONG, the peer's PING, its PONG). Now one goroutine per
 // period walks the links, and an idle link (no frame but keepalives since
-// the last tick) pings only when it has heard nothing for a while:
+// the last tick: keepalive) pings only when it has heard nothing for a while:
 //
 //   - the trunk's dialer when silent for idlePing(cfg) - PingInterval,
 //   - the acceptor when silent for idlePing(cfg) + PingInterval/2,
@@ -109,6 +109,13 @@ func (k *keeper) run() {
 	}
 }
 
+// keepalive reports whether frames of type t are the link's own upkeep:
+// they alone do not make a link busy. An ACK is one: a link that resumes
+// acknowledges received PINGs and PONGs too.
+func keepalive(t header.Type) bool {
+	return t == header.TypePing || t == header.TypePong || t == header.TypeAck
+}
+
 // keepTick is one keepalive tick of l; false once l has ended. Silence
 // counts from steady at the earliest (see keeper.run). What may
 // block or take long (failing a link, breaking its connection) runs on a
@@ -141,9 +148,9 @@ func (l *Link) keepTick(now, steady time.Time) bool {
 	if l.rs != nil {
 		l.tickAck(now) // in the PING's write, if there is one
 	}
-	frames := l.Stats.FramesSent.Load() + l.Stats.FramesRecv.Load() - l.keepFrames.Load()
-	busy := frames != l.keptFrames
-	l.keptFrames = frames
+	active := l.active.Load()
+	busy := active != l.keptActive
+	l.keptActive = active
 	if !busy {
 		wait := idlePing(&l.cfg) + l.cfg.PingInterval/2 // clear of the dialer's, with timer jitter
 		if l.t.dialer {
@@ -156,7 +163,6 @@ func (l *Link) keepTick(now, steady time.Time) bool {
 	f := frame{h: header.Header{Type: header.TypePing, Length: 8}}
 	header.PutU32(f.ctl[:4], uint32(uint64(now.UnixNano())>>32))
 	header.PutU32(f.ctl[4:], uint32(now.UnixNano()))
-	l.keepFrames.Add(1)
 	l.enqueue(f, nil)
 	return true
 }

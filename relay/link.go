@@ -141,11 +141,12 @@ type Link struct {
 	remote atomic.Value
 
 	lastRecv atomic.Int64
-	// keepFrames counts the PINGs and PONGs sent and received, so the
-	// keeper (keep.go) tells an idle link from a busy one; keptFrames is
-	// the other frames at its last tick (the keeper's alone).
-	keepFrames atomic.Uint64
-	keptFrames uint64
+	// active counts the frames sent and received other than keepalives
+	// (keepalive), so the keeper (keep.go) tells an idle link from a busy
+	// one; keptActive is its count at the keeper's last tick (the keeper's
+	// alone).
+	active     atomic.Uint64
+	keptActive uint64
 	// holdUntil (unix ns, 0 = none): nothing is written to the socket
 	// before then (Hold).
 	holdUntil atomic.Int64

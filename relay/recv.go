@@ -139,6 +139,9 @@ func (l *Link) handle(r *header.Reader, h header.Header) error {
 func (l *Link) handleFrame(r *header.Reader, h header.Header) error {
 	l.lastRecv.Store(time.Now().UnixNano())
 	l.Stats.FramesRecv.Add(1)
+	if !keepalive(h.Type) {
+		l.active.Add(1)
+	}
 	l.bulk1 = false
 	if h.Type == header.TypeData || h.Type == header.TypeDataAt {
 		l.bulk1 = int(h.Length) > l.cfg.SmallFrame
@@ -284,7 +287,6 @@ func (l *Link) dispatch(h header.Header, p []byte) error {
 			s.addCredit(int64(n))
 		}
 	case header.TypePing:
-		l.keepFrames.Add(2) // the PING and its PONG
 		f := frame{h: header.Header{Type: header.TypePong, Length: 8}}
 		copy(f.ctl[:], p)
 		l.enqueue(f, nil)
@@ -295,7 +297,6 @@ func (l *Link) dispatch(h header.Header, p []byte) error {
 		}
 		l.applyClamp(n)
 	case header.TypePong:
-		l.keepFrames.Add(1)
 		var t int64
 		for _, b := range p {
 			t = t<<8 | int64(b)
