@@ -38,3 +38,25 @@ func idleKeepalive(t *testing.T, a, b *Link) {
 		t.Fatalf("link ended: %v, %v", a.Err(), b.Err())
 	}
 }
+
+// TestSilentPeerDead: a peer that sends nothing is taken for dead after
+// DeadAfter, whether this side dials (and pings first) or accepts (and
+// pings only after a longer silence).
+func TestSilentPeerDead(t *testing.T) {
+	for _, dialer := range []bool{true, false} {
+		cfg := Config{PingInterval: 100 * time.Millisecond, DeadAfter: time.Second}
+		ca, cb, ha, _ := handshaken(t, &cfg, 0, 1, 0)
+		defer cb.Close() // open, never read or written: a silent peer
+		start := time.Now()
+		a := NewLink(ca, cfg, ha, dialer, HandlerFunc(dialHandler))
+		select {
+		case <-a.Done():
+			if d := time.Since(start); d < cfg.DeadAfter {
+				t.Errorf("dialer %v: dead after %v, before DeadAfter %v", dialer, d, cfg.DeadAfter)
+			}
+		case <-time.After(cfg.DeadAfter + 2*time.Second):
+			t.Errorf("dialer %v: a silent peer not taken for dead %v after DeadAfter", dialer, 2*time.Second)
+			a.Close()
+		}
+	}
+}
