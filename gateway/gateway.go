@@ -250,6 +250,9 @@ func New(cfg Config) (*Gateway, error) {
 		if s.ID != site.ID {
 			g.peers[s.ID] = g.newPeer(s)
 		}
+		if len(s.Gateways) > 1 { // parsed, not used yet: docs/sitemap-format.md
+			g.log.Warn("the site map lists several gateways for a site; only its first is used", "site", s.Name, "gateways", len(s.Gateways), "used", s.Gateways[0].WAN.String())
+		}
 	}
 	if err := g.initAuth(); err != nil {
 		return nil, err

@@ -89,7 +89,7 @@ func (w *wanEvents) sample(links []*relay.Link) {
 		// A link with nothing in flight at the last sample that has
 		// carried no frame since cannot have changed: its sample would be
 		// a syscall for nothing (most of an idle hub's sampling). Its
-		// keepalives bring it back once a PING period.
+		// keepalives bring it back, about every 3 s while idle (relay/keep.go).
 		frames := l.Stats.FramesSent.Load() + l.Stats.FramesRecv.Load()
 		if in, _, ok := tr.Last(); ok && in.Unacked == 0 && frames == tr.frames {
 			continue

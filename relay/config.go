@@ -22,7 +22,7 @@ type Config struct {
 	// application while the writer sends chunk A (double buffering), and no
 	// stream can hog the writer's queue.
 	Pipeline     int
-	PingInterval time.Duration // keepalive period (default 1 s)
+	PingInterval time.Duration // keepalive period of a busy link (default 1 s); idle links: keep.go
 	DeadAfter    time.Duration // a link silent this long is dead (default 4 × PingInterval)
 	Logger       *slog.Logger
 	// NoPoller keeps idle sockets in Go's network poller instead of the

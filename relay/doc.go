@@ -25,10 +25,10 @@
 // RESUME; a link that fails takes with it the streams homed on it and,
 // via RESET, those whose bytes crossed it.
 //
-// Per link: one writer goroutine, one keepalive ticker, and the reader, a
-// stage (recv.go). Per stream: two stages (stage.go), the out-stage
-// (application -> link) and the in-stage (link -> application). Each is one
-// step function
+// Per link: one writer goroutine and the reader, a stage (recv.go); the
+// keepalives of all links run on one timer (keep.go). Per stream: two
+// stages (stage.go), the out-stage (application -> link) and the in-stage
+// (link -> application). Each is one step function
 // that runs until it would block and then says what it waits for: a
 // pipeline token, credit or queued data (whoever provides it kicks the
 // stage), or the application's socket readable (the poller thread runs the
@@ -165,8 +165,8 @@
 // # Files
 //
 //   - config.go: Config and its defaults, the HELLO exchange (Handshake).
-//   - link.go: Link, one WAN connection: its life, keepalive, failure,
-//     drain.
+//   - link.go: Link, one WAN connection: its life, failure, drain.
+//   - keep.go: keepalives, one timer for all links.
 //   - send.go: the write side: frames, the send queues, inline writes, the
 //     writer goroutine, Hold and Pad.
 //   - recv.go: the read side: the link's reader (a stage: on the poller

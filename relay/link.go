@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -142,6 +141,12 @@ type Link struct {
 	remote atomic.Value
 
 	lastRecv atomic.Int64
+	// active counts the frames sent and received other than keepalives
+	// (keepalive), so the keeper (keep.go) tells an idle link from a busy
+	// one; keptActive is its count at the keeper's last tick (the keeper's
+	// alone).
+	active     atomic.Uint64
+	keptActive uint64
 	// holdUntil (unix ns, 0 = none): nothing is written to the socket
 	// before then (Hold).
 	holdUntil atomic.Int64
@@ -187,7 +192,7 @@ func newLink(conn net.Conn, cfg Config, peer header.Hello, t *Trunk, index int, 
 func (l *Link) start() {
 	go l.writeLoop()
 	l.rd.start()
-	go l.keepalive()
+	keep(l)
 	l.t.startQueueControl(l)
 }
 
@@ -262,44 +267,6 @@ func (l *Link) Open(o *header.Open, conn Conn) (*Stream, error) {
 	l.enqueue(frame{h: header.Header{Type: header.TypeOpen, Stream: s.id, Length: uint32(len(body))}, body: body}, nil)
 	s.attach(conn)
 	return s, nil
-}
-
-func (l *Link) keepalive() {
-	t := time.NewTimer(OnGrid(l.cfg.PingInterval))
-	defer t.Stop()
-	for {
-		select {
-		case <-l.done:
-			return
-		case now := <-t.C:
-			t.Reset(OnGrid(l.cfg.PingInterval))
-			l.mu.Lock()
-			gen, broken := l.gen, l.broken
-			var downAt time.Time
-			if broken {
-				downAt = l.rs.downAt
-			}
-			l.mu.Unlock()
-			if broken {
-				if d := now.Sub(downAt); d > l.rs.within {
-					l.fail(fmt.Errorf("relay: link %d to %s down for %v without resuming (limit %v)", l.index, l.peer.Name, d.Round(time.Millisecond), l.rs.within))
-					return
-				}
-				continue
-			}
-			if silent := now.Sub(time.Unix(0, l.lastRecv.Load())); silent > l.cfg.DeadAfter {
-				l.broke(gen, fmt.Errorf("%w for %v (from %v)", errSilent, silent.Round(time.Millisecond), l.remoteAddr()))
-				continue
-			}
-			if l.rs != nil {
-				l.tickAck(now) // in the PING's write
-			}
-			f := frame{h: header.Header{Type: header.TypePing, Length: 8}}
-			header.PutU32(f.ctl[:4], uint32(uint64(now.UnixNano())>>32))
-			header.PutU32(f.ctl[4:], uint32(now.UnixNano()))
-			l.enqueue(f, nil)
-		}
-	}
 }
 
 // fail ends the link: the connection is closed and every stream is reset

@@ -179,6 +179,9 @@ func (l *Link) handle(r *header.Reader, h header.Header) error {
 func (l *Link) handleFrame(r *header.Reader, h header.Header) error {
 	l.lastRecv.Store(time.Now().UnixNano())
 	l.Stats.FramesRecv.Add(1)
+	if !keepalive(h.Type) {
+		l.active.Add(1)
+	}
 	l.bulk1 = false
 	if h.Type == header.TypeData || h.Type == header.TypeDataAt {
 		l.bulk1 = int(h.Length) > l.cfg.SmallFrame

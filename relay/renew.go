@@ -21,6 +21,7 @@ func (l *Link) writeRetire(hb []byte) {
 		return
 	}
 	l.Stats.FramesSent.Add(1)
+	l.active.Add(1)
 	l.retireSent.Store(true)
 	l.retireDone()
 }

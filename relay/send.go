@@ -296,6 +296,9 @@ func (l *Link) sent(f *frame) {
 		f.buf = nil
 	}
 	l.Stats.FramesSent.Add(1)
+	if !keepalive(f.h.Type) {
+		l.active.Add(1)
+	}
 	if f.isData() || f.h.Type == header.TypePad {
 		l.notifySent()
 	}

@@ -51,6 +51,12 @@ type siteRec struct {
 	nat      bool           // nat=yes
 }
 
+type gatewayRec struct {
+	at       pos
+	site     string
+	lan, wan netip.AddrPort
+}
+
 type netRec struct {
 	at     pos
 	site   string
@@ -65,10 +71,11 @@ type hostRec struct {
 }
 
 type records struct {
-	sites []siteRec
-	keys  []keyRec
-	nets  []netRec
-	hosts []hostRec
+	sites    []siteRec
+	gateways []gatewayRec
+	keys     []keyRec
+	nets     []netRec
+	hosts    []hostRec
 }
 
 // Builder assembles a Map in code (the mpirun wrapper, tests). Add* only
@@ -93,6 +100,13 @@ func (b *Builder) AddSite(name string, id uint8, lan, wan netip.AddrPort) *Build
 	if id == 0 {
 		b.recs.sites[len(b.recs.sites)-1].id = -1 // present but out of range, not missing
 	}
+	return b
+}
+
+// AddGateway adds another gateway host to site, after the one AddSite
+// gave it.
+func (b *Builder) AddGateway(site string, lan, wan netip.AddrPort) *Builder {
+	b.recs.gateways = append(b.recs.gateways, gatewayRec{at: b.next(), site: site, lan: lan, wan: wan})
 	return b
 }
 
@@ -225,10 +239,57 @@ func (r *records) build(knownBroken map[string]bool) (*Map, []*Error) {
 		if rec.ready.IsValid() && (rec.ready.Port() == 0 || rec.ready.Addr().IsUnspecified()) {
 			fail(rec.at, "site %s: ready address %s: want the service gateway's --metrics address, with a port and not unspecified", rec.name, rec.ready)
 		}
-		s := &Site{Name: rec.name, ID: uint8(rec.id), LAN: rec.lan, WAN: rec.wan, Ready: rec.ready, NAT: rec.nat}
+		s := &Site{Name: rec.name, ID: uint8(rec.id), LAN: rec.lan, WAN: rec.wan, Ready: rec.ready, NAT: rec.nat,
+			Gateways: []Gateway{{rec.lan, rec.wan}}}
 		m.byName[s.Name] = s
 		m.byID[s.ID] = s
 		m.sites = append(m.sites, s)
+	}
+	gwAt := map[*Site][]pos{} // the gateway records of each site's extra gateways
+	for _, rec := range r.gateways {
+		s := m.byName[rec.site]
+		if s == nil {
+			if !knownBroken[rec.site] {
+				fail(rec.at, "gateway: unknown site %q", rec.site)
+			}
+			continue
+		}
+		n := len(s.Gateways) + 1
+		if n > MaxGateways {
+			fail(rec.at, "gateway %s: more than %d gateways for one site", rec.site, MaxGateways)
+			continue
+		}
+		ok := true
+		for _, l := range []struct {
+			kind string
+			ap   netip.AddrPort
+		}{{"lan", rec.lan}, {"wan", rec.wan}} {
+			kind := fmt.Sprintf("%s of gateway %d", l.kind, n)
+			if !l.ap.IsValid() {
+				fail(rec.at, "gateway %s: missing %s=", rec.site, l.kind)
+				ok = false
+				continue
+			}
+			if msg := checkListener(l.ap); msg != "" {
+				fail(rec.at, "gateway %s: %s %s: %s", rec.site, l.kind, l.ap, msg)
+				ok = false
+				continue
+			}
+			if o, dup := listeners[l.ap]; dup {
+				if o.at == rec.at {
+					fail(rec.at, "gateway %s: lan and wan are the same listener %s", rec.site, l.ap)
+				} else {
+					fail(rec.at, "gateway %s: %s %s is already the %s of site %s (%s)", rec.site, l.kind, l.ap, o.kind, o.site, o.at)
+				}
+				ok = false
+				continue
+			}
+			listeners[l.ap] = listener{rec.site, kind, rec.at}
+		}
+		if ok {
+			s.Gateways = append(s.Gateways, Gateway{rec.lan, rec.wan})
+			gwAt[s] = append(gwAt[s], rec.at)
+		}
 	}
 	slices.SortFunc(m.sites, func(a, b *Site) int { return cmp.Compare(a.ID, b.ID) })
 
@@ -382,15 +443,21 @@ func (r *records) build(knownBroken map[string]bool) (*Map, []*Error) {
 	// A gateway listening inside another site's address space would make
 	// that site's traffic look local to it.
 	for _, s := range m.sites {
-		for _, l := range []struct {
-			kind string
-			ap   netip.AddrPort
-		}{{"lan", s.LAN}, {"wan", s.WAN}} {
-			if o, ok := m.Lookup(l.ap.Addr()); ok && o != s {
-				fail(siteAt[s.Name], "site %s: %s address %s is in site %s", s.Name, l.kind, l.ap.Addr(), o.Name)
-			}
-			if _, taken := m.gw[l.ap.Addr()]; !taken { // sites are in id order: lowest id wins
-				m.gw[l.ap.Addr()] = s
+		for i, g := range s.Gateways {
+			for _, l := range []struct {
+				kind string
+				ap   netip.AddrPort
+			}{{"lan", g.LAN}, {"wan", g.WAN}} {
+				if o, ok := m.Lookup(l.ap.Addr()); ok && o != s {
+					if i == 0 {
+						fail(siteAt[s.Name], "site %s: %s address %s is in site %s", s.Name, l.kind, l.ap.Addr(), o.Name)
+					} else {
+						fail(gwAt[s][i-1], "gateway %s: %s address %s is in site %s", s.Name, l.kind, l.ap.Addr(), o.Name)
+					}
+				}
+				if _, taken := m.gw[l.ap.Addr()]; !taken { // sites are in id order: lowest id wins
+					m.gw[l.ap.Addr()] = s
+				}
 			}
 		}
 	}

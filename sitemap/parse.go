@@ -79,6 +79,13 @@ func Parse(r io.Reader, filename string) (*Map, error) {
 			if !bad {
 				recs.hosts = append(recs.hosts, h)
 			}
+		case "gateway":
+			g, err := parseGateway(f, at)
+			if err != "" {
+				fail(line, "%s", err)
+				continue
+			}
+			recs.gateways = append(recs.gateways, g)
 		case "key":
 			if len(f) != 3 {
 				fail(line, "key: want \"key <site> %s<base64>\", got %d fields", KeyPrefix, len(f))
@@ -91,7 +98,7 @@ func Parse(r io.Reader, filename string) (*Map, error) {
 			}
 			recs.keys = append(recs.keys, keyRec{at: at, site: f[1], key: k})
 		default:
-			fail(line, "unknown record %q: want site, key, net or host", f[0])
+			fail(line, "unknown record %q: want site, gateway, key, net or host", f[0])
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -171,6 +178,40 @@ func parseSite(f []string, at pos) (siteRec, string) {
 		}
 	}
 	return s, ""
+}
+
+// parseGateway parses `gateway <site> lan=<ip:port> wan=<ip:port>`, another
+// gateway host of a site; the keys may come in either order.
+func parseGateway(f []string, at pos) (gatewayRec, string) {
+	g := gatewayRec{at: at}
+	if len(f) < 2 || strings.Contains(f[1], "=") {
+		return g, "gateway: missing site name: want \"gateway <site> lan=<ip:port> wan=<ip:port>\""
+	}
+	g.site = f[1]
+	seen := map[string]bool{}
+	for _, kv := range f[2:] {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return g, fmt.Sprintf("gateway %s: bad field %q: want key=value", g.site, kv)
+		}
+		if k != "lan" && k != "wan" {
+			return g, fmt.Sprintf("gateway %s: unknown key %q (want lan, wan; id, ready and nat are the site's)", g.site, k)
+		}
+		if seen[k] {
+			return g, fmt.Sprintf("gateway %s: duplicate key %s", g.site, k)
+		}
+		seen[k] = true
+		ap, err := netip.ParseAddrPort(v)
+		if err != nil {
+			return g, fmt.Sprintf("gateway %s: bad %s address %q: want ip:port ([ipv6]:port): %s", g.site, k, v, reason(err))
+		}
+		if k == "lan" {
+			g.lan = ap
+		} else {
+			g.wan = ap
+		}
+	}
+	return g, ""
 }
 
 // reason strips the netip function prefix from a parse error: the caller

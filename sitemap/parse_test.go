@@ -2,10 +2,12 @@ package sitemap
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -126,7 +128,7 @@ func TestParseErrors(t *testing.T) {
 	const s1 = "site a id=1 lan=10.0.1.2:5000 wan=10.0.1.2:5001\n" // line 1
 	const s2 = "site b id=2 lan=10.0.2.2:5000 wan=10.0.2.2:5001\n" // line 2
 	for _, tc := range []struct{ name, text, want string }{
-		{"unknown keyword", s1 + "nett a 10.0.0.0/8\n", `t.map:2: unknown record "nett": want site, key, net or host`},
+		{"unknown keyword", s1 + "nett a 10.0.0.0/8\n", `t.map:2: unknown record "nett": want site, gateway, key, net or host`},
 		{"site without name", "site\n", "t.map:1: site: missing name"},
 		{"site name is a key", "site id=1 lan=1.1.1.1:1 wan=1.1.1.1:2\n", `t.map:1: site: missing name before "id=1"`},
 		{"bad key=value", "site a id=1 lan=10.0.1.2:5000 wan 10.0.1.2:5001\n", `t.map:1: site a: bad field "wan": want key=value`},
@@ -154,6 +156,19 @@ func TestParseErrors(t *testing.T) {
 		{"listener of two sites", s1 + "site b id=2 lan=10.0.1.2:5001 wan=10.0.2.2:5001\n", "t.map:2: site b: lan 10.0.1.2:5001 is already the wan of site a (t.map:1)"},
 		{"invalid site name", "site a.b id=1 lan=10.0.1.2:5000 wan=10.0.1.2:5001\n", `t.map:1: invalid site name "a.b"`},
 		{"gateway in other site", s1 + s2 + "net b 10.0.1.0/24\n", "t.map:1: site a: lan address 10.0.1.2 is in site b"},
+
+		{"gateway without site", s1 + "gateway lan=10.0.1.3:5000 wan=10.0.1.3:5001\n", `t.map:2: gateway: missing site name: want "gateway <site> lan=<ip:port> wan=<ip:port>"`},
+		{"gateway unknown site", s1 + "gateway c lan=10.0.1.3:5000 wan=10.0.1.3:5001\n", `t.map:2: gateway: unknown site "c"`},
+		{"gateway missing wan", s1 + "gateway a lan=10.0.1.3:5000\n", "t.map:2: gateway a: missing wan="},
+		{"gateway site key", s1 + "gateway a id=1 lan=10.0.1.3:5000 wan=10.0.1.3:5001\n", `t.map:2: gateway a: unknown key "id" (want lan, wan; id, ready and nat are the site's)`},
+		{"gateway duplicate key", s1 + "gateway a lan=10.0.1.3:5000 lan=10.0.1.3:5002\n", "t.map:2: gateway a: duplicate key lan"},
+		{"gateway bad address", s1 + "gateway a lan=10.0.1.3 wan=10.0.1.3:5001\n", `t.map:2: gateway a: bad lan address "10.0.1.3": want ip:port`},
+		{"gateway port 0", s1 + "gateway a lan=10.0.1.3:0 wan=10.0.1.3:5001\n", "t.map:2: gateway a: lan 10.0.1.3:0: port 0"},
+		{"gateway lan equals wan", s1 + "gateway a lan=10.0.1.3:5000 wan=10.0.1.3:5000\n", "t.map:2: gateway a: lan and wan are the same listener 10.0.1.3:5000"},
+		{"gateway reuses the site's", s1 + "gateway a lan=10.0.1.3:5000 wan=10.0.1.2:5001\n", "t.map:2: gateway a: wan 10.0.1.2:5001 is already the wan of site a (t.map:1)"},
+		{"gateway reuses another's", s1 + "gateway a lan=10.0.1.3:5000 wan=10.0.1.3:5001\ngateway a lan=10.0.1.4:5000 wan=10.0.1.3:5000\n", "t.map:3: gateway a: wan 10.0.1.3:5000 is already the lan of gateway 2 of site a (t.map:2)"},
+		{"gateway in other site's net", s1 + s2 + "gateway a lan=10.0.2.3:5000 wan=10.0.2.3:5001\nnet b 10.0.2.0/24\n", "t.map:3: gateway a: lan address 10.0.2.3 is in site b"},
+		{"too many gateways", s1 + manyGateways(MaxGateways), fmt.Sprintf("t.map:%d: gateway a: more than %d gateways for one site", MaxGateways+1, MaxGateways)},
 
 		{"net fields", s1 + "net a\n", `t.map:2: net: want "net <site> <cidr>", got 2 fields`},
 		{"net extra field", s1 + "net a 10.0.0.0/8 x\n", `t.map:2: net: want "net <site> <cidr>", got 4 fields`},
@@ -194,6 +209,53 @@ func TestParseErrors(t *testing.T) {
 				t.Errorf("error %v is not an *Error with a position", err)
 			}
 		})
+	}
+}
+
+// manyGateways returns n gateway records for site a.
+func manyGateways(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "gateway a lan=10.0.1.3:%d wan=10.0.1.3:%d\n", 6000+2*i, 6001+2*i)
+	}
+	return b.String()
+}
+
+// TestGateways: a site with several gateway hosts keeps the first as LAN
+// and WAN, lists all in order, and writes them back.
+func TestGateways(t *testing.T) {
+	text := "site a id=1 lan=10.0.1.2:5000 wan=10.0.1.2:5001\n" +
+		"gateway a wan=10.0.1.3:5001 lan=10.0.1.3:5000\n" +
+		"gateway a lan=[2001:db8::3]:5000 wan=[2001:db8::3]:5001\n" +
+		"site b id=2 lan=10.0.2.2:5000 wan=10.0.2.2:5001\n"
+	m := mustParse(t, text)
+	a, _ := m.Site("a")
+	want := []Gateway{
+		{netip.MustParseAddrPort("10.0.1.2:5000"), netip.MustParseAddrPort("10.0.1.2:5001")},
+		{netip.MustParseAddrPort("10.0.1.3:5000"), netip.MustParseAddrPort("10.0.1.3:5001")},
+		{netip.MustParseAddrPort("[2001:db8::3]:5000"), netip.MustParseAddrPort("[2001:db8::3]:5001")},
+	}
+	if !slices.Equal(a.Gateways, want) || a.LAN != want[0].LAN || a.WAN != want[0].WAN {
+		t.Fatalf("gateways of a: %v (lan %v wan %v), want %v", a.Gateways, a.LAN, a.WAN, want)
+	}
+	if b, _ := m.Site("b"); len(b.Gateways) != 1 {
+		t.Fatalf("gateways of b: %v", b.Gateways)
+	}
+	for _, ip := range []string{"10.0.1.3", "2001:db8::3"} {
+		if s, ok := m.GatewaySite(netip.MustParseAddr(ip)); !ok || s.Name != "a" {
+			t.Errorf("GatewaySite(%s) = %v, %v; want a", ip, s, ok)
+		}
+	}
+	again := mustParse(t, m.String())
+	if again.String() != m.String() || !strings.Contains(m.String(), "gateway a lan=10.0.1.3:5000 wan=10.0.1.3:5001\n") {
+		t.Fatalf("canonical form does not round-trip:\n%s", m.String())
+	}
+	mb, err := NewBuilder().AddSite("a", 1, want[0].LAN, want[0].WAN).AddGateway("a", want[1].LAN, want[1].WAN).Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ab, _ := mb.Site("a"); !slices.Equal(ab.Gateways, want[:2]) {
+		t.Fatalf("builder: gateways %v", ab.Gateways)
 	}
 }
 

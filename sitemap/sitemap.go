@@ -38,7 +38,20 @@ type Site struct {
 	// Keys are the public keys its gateway may prove (key records, in
 	// their order): several while a key is replaced.
 	Keys []ed25519.PublicKey
+	// Gateways are the site's gateway hosts: the first is LAN and WAN
+	// above (the site record's), the others come from gateway records,
+	// in their order.
+	Gateways []Gateway
 }
+
+// Gateway is one gateway host of a site: its two listeners.
+type Gateway struct {
+	LAN netip.AddrPort // for the site's own nodes (shims)
+	WAN netip.AddrPort // for peer gateways
+}
+
+// MaxGateways is the most gateway hosts a site may list.
+const MaxGateways = 16
 
 // Host is an explicitly listed host. Addrs keep the order of the record:
 // the first one is the host's main address.
@@ -172,6 +185,9 @@ func (m *Map) WriteTo(w io.Writer) (int64, error) {
 			b.WriteString(" nat=yes")
 		}
 		b.WriteByte('\n')
+		for _, g := range s.Gateways[1:] {
+			fmt.Fprintf(&b, "gateway %s lan=%s wan=%s\n", s.Name, g.LAN, g.WAN)
+		}
 		for _, k := range s.Keys {
 			fmt.Fprintf(&b, "key %s %s\n", s.Name, FormatKey(k))
 		}
