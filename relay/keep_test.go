@@ -54,8 +54,11 @@ func TestSilentPeerDead(t *testing.T) {
 			if d := time.Since(start); d < cfg.DeadAfter {
 				t.Errorf("dialer %v: dead after %v, before DeadAfter %v", dialer, d, cfg.DeadAfter)
 			}
-		case <-time.After(cfg.DeadAfter + 2*time.Second):
-			t.Errorf("dialer %v: a silent peer not taken for dead %v after DeadAfter", dialer, 2*time.Second)
+		// A late keeper counts silence from its return (keep.go), so a
+		// loaded machine (-race beside other tests) can delay the verdict:
+		// the bound is generous; a peer never taken for dead still fails.
+		case <-time.After(cfg.DeadAfter + 8*time.Second):
+			t.Errorf("dialer %v: a silent peer not taken for dead %v after DeadAfter", dialer, 8*time.Second)
 			a.Close()
 		}
 	}
