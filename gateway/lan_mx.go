@@ -41,31 +41,6 @@ type MXTransport struct {
 // maxLearned bounds learned: a site's hosts, with room to spare.
 const maxLearned = 1 << 16
 
-// mxMeta is the open metadata: endpoint of the dialer, endpoint it dials.
-func mxMeta(from, to netip.AddrPort) ([]byte, error) {
-	b := make([]byte, header.EndpointLen(from)+header.EndpointLen(to))
-	n, err := header.PutEndpoint(b, from)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := header.PutEndpoint(b[n:], to); err != nil {
-		return nil, err
-	}
-	return b, nil
-}
-
-func parseMXMeta(b []byte) (from, to netip.AddrPort, err error) {
-	from, n, err := header.ParseEndpoint(b)
-	if err != nil {
-		return from, to, err
-	}
-	to, m, err := header.ParseEndpoint(b[n:])
-	if err == nil && n+m != len(b) {
-		err = fmt.Errorf("%d bytes after the two endpoints", len(b)-n-m)
-	}
-	return from, to, err
-}
-
 type mxLANConn struct {
 	*mx.Stream
 	local, remote netip.AddrPort
@@ -111,7 +86,7 @@ func (l *mxListener) Accept() (LANConn, error) {
 			}
 			return nil, err
 		}
-		from, to, err := parseMXMeta(s.Meta)
+		from, to, err := header.ParseEndpointPair(s.Meta)
 		if err != nil || to != l.addr {
 			// A node that does not say who it is, or names another
 			// gateway, gets a reset, as a TCP connection to a wrong
@@ -158,7 +133,7 @@ func (t *MXTransport) Dial(ctx context.Context, local netip.Addr, dst netip.Addr
 	if bound != nil {
 		bound(src)
 	}
-	meta, err := mxMeta(src, dst)
+	meta, err := header.AppendEndpointPair(nil, src, dst)
 	if err != nil {
 		return nil, err
 	}

@@ -44,7 +44,7 @@ func mxSite(t *testing.T, loss float64) (*MXTransport, *mx.Endpoint) {
 // mxOpen does what a node daemon does for a rank: a stream to the gateway
 // naming the rank's endpoint, then OPEN, then the application's bytes.
 func mxOpen(ctx context.Context, node *mx.Endpoint, gw mx.Addr, lan, src, dst netip.AddrPort) (*mx.Stream, error) {
-	meta, err := mxMeta(src, lan)
+	meta, err := header.AppendEndpointPair(nil, src, lan)
 	if err != nil {
 		return nil, err
 	}

@@ -398,3 +398,33 @@ func ParseListen(p []byte) (uint16, error) {
 	}
 	return port, nil
 }
+
+// AppendEndpointPair appends two endpoints, from then to: the open
+// metadata of an MX stream between a node daemon and its gateway
+// (docs/mx-wire-format.md), the dialer's end and the end it dials.
+func AppendEndpointPair(b []byte, from, to netip.AddrPort) ([]byte, error) {
+	n := len(b)
+	b = append(b, make([]byte, EndpointLen(from)+EndpointLen(to))...)
+	m, err := PutEndpoint(b[n:], from)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := PutEndpoint(b[n+m:], to); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// ParseEndpointPair decodes what AppendEndpointPair wrote; bytes after the
+// two endpoints are an error.
+func ParseEndpointPair(b []byte) (from, to netip.AddrPort, err error) {
+	from, n, err := ParseEndpoint(b)
+	if err != nil {
+		return from, to, err
+	}
+	to, m, err := ParseEndpoint(b[n:])
+	if err == nil && n+m != len(b) {
+		err = fmt.Errorf("%d bytes after the two endpoints", len(b)-n-m)
+	}
+	return from, to, err
+}

@@ -183,30 +183,6 @@ func unmap(ap netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
 
-// meta is the stream's open metadata, as gateway.MXTransport parses it:
-// the dialer's end, then the end it dials.
-func meta(from, to netip.AddrPort) ([]byte, error) {
-	b := make([]byte, header.EndpointLen(from)+header.EndpointLen(to))
-	n, err := header.PutEndpoint(b, from)
-	if err != nil {
-		return nil, err
-	}
-	_, err = header.PutEndpoint(b[n:], to)
-	return b, err
-}
-
-func parseMeta(b []byte) (from, to netip.AddrPort, err error) {
-	from, n, err := header.ParseEndpoint(b)
-	if err != nil {
-		return from, to, err
-	}
-	to, m, err := header.ParseEndpoint(b[n:])
-	if err == nil && n+m != len(b) {
-		err = fmt.Errorf("%d bytes after the two endpoints", len(b)-n-m)
-	}
-	return unmap(from), unmap(to), err
-}
-
 // nodeView is the rank's end of c as the gateway would see it over TCP:
 // a socket on loopback stands for the node's LAN address with its port;
 // one the rank bound to another address of the node keeps it.
@@ -258,7 +234,7 @@ func (d *Daemon) fromRank(ctx context.Context, c *net.TCPConn) {
 		reset(c)
 		return
 	}
-	m, err := meta(src, d.cfg.GatewayLAN)
+	m, err := header.AppendEndpointPair(nil, src, d.cfg.GatewayLAN)
 	if err != nil {
 		reset(c)
 		return
@@ -342,7 +318,8 @@ func (d *Daemon) control(c *net.TCPConn, s *mx.Stream) {
 // fromGateway connects a stream the gateway opened to the rank's port it
 // names, from the daemon's loopback address.
 func (d *Daemon) fromGateway(ctx context.Context, s *mx.Stream) {
-	from, to, err := parseMeta(s.Meta)
+	from, to, err := header.ParseEndpointPair(s.Meta)
+	from, to = unmap(from), unmap(to)
 	if err == nil && s.Peer() != d.cfg.Gateway {
 		err = fmt.Errorf("opened by %v, not the site gateway %v", s.Peer(), d.cfg.Gateway)
 	}
