@@ -171,6 +171,41 @@ func (r *records) build(knownBroken map[string]bool) (*Map, []*Error) {
 		at         pos
 	}
 	listeners := map[netip.AddrPort]listener{}
+	// claim checks one gateway's two listeners (the n-th of its site) and
+	// claims them; who starts the messages ("site X", "gateway X").
+	claim := func(at pos, who, site, missing string, lan, wan netip.AddrPort, n int) bool {
+		ok := true
+		for _, l := range []struct {
+			kind string
+			ap   netip.AddrPort
+		}{{"lan", lan}, {"wan", wan}} {
+			if !l.ap.IsValid() {
+				fail(at, "%s%s=", missing, l.kind)
+				ok = false
+				continue
+			}
+			if msg := checkListener(l.ap); msg != "" {
+				fail(at, "%s: %s %s: %s", who, l.kind, l.ap, msg)
+				ok = false
+				continue
+			}
+			if o, dup := listeners[l.ap]; dup {
+				if o.at == at {
+					fail(at, "%s: lan and wan are the same listener %s", who, l.ap)
+				} else {
+					fail(at, "%s: %s %s is already the %s of site %s (%s)", who, l.kind, l.ap, o.kind, o.site, o.at)
+				}
+				ok = false
+				continue
+			}
+			kind := l.kind
+			if n > 1 {
+				kind = fmt.Sprintf("%s of gateway %d", l.kind, n)
+			}
+			listeners[l.ap] = listener{site, kind, at}
+		}
+		return ok
+	}
 
 	for i := range r.sites {
 		rec := &r.sites[i]
@@ -202,30 +237,8 @@ func (r *records) build(knownBroken map[string]bool) (*Map, []*Error) {
 		default:
 			idAt[rec.id] = rec
 		}
-		for _, l := range []struct {
-			kind string
-			ap   netip.AddrPort
-		}{{"lan", rec.lan}, {"wan", rec.wan}} {
-			if !l.ap.IsValid() {
-				fail(rec.at, "site %s has no gateway: missing %s=", rec.name, l.kind)
-				ok = false
-				continue
-			}
-			if msg := checkListener(l.ap); msg != "" {
-				fail(rec.at, "site %s: %s %s: %s", rec.name, l.kind, l.ap, msg)
-				ok = false
-				continue
-			}
-			if o, dup := listeners[l.ap]; dup {
-				if o.site == rec.name {
-					fail(rec.at, "site %s: lan and wan are the same listener %s", rec.name, l.ap)
-				} else {
-					fail(rec.at, "site %s: %s %s is already the %s of site %s (%s)", rec.name, l.kind, l.ap, o.kind, o.site, o.at)
-				}
-				ok = false
-				continue
-			}
-			listeners[l.ap] = listener{rec.name, l.kind, rec.at}
+		if !claim(rec.at, "site "+rec.name, rec.name, "site "+rec.name+" has no gateway: missing ", rec.lan, rec.wan, 1) {
+			ok = false
 		}
 		if !ok {
 			// Keep the name known so its nets and hosts are still checked
@@ -259,33 +272,7 @@ func (r *records) build(knownBroken map[string]bool) (*Map, []*Error) {
 			fail(rec.at, "gateway %s: more than %d gateways for one site", rec.site, MaxGateways)
 			continue
 		}
-		ok := true
-		for _, l := range []struct {
-			kind string
-			ap   netip.AddrPort
-		}{{"lan", rec.lan}, {"wan", rec.wan}} {
-			kind := fmt.Sprintf("%s of gateway %d", l.kind, n)
-			if !l.ap.IsValid() {
-				fail(rec.at, "gateway %s: missing %s=", rec.site, l.kind)
-				ok = false
-				continue
-			}
-			if msg := checkListener(l.ap); msg != "" {
-				fail(rec.at, "gateway %s: %s %s: %s", rec.site, l.kind, l.ap, msg)
-				ok = false
-				continue
-			}
-			if o, dup := listeners[l.ap]; dup {
-				if o.at == rec.at {
-					fail(rec.at, "gateway %s: lan and wan are the same listener %s", rec.site, l.ap)
-				} else {
-					fail(rec.at, "gateway %s: %s %s is already the %s of site %s (%s)", rec.site, l.kind, l.ap, o.kind, o.site, o.at)
-				}
-				ok = false
-				continue
-			}
-			listeners[l.ap] = listener{rec.site, kind, rec.at}
-		}
+		ok := claim(rec.at, "gateway "+rec.site, rec.site, "gateway "+rec.site+": missing ", rec.lan, rec.wan, n)
 		if ok {
 			s.Gateways = append(s.Gateways, Gateway{rec.lan, rec.wan})
 			gwAt[s] = append(gwAt[s], rec.at)
