@@ -17,10 +17,12 @@ import (
 // wakes beside busy ranks of equal weight waits for the scheduler to
 // preempt one of them; a latency-bound code (LU: thousands of 1 KiB
 // messages in a pipeline) pays that wait per message and hop, which
-// direct TCP, handled in the kernel, does not. A lower nice value makes
-// the wake-up preempt at once; the gateway's CPU is then taken from the
-// ranks (and reported by `mpi5k run`) rather than added to every
-// message's latency. Figures in bench/figures/computework.
+// direct TCP, handled in the kernel, does not. A lower nice value lets
+// the wake-up preempt at once. On the lab (4 computing ranks and both
+// gateways on 2 vCPUs) nice -10 measured within the runs' spread of the
+// default on every NAS-like workload (bench/figures/computework): there the
+// gateways' cost is CPU, not waiting. So it is off by default, for sites
+// that want to try it.
 //
 // Under autogroup scheduling (kernel.sched_autogroup_enabled, the default
 // of Debian and most distributions) CPU is shared between sessions first,
