@@ -116,7 +116,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if *stdinEOF {
 		// ssh gives a remote command no SIGHUP without a tty, but closes its
 		// stdin when the local ssh ends: that is the launcher's last word.
-		ctx = stopOnStdinEOF(ctx, log)
+		ctx = cli.StopOnStdinEOF(ctx, log, "draining and exiting")
 	} else {
 		// A service gateway outlives its site map: SIGHUP (systemctl
 		// reload) reads --map again. Under ssh, SIGHUP keeps its default.
@@ -162,14 +162,4 @@ func reloadOnHUP(ctx context.Context, hup <-chan os.Signal, g *gateway.Gateway, 
 		log.Error("SIGHUP: site map not reloaded; the map in force stays", "map", path, "err", err,
 			"fix", "correct the file (mpi5k sitemap check "+path+") and send SIGHUP again")
 	}
-}
-
-func stopOnStdinEOF(parent context.Context, log *slog.Logger) context.Context {
-	ctx, cancel := context.WithCancel(parent)
-	go func() {
-		io.Copy(io.Discard, os.Stdin)
-		log.Info("standard input closed: draining and exiting")
-		cancel()
-	}()
-	return ctx
 }

@@ -90,7 +90,7 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if *stdinEOF {
-		ctx = stopOnStdinEOF(ctx, log)
+		ctx = cli.StopOnStdinEOF(ctx, log, "exiting")
 	}
 	log.Info("node daemon ready", "listen", d.Addr().String(), "node", cfg.Addr.String(), "gateway", cfg.GatewayLAN.String(), "gateway_mx", cfg.Gateway.String())
 	if err := d.Run(ctx); err != nil {
@@ -98,14 +98,4 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 		return cli.ExitFailure
 	}
 	return cli.ExitOK
-}
-
-func stopOnStdinEOF(parent context.Context, log *slog.Logger) context.Context {
-	ctx, cancel := context.WithCancel(parent)
-	go func() {
-		io.Copy(io.Discard, os.Stdin)
-		log.Info("standard input closed: exiting")
-		cancel()
-	}()
-	return ctx
 }
