@@ -174,7 +174,10 @@ func gwHelper(a []string) error {
 			time.Sleep(gap)
 		}
 		slices.Sort(lat)
-		fmt.Printf("%d %d %d\n", lat[len(lat)/2].Microseconds(), lat[len(lat)*99/100].Microseconds(), lat[len(lat)-1].Microseconds())
+		// p50 p99 max p90: callers index the first three, the queueing
+		// checks of TestGatewayWAN read p90.
+		fmt.Printf("%d %d %d %d\n", lat[len(lat)/2].Microseconds(), lat[len(lat)*99/100].Microseconds(), lat[len(lat)-1].Microseconds(),
+			lat[len(lat)*9/10].Microseconds())
 		return nil
 	}
 	return fmt.Errorf("unknown helper mode %q", a[0])
@@ -625,11 +628,11 @@ func TestGatewayWAN(t *testing.T) {
 	before := wanStats()
 	idle, loaded, gbulk := lat(gwLAN)
 	t.Logf("WAN retransmissions of site1's gateway before (d): %s; after: %s", before, wanStats())
-	t.Logf("(d) 1-byte ping-pong, RTT %v, p50/p99/max in ms: direct idle %.2f/%.2f/%.2f, direct beside a bulk flow %.2f/%.2f/%.2f; "+
-		"gateways idle %.2f/%.2f/%.2f, gateways beside a bulk stream on the same WAN link %.2f/%.2f/%.2f (gateway args %v); "+
+	t.Logf("(d) 1-byte ping-pong, RTT %v, p50/p90/p99/max in ms: direct idle %.2f/%.2f/%.2f/%.2f, direct beside a bulk flow %.2f/%.2f/%.2f/%.2f; "+
+		"gateways idle %.2f/%.2f/%.2f/%.2f, gateways beside a bulk stream on the same WAN link %.2f/%.2f/%.2f/%.2f (gateway args %v); "+
 		"the bulk meanwhile: direct %.1f Mbit/s, through the gateways %.1f",
-		rtt, di[0]/1e3, di[1]/1e3, di[2]/1e3, dl[0]/1e3, dl[1]/1e3, dl[2]/1e3,
-		idle[0]/1e3, idle[1]/1e3, idle[2]/1e3, loaded[0]/1e3, loaded[1]/1e3, loaded[2]/1e3, gwArgs, dbulk, gbulk)
+		rtt, di[0]/1e3, di[3]/1e3, di[1]/1e3, di[2]/1e3, dl[0]/1e3, dl[3]/1e3, dl[1]/1e3, dl[2]/1e3,
+		idle[0]/1e3, idle[3]/1e3, idle[1]/1e3, idle[2]/1e3, loaded[0]/1e3, loaded[3]/1e3, loaded[1]/1e3, loaded[2]/1e3, gwArgs, dbulk, gbulk)
 	// Queue control must keep the queue short without starving the bulk:
 	// a controller that read an offset in srtt (min_rtt set 0.7 ms low by
 	// a timestamp-measured round trip) as queue took it to 75-115 Mbit/s.
@@ -639,24 +642,25 @@ func TestGatewayWAN(t *testing.T) {
 		}
 	}
 	bulkKept("first", gbulk)
-	// A full WAN queue raises every round's p99 (RTT + 7.7-14 ms); the
-	// noise of 2 shared cores raises one round's now and then (25.1 ms
-	// once in 7 runs on 2026-11-25, while direct TCP's p99 over
-	// the same controlled queue reached 24.4 ms). So a round over the
-	// bound gets one more, and the bounds below hold the better of two.
-	// The bound is RTT + 5 ms, or, when direct TCP's own p99 beside the
-	// same bulk shows more than 6.7 ms of queueing on this machine, 3/4 of
-	// that: on 2026-11-26 the landed c9c8dc7 and this tree, alternated,
-	// both measured p99 RTT + 7-12 ms here (direct RTT + 18-21 ms) where
-	// earlier runs had RTT + 1.5-2.1; the cause is not found
-	// (bench/figures/queuecontrol).
-	bound := rtt + max(5*time.Millisecond, (time.Duration(dl[1])*time.Microsecond-rtt)*3/4)
-	if p99 := time.Duration(loaded[1]) * time.Microsecond; !custom && p99 > bound {
+	// The queueing checks read p90, not p99. A WAN queue that bulk keeps
+	// full delays most messages (RTT + 7.7-14 ms at p50 and p90 alike),
+	// while the p99 of 500 round trips is the fifth-worst one, which on 2
+	// shared cores is a scheduling delay: on 2026-11-27, with other builds
+	// running, idle round trips (no bulk at all) read p99 RTT + 6-9 ms
+	// directly and through the gateways, and p99 beside bulk RTT + 16-25
+	// at p50 RTT + 0.4-1.3, so no bound on it told a queue from the
+	// machine. A round over the bound gets one more, and the bound holds
+	// the better of two. It is RTT + 5 ms, or, when direct TCP's own p90
+	// beside the same bulk shows more than 6.7 ms of queueing on this
+	// machine, 3/4 of that (bench/figures/queuecontrol).
+	const pq = 3 // index of p90 in the helper's output
+	bound := rtt + max(5*time.Millisecond, (time.Duration(dl[pq])*time.Microsecond-rtt)*3/4)
+	if p90 := time.Duration(loaded[pq]) * time.Microsecond; !custom && p90 > bound {
 		_, again, bulk := lat(gwLAN)
-		t.Logf("(d) p99 %v is over %v; once more: gateways beside a bulk stream %.2f/%.2f/%.2f ms, the bulk %.1f Mbit/s",
-			p99, bound, again[0]/1e3, again[1]/1e3, again[2]/1e3, bulk)
+		t.Logf("(d) p90 %v is over %v; once more: gateways beside a bulk stream %.2f/%.2f/%.2f/%.2f ms (p50/p90/p99/max), the bulk %.1f Mbit/s",
+			p90, bound, again[0]/1e3, again[pq]/1e3, again[1]/1e3, again[2]/1e3, bulk)
 		bulkKept("second", bulk)
-		if again[1] < loaded[1] {
+		if again[pq] < loaded[pq] {
 			loaded = again
 		}
 	}
@@ -688,19 +692,19 @@ func TestGatewayWAN(t *testing.T) {
 		paced := []string{"--wan-cc", "cubic", "--wan-pace", "190mbit"}
 		startLabGateways(t, ctx, l, paced...)
 		si, sl, _ := lat(gwLAN)
-		t.Logf("(d) gateways %v: idle %.2f/%.2f/%.2f, beside a bulk stream %.2f/%.2f/%.2f ms (p50/p99/max)",
-			paced, si[0]/1e3, si[1]/1e3, si[2]/1e3, sl[0]/1e3, sl[1]/1e3, sl[2]/1e3)
-		// As for the unpaced bound below: RTT + 8 ms, or 3/4 of direct
-		// TCP's queueing beside the bulk where this machine shows more,
-		// the better of two rounds.
-		pacedBound := rtt + max(8*time.Millisecond, (time.Duration(dl[1])*time.Microsecond-rtt)*3/4)
-		if p99 := time.Duration(sl[1]) * time.Microsecond; p99 > pacedBound {
+		t.Logf("(d) gateways %v: idle %.2f/%.2f/%.2f/%.2f, beside a bulk stream %.2f/%.2f/%.2f/%.2f ms (p50/p90/p99/max)",
+			paced, si[0]/1e3, si[pq]/1e3, si[1]/1e3, si[2]/1e3, sl[0]/1e3, sl[pq]/1e3, sl[1]/1e3, sl[2]/1e3)
+		// As for the unpaced bound: p90 within RTT + 8 ms, or 3/4 of
+		// direct TCP's queueing beside the bulk where this machine shows
+		// more, the better of two rounds.
+		pacedBound := rtt + max(8*time.Millisecond, (time.Duration(dl[pq])*time.Microsecond-rtt)*3/4)
+		if p90 := time.Duration(sl[pq]) * time.Microsecond; p90 > pacedBound {
 			_, again, _ := lat(gwLAN)
-			t.Logf("(d) paced p99 %v is over %v; once more: %.2f/%.2f/%.2f ms", p99, pacedBound, again[0]/1e3, again[1]/1e3, again[2]/1e3)
-			sl[1] = min(sl[1], again[1])
+			t.Logf("(d) paced p90 %v is over %v; once more: %.2f/%.2f/%.2f/%.2f ms", p90, pacedBound, again[0]/1e3, again[pq]/1e3, again[1]/1e3, again[2]/1e3)
+			sl[pq] = min(sl[pq], again[pq])
 		}
-		if p99 := time.Duration(sl[1]) * time.Microsecond; p99 > pacedBound {
-			t.Errorf("paced p99 beside a saturating stream %v, more than %v (direct beside the bulk: p99 %.2f ms): small frames wait behind bulk", p99, pacedBound, dl[1]/1e3)
+		if p90 := time.Duration(sl[pq]) * time.Microsecond; p90 > pacedBound {
+			t.Errorf("paced p90 beside a saturating stream %v, more than %v (direct beside the bulk: p90 %.2f ms): small frames wait behind bulk", p90, pacedBound, dl[pq]/1e3)
 		}
 	}
 	// The goal is p99 <= RTT + 2 ms; p50 is what stays stable on shared cores.
@@ -713,10 +717,9 @@ func TestGatewayWAN(t *testing.T) {
 	// fills the 1-BDP queue (RTT + 7.7-14 ms; RTT + 7.8-8.1 ms when a
 	// change let a draining link's bytes in flight pass for a cap in
 	// force, 2026-11-24, which the old bound of RTT + 8 ms let
-	// through in three of four runs). The bound leaves 2 shared cores their
-	// noise (idle, p99 once reached RTT + 3.6 ms).
-	if p99 := time.Duration(loaded[1]) * time.Microsecond; !custom && p99 > bound {
-		t.Errorf("p99 beside a saturating stream %v with queue control, more than %v (direct beside the bulk: p99 %.2f ms): the bulk link fills the WAN queue", p99, bound, dl[1]/1e3)
+	// through in three of four runs). The check reads p90 (see bound).
+	if p90 := time.Duration(loaded[pq]) * time.Microsecond; !custom && p90 > bound {
+		t.Errorf("p90 beside a saturating stream %v with queue control, more than %v (direct beside the bulk: p90 %.2f ms): the bulk link fills the WAN queue", p90, bound, dl[pq]/1e3)
 	}
 }
 
