@@ -141,12 +141,12 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.g.peersMu.Lock()
 	for _, p := range m.g.peers {
 		if m.g.cfg.Express {
-			renewed = append(renewed, prometheus.MustNewConstMetric(m.renewals, prometheus.CounterValue, float64(p.renewed.Load()), p.site.Name))
+			renewed = append(renewed, prometheus.MustNewConstMetric(m.renewals, prometheus.CounterValue, float64(p.renewed.Load()), p.name))
 		}
-		renewed = append(renewed, prometheus.MustNewConstMetric(m.peerStreams, prometheus.GaugeValue, float64(p.streamsIn.Load()), p.site.Name),
-			prometheus.MustNewConstMetric(m.early, prometheus.GaugeValue, float64(p.trunk.EarlyBytes()), p.site.Name))
+		renewed = append(renewed, prometheus.MustNewConstMetric(m.peerStreams, prometheus.GaugeValue, float64(p.streamsIn.Load()), p.name),
+			prometheus.MustNewConstMetric(m.early, prometheus.GaugeValue, float64(p.trunk.EarlyBytes()), p.name))
 		for i, l := range p.links {
-			rows = append(rows, row{p.site.Name, strconv.Itoa(i), l})
+			rows = append(rows, row{p.name, strconv.Itoa(i), l})
 		}
 	}
 	m.g.peersMu.Unlock()
