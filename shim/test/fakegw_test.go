@@ -33,20 +33,28 @@ type fakeGW struct {
 	wg      sync.WaitGroup
 
 	opens, refused, queries, found atomic.Int64
+	// opensAt: OPENs per LAN listener (a site's gateway hosts).
+	opensAt map[netip.AddrPort]*atomic.Int64
+	lnAt    map[netip.AddrPort]net.Listener
 	bytes                          atomic.Int64 // application bytes relayed, both directions
 	badSrc                         atomic.Int64 // OPENs whose source is not in the listener's site
 }
 
 func startFakeGW(t *testing.T, m *sitemap.Map) *fakeGW {
-	g := &fakeGW{t: t, m: m, peers: map[[2]netip.AddrPort]netip.AddrPort{}, listens: map[netip.AddrPort]int{}}
+	g := &fakeGW{t: t, m: m, peers: map[[2]netip.AddrPort]netip.AddrPort{}, listens: map[netip.AddrPort]int{},
+		opensAt: map[netip.AddrPort]*atomic.Int64{}, lnAt: map[netip.AddrPort]net.Listener{}}
 	for _, s := range m.Sites() {
-		ln, err := net.Listen("tcp", s.LAN.String())
-		if err != nil {
-			t.Fatalf("fake gateway of site %s: %v", s.Name, err)
+		for _, gw := range s.Gateways {
+			ln, err := net.Listen("tcp", gw.LAN.String())
+			if err != nil {
+				t.Fatalf("fake gateway of site %s: %v", s.Name, err)
+			}
+			g.lns = append(g.lns, ln)
+			g.opensAt[gw.LAN] = new(atomic.Int64)
+			g.lnAt[gw.LAN] = ln
+			g.wg.Add(1)
+			go g.serve(ln, s, g.opensAt[gw.LAN])
 		}
-		g.lns = append(g.lns, ln)
-		g.wg.Add(1)
-		go g.serve(ln, s)
 	}
 	t.Cleanup(g.close)
 	return g
@@ -58,14 +66,14 @@ func (g *fakeGW) close() {
 	}
 }
 
-func (g *fakeGW) serve(ln net.Listener, site *sitemap.Site) {
+func (g *fakeGW) serve(ln net.Listener, site *sitemap.Site, opens *atomic.Int64) {
 	defer g.wg.Done()
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			return
 		}
-		go g.handle(c.(*net.TCPConn), site)
+		go g.handle(c.(*net.TCPConn), site, opens)
 	}
 }
 
@@ -74,7 +82,7 @@ func reset(c *net.TCPConn) {
 	c.Close()
 }
 
-func (g *fakeGW) handle(c *net.TCPConn, site *sitemap.Site) {
+func (g *fakeGW) handle(c *net.TCPConn, site *sitemap.Site, opens *atomic.Int64) {
 	h, p, err := header.ReadOne(c, header.MaxPayload)
 	if err != nil {
 		reset(c)
@@ -82,6 +90,7 @@ func (g *fakeGW) handle(c *net.TCPConn, site *sitemap.Site) {
 	}
 	switch h.Type {
 	case header.TypeOpen:
+		opens.Add(1)
 		g.open(c, site, p)
 	case header.TypePeerQuery, header.TypeListen:
 		g.control(c, h, p)
@@ -290,11 +299,26 @@ func echoServer(t *testing.T, addr string) (port int, accepted *atomic.Int64) {
 // picked free.
 func loopbackMap(t *testing.T, dir string) (string, *sitemap.Map) {
 	pa, pb := freePort(t, "127.0.1.254"), freePort(t, "127.0.2.254")
-	text := fmt.Sprintf(`site a id=1 lan=127.0.1.254:%d wan=127.0.1.253:7001
+	return writeMap(t, dir, fmt.Sprintf(`site a id=1 lan=127.0.1.254:%d wan=127.0.1.253:7001
 net a 127.0.1.0/24
 site b id=2 lan=127.0.2.254:%d wan=127.0.2.253:7001
 net b 127.0.2.0/24
-`, pa, pb)
+`, pa, pb))
+}
+
+// twoGatewayMap is loopbackMap with a second gateway host for site a
+// (LAN 127.0.1.252).
+func twoGatewayMap(t *testing.T, dir string) (string, *sitemap.Map) {
+	pa, pa2, pb := freePort(t, "127.0.1.254"), freePort(t, "127.0.1.252"), freePort(t, "127.0.2.254")
+	return writeMap(t, dir, fmt.Sprintf(`site a id=1 lan=127.0.1.254:%d wan=127.0.1.253:7001
+gateway a lan=127.0.1.252:%d wan=127.0.1.251:7001
+net a 127.0.1.0/24
+site b id=2 lan=127.0.2.254:%d wan=127.0.2.253:7001
+net b 127.0.2.0/24
+`, pa, pa2, pb))
+}
+
+func writeMap(t *testing.T, dir, text string) (string, *sitemap.Map) {
 	path := dir + "/map.conf"
 	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 		t.Fatal(err)

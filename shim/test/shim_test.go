@@ -473,3 +473,34 @@ func TestNoPreemptSignals(t *testing.T) {
 	}
 	t.Logf("without GODEBUG in the environment the host received %d SIGURGs in 5 runs", unfixed)
 }
+
+// TestSeveralGateways: with two gateway hosts for site a, one process's
+// relayed connections are spread over both; with one of them gone, new
+// connections go through the other at once, and none fails.
+func TestSeveralGateways(t *testing.T) {
+	dir := t.TempDir()
+	path, m := twoGatewayMap(t, dir)
+	l := &lab{t: t, dir: dir, mapPath: path, gw: startFakeGW(t, m)}
+	a, _ := m.Site("a")
+	port, _ := echoServer(t, "127.0.2.1:0")
+	run(t, l.env("a"), 60*time.Second, "threads", "4", "5", srcA, "127.0.2.1", fmt.Sprint(port))
+	for i, gw := range a.Gateways {
+		if n := l.gw.opensAt[gw.LAN].Load(); n == 0 {
+			t.Errorf("gateway %d (%v) of site a got none of 20 connections", i, gw.LAN)
+		}
+	}
+	if n := l.gw.opens.Load(); n != 20 {
+		t.Fatalf("gateways saw %d OPENs, want 20", n)
+	}
+	// Gateway 0 goes away: every new connection, whichever gateway its
+	// process starts at, goes through gateway 1.
+	l.gw.lnAt[a.Gateways[0].LAN].Close()
+	before := l.gw.opensAt[a.Gateways[1].LAN].Load()
+	for range 6 {
+		run(t, l.env("a"), 20*time.Second, "conn", srcA, "127.0.2.1", fmt.Sprint(port))
+	}
+	run(t, l.env("a"), 60*time.Second, "threads", "4", "5", srcA, "127.0.2.1", fmt.Sprint(port))
+	if n := l.gw.opensAt[a.Gateways[1].LAN].Load() - before; n != 26 {
+		t.Errorf("gateway 1 took %d of the 26 connections made while gateway 0 was down", n)
+	}
+}
