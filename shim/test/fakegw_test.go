@@ -36,8 +36,8 @@ type fakeGW struct {
 	// opensAt: OPENs per LAN listener (a site's gateway hosts).
 	opensAt map[netip.AddrPort]*atomic.Int64
 	lnAt    map[netip.AddrPort]net.Listener
-	bytes                          atomic.Int64 // application bytes relayed, both directions
-	badSrc                         atomic.Int64 // OPENs whose source is not in the listener's site
+	bytes   atomic.Int64 // application bytes relayed, both directions
+	badSrc  atomic.Int64 // OPENs whose source is not in the listener's site
 }
 
 func startFakeGW(t *testing.T, m *sitemap.Map) *fakeGW {
