@@ -132,12 +132,25 @@ func (g *Gateway) setReady() {
 	g.log.Info("ready: every WAN link is up (and primed)")
 }
 
-// allUp reports whether every link is currently up and none is being primed
-// (the /ready endpoint).
+// allUp reports whether every peer site can be reached now, none of our
+// links being primed (the /ready endpoint): some gateway of each site has
+// every link up. With one gateway per site, every link is up.
 func (g *Gateway) allUp() bool {
 	g.peersMu.Lock()
 	defer g.peersMu.Unlock()
-	return g.allUpLocked()
+	if g.priming > 0 {
+		return false
+	}
+	bySite := map[uint8][]*peer{}
+	for k, p := range g.peers {
+		bySite[k.site] = append(bySite[k.site], p)
+	}
+	for _, ps := range bySite {
+		if siteUpLocked(ps) != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // allUpLocked: every link is up and none is being primed.

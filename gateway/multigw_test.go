@@ -150,3 +150,35 @@ func TestMultiGatewayMesh(t *testing.T) {
 		}
 	}
 }
+
+// TestMultiGatewayReady: a site stays reachable, for /ready and
+// /ready?sites=, while one of its gateway hosts is down.
+func TestMultiGatewayReady(t *testing.T) {
+	_, gws := startMulti(t, 2)
+	a0 := gws["a"][0]
+	gws["b"][1].stop()
+	<-gws["b"][1].done
+	b1 := a0.peer(peerID{2, 1})
+	for deadline := time.Now().Add(20 * time.Second); len(a0.linksOf(b1)) == len(b1.links); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("links to the stopped gateway b/1 stay up")
+		}
+	}
+	if err := a0.upFor([]string{"b"}); err != nil {
+		t.Errorf("site b with gateway 0 up: %v", err)
+	}
+	if !a0.allUp() {
+		t.Error("/ready says not ready with gateway 0 of site b up")
+	}
+	gws["b"][0].stop()
+	<-gws["b"][0].done
+	b0 := a0.peer(peerID{2, 0})
+	for deadline := time.Now().Add(20 * time.Second); len(a0.linksOf(b0)) == len(b0.links); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("links to the stopped gateway b/0 stay up")
+		}
+	}
+	if err := a0.upFor([]string{"b"}); err == nil || a0.allUp() {
+		t.Errorf("every gateway of site b down, yet ready (%v)", err)
+	}
+}

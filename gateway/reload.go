@@ -278,13 +278,29 @@ func (g *Gateway) upFor(names []string) error {
 		if len(ps) == 0 {
 			return fmt.Errorf("site %s is not in this gateway's site map", n)
 		}
-		for _, p := range ps {
-			for i, l := range p.links {
-				if l == nil {
-					return fmt.Errorf("WAN link %d to %s is down", i, p.name)
-				}
-			}
+		if err := siteUpLocked(ps); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// siteUpLocked: some gateway of a site (its peers ps) has every link up,
+// so streams to the site can go; a gateway host of a site that is down
+// does not make the site unreachable (caller holds peersMu).
+func siteUpLocked(ps []*peer) error {
+	var err error
+	for _, p := range ps {
+		err = nil
+		for i, l := range p.links {
+			if l == nil {
+				err = fmt.Errorf("WAN link %d to %s is down", i, p.name)
+				break
+			}
+		}
+		if err == nil {
+			return nil
+		}
+	}
+	return err
 }
