@@ -282,7 +282,7 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 			return 1, err
 		}
 		for _, g := range own {
-			g.argv = withKey(g.argv, keys.files[g.site.Name])
+			g.argv = withKey(g.argv, keys.files[keyAt(g.site.Name, g.hostName())])
 		}
 	}
 	if c.TraceDir != "" {
