@@ -12,7 +12,9 @@
 //     flags for mpi5k-gateway and `mpi5k run`.
 //   - mesh.go: the WAN mesh: the site with the lower id dials each link and
 //     redials after a failure, the acceptor admits only the site map's
-//     gateways, express link renewal, readiness.
+//     gateways, express link renewal, readiness. A peer is one gateway
+//     host of another site: every gateway pair keeps its own links.
+//   - identity.go: which of its site's gateway hosts this gateway is.
 //   - serve.go: the LAN side: OPEN and PEER_QUERY from the site's nodes, the
 //     destination policy (destinations must be in this site and not a
 //     gateway), streams opened from the WAN, the record of relayed peers.
