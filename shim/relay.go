@@ -336,6 +336,9 @@ func peerQuery(fd int, seen netip.AddrPort) (netip.AddrPort, uint8, bool) {
 				gws = append(gws, g.LAN)
 			}
 		}
+		if len(gws) == 0 {
+			gws = []netip.AddrPort{s.LAN} // an address another site's gateway shares (GatewaySite)
+		}
 	}
 	if len(gws) == 0 {
 		return netip.AddrPort{}, 0, false
