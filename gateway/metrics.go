@@ -54,7 +54,7 @@ func newMetrics(g *Gateway) *metrics {
 	m.wanDialFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "mpi5k_wan_dial_failures_total",
 		Help: "Failed WAN dials or handshakes."})
 	m.streamsOpened = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mpi5k_streams_opened_total",
-		Help: "Streams opened, by peer site and direction (out: from our LAN)."}, []string{"peer", "dir"})
+		Help: "Streams opened, by peer gateway (its site, with /N for the site's gateway N > 0) and direction (out: from our LAN)."}, []string{"peer", "dir"})
 	m.peerQueries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mpi5k_peer_queries_total",
 		Help: "PEER_QUERY answers, by whether the connection was found."}, []string{"found"})
 	m.refusals = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mpi5k_refusals_total",

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/sitemap"
 )
@@ -148,6 +150,17 @@ func TestMultiGatewayMesh(t *testing.T) {
 		if by[gw.LAN.Addr()] == 0 {
 			t.Errorf("gateway %d of site b delivered none of %d streams (%v)", i, streams, by)
 		}
+	}
+	// The source gateway's metrics count them per peer gateway.
+	a0 := gws["a"][0]
+	count := func(peer string) float64 {
+		var d dto.Metric
+		a0.m.streamsOpened.WithLabelValues(peer, "out").Write(&d)
+		return d.GetCounter().GetValue()
+	}
+	out0, out1 := count("b"), count("b/1")
+	if out0+out1 != streams || out0 != float64(by[b.Gateways[0].LAN.Addr()]) {
+		t.Errorf("mpi5k_streams_opened_total of gateway a0: b %v, b/1 %v; the destination saw %v", out0, out1, by)
 	}
 }
 

@@ -94,15 +94,20 @@ func (g *Gateway) peerList() []*peer {
 // newPeer makes the peer state for gateway gw of site s (not started).
 // Who dials is the sites' rule (sitemap.Dials) for every gateway pair.
 func (g *Gateway) newPeer(s *sitemap.Site, gw int) *peer {
-	name := s.Name
-	if gw > 0 {
-		name = fmt.Sprintf("%s/%d", s.Name, gw)
-	}
-	p := &peer{site: s, gw: gw, wan: s.Gateways[gw].WAN, name: name,
+	p := &peer{site: s, gw: gw, wan: s.Gateways[gw].WAN, name: peerName(s.Name, gw),
 		dialer: sitemap.Dials(g.site, s), links: make([]*relay.Link, g.numLinks()), renew: make(chan struct{}, 1)}
 	p.trunk = relay.NewTrunk(p.dialer, relay.HandlerFunc(g.openFromWAN))
 	p.trunk.OnRenew(func() { kickRenew(p) })
 	return p
+}
+
+// peerName names gateway gw of site in logs and metrics: the site's name,
+// with "/N" for its gateway N > 0.
+func peerName(site string, gw int) string {
+	if gw == 0 {
+		return site
+	}
+	return fmt.Sprintf("%s/%d", site, gw)
 }
 
 // startPeer starts dialing p's links if this side dials. Callers hold

@@ -184,7 +184,7 @@ func (g *Gateway) openFromLAN(c LANConn, h header.Header, body []byte) *relay.St
 		g.refuseLAN(c, "no_link", "open on WAN link failed", "err", err)
 		return nil
 	}
-	g.m.streamsOpened.WithLabelValues(dsite.Name, "out").Inc()
+	g.m.streamsOpened.WithLabelValues(peerName(dsite.Name, int(l.Peer().Gateway)), "out").Inc()
 	g.log.Debug("stream open", "dir", "out", "peer", dsite.Name, "stream", s.ID(), "src", o.Src.String(), "dst", o.Dst.String())
 	return s
 }
@@ -260,7 +260,7 @@ func (g *Gateway) openFromWAN(s *relay.Stream, o *header.Open) {
 			g.records.del(key)
 			return
 		}
-		g.m.streamsOpened.WithLabelValues(psite.Name, "in").Inc()
+		g.m.streamsOpened.WithLabelValues(p.name, "in").Inc()
 		streaming = true // its end is waited for without a goroutine
 		s.AfterDone(func() {
 			g.records.del(key)
