@@ -145,8 +145,11 @@ func childGateway(spec string) int {
 		return 2
 	}
 	cfg.ReadyFile = f[2]
-	if len(f) > 3 {
+	if len(f) > 3 && f[3] != "" {
 		cfg.KeyFile = f[3] // a keyed map (startChildrenMap)
+	}
+	if len(f) > 5 { // which of the site's gateway hosts (startGatewayChild)
+		cfg.ListenLAN, cfg.ListenWAN = netip.MustParseAddrPort(f[4]), netip.MustParseAddrPort(f[5])
 	}
 	if v := os.Getenv("MPI5K_GW_MEMSTATS"); v != "" {
 		childMemStats(v)

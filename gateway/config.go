@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"github.com/mpi5k/mpi5k/header"
@@ -19,6 +20,10 @@ import (
 type Config struct {
 	Map  *sitemap.Map
 	Site string // this gateway's site
+	// ListenLAN, ListenWAN (--lan, --wan) say which of the site's gateway
+	// hosts this is when the map lists several (identity.go); unset, the
+	// site's only one, or the one whose addresses are this host's.
+	ListenLAN, ListenWAN netip.AddrPort
 
 	LAN tuning.SockOpts // options of LAN sockets
 	WAN tuning.SockOpts // options of WAN sockets (NotSentLowat defaults to 128 KiB, CC to bbr when available)

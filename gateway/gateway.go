@@ -12,7 +12,9 @@
 //     flags for mpi5k-gateway and `mpi5k run`.
 //   - mesh.go: the WAN mesh: the site with the lower id dials each link and
 //     redials after a failure, the acceptor admits only the site map's
-//     gateways, express link renewal, readiness.
+//     gateways, express link renewal, readiness. A peer is one gateway
+//     host of another site: every gateway pair keeps its own links.
+//   - identity.go: which of its site's gateway hosts this gateway is.
 //   - serve.go: the LAN side: OPEN and PEER_QUERY from the site's nodes, the
 //     destination policy (destinations must be in this site and not a
 //     gateway), streams opened from the WAN, the record of relayed peers.
@@ -58,7 +60,13 @@ type Gateway struct {
 	log   *slog.Logger
 	rcfg  relay.Config
 	lan   LANTransport
-	peers map[uint8]*peer // by site id
+	peers map[peerID]*peer // by site id and gateway index
+	// gw is which of its site's gateway hosts this is (site.Gateways), me
+	// its listeners.
+	gw int
+	me sitemap.Gateway
+	// spread turns the tie-break of pickLink round robin.
+	spread atomic.Uint32
 	// auth authenticates WAN links and keys their records (nil: a keyless map);
 	// acceptTLS is its server configuration.
 	auth      *peerAuth
@@ -220,9 +228,23 @@ func New(cfg Config) (*Gateway, error) {
 		// a latency-bound message of up to 64 KiB is one small burst.
 		cfg.ExpressMax = min(68<<10, cfg.Chunk)
 	}
-	cfg.fillLimits(len(cfg.Map.Sites()) - 1)
-	g := &Gateway{cfg: cfg, site: site, log: cfg.Logger.With("site", site.Name),
-		peers: map[uint8]*peer{}, readyc: make(chan struct{}), stopped: make(chan struct{})}
+	gw, err := whichGateway(cfg.Map, site, cfg.ListenLAN, cfg.ListenWAN, nil)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	npeers := 0
+	for _, s := range cfg.Map.Sites() {
+		if s.ID != site.ID {
+			npeers += len(s.Gateways)
+		}
+	}
+	cfg.fillLimits(npeers)
+	log := cfg.Logger.With("site", site.Name)
+	if len(site.Gateways) > 1 {
+		log = log.With("gateway", gw)
+	}
+	g := &Gateway{cfg: cfg, site: site, gw: gw, me: site.Gateways[gw], log: log,
+		peers: map[peerID]*peer{}, readyc: make(chan struct{}), stopped: make(chan struct{})}
 	g.guard = tuning.NewProbeGuard()
 	g.degraded = degraded
 	g.sources.m = map[netip.Addr]int{}
@@ -248,10 +270,9 @@ func New(cfg Config) (*Gateway, error) {
 	g.smap.Store(cfg.Map)
 	for _, s := range cfg.Map.Sites() {
 		if s.ID != site.ID {
-			g.peers[s.ID] = g.newPeer(s)
-		}
-		if len(s.Gateways) > 1 { // parsed, not used yet: docs/sitemap-format.md
-			g.log.Warn("the site map lists several gateways for a site; only its first is used", "site", s.Name, "gateways", len(s.Gateways), "used", s.Gateways[0].WAN.String())
+			for i := range s.Gateways {
+				g.peers[peerID{s.ID, i}] = g.newPeer(s, i)
+			}
 		}
 	}
 	if err := g.initAuth(); err != nil {
@@ -262,15 +283,14 @@ func New(cfg Config) (*Gateway, error) {
 	g.records.locals = map[netip.AddrPort]int{}
 	g.m = newMetrics(g)
 	g.m.reg.MustRegister(degradedCollector{g})
-	var err error
-	if g.lanLn, err = g.lan.Listen(site.LAN); err != nil {
-		return nil, fmt.Errorf("gateway: LAN listener %v: %w", site.LAN, err)
+	if g.lanLn, err = g.lan.Listen(g.me.LAN); err != nil {
+		return nil, fmt.Errorf("gateway: LAN listener %v: %w", g.me.LAN, err)
 	}
 	lc := net.ListenConfig{Control: g.wanCreate().Control(nil)}
-	wl, err := lc.Listen(context.Background(), "tcp", site.WAN.String())
+	wl, err := lc.Listen(context.Background(), "tcp", g.me.WAN.String())
 	if err != nil {
 		g.lanLn.Close()
-		return nil, fmt.Errorf("gateway: WAN listener %v: %w", site.WAN, err)
+		return nil, fmt.Errorf("gateway: WAN listener %v: %w", g.me.WAN, err)
 	}
 	g.wanLn = wl.(*net.TCPListener)
 	if len(g.peers) == 0 {

@@ -580,7 +580,7 @@ func TestTrunkMismatch(t *testing.T) {
 		t.Fatal("b came up with a peer that has an express link")
 	case <-time.After(500 * time.Millisecond):
 	}
-	if err := b.checkHello(a.hello(0), b.peers[1], 0); err == nil || !strings.Contains(err.Error(), "--wan-express") {
+	if err := b.checkHello(a.hello(0), b.peers[peerID{1, 0}], 0); err == nil || !strings.Contains(err.Error(), "--wan-express") {
 		t.Fatalf("mismatched HELLO: %v", err)
 	}
 }
@@ -831,7 +831,7 @@ func TestExpressRenew(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}()
-	pa, pb := a.peers[2], b.peers[1]
+	pa, pb := a.peers[peerID{2, 0}], b.peers[peerID{1, 0}]
 	x := a.cfg.WANConns // the express link's index
 	express := func(g *testGW, p *peer) *relay.Link {
 		g.peersMu.Lock()

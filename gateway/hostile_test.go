@@ -482,7 +482,7 @@ func TestEarlyDataBound(t *testing.T) {
 		default:
 		}
 	}
-	if e := b.peers[1].trunk.EarlyBytes(); e > early {
+	if e := b.peers[peerID{1, 0}].trunk.EarlyBytes(); e > early {
 		t.Fatalf("%d early bytes buffered, limit %d", e, early)
 	}
 	if limited < 4 || limited == 8 {

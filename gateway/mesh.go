@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -19,12 +20,24 @@ import (
 	"github.com/mpi5k/mpi5k/tuning"
 )
 
-// peer is another site and our links to it.
+// peerID names a peer: a gateway host of another site, by the site's id
+// and the host's index in its Gateways.
+type peerID struct {
+	site uint8
+	gw   int
+}
+
+// peer is a gateway host of another site and our links to it. Every
+// gateway pair of two sites keeps its own links: the site's other
+// gateways are other peers.
 type peer struct {
 	site   *sitemap.Site
-	dialer bool          // we dial (sitemap.Dials: the peer is behind NAT, or our id is lower)
-	trunk  *relay.Trunk  // the links' shared streams
-	links  []*relay.Link // by link index (bulk links, then the express link); nil while down
+	gw     int            // index in site.Gateways
+	wan    netip.AddrPort // its WAN listener
+	name   string         // for logs and metrics: the site's name, with "/N" for gateway N > 0
+	dialer bool           // we dial (sitemap.Dials: the peer is behind NAT, or our id is lower)
+	trunk  *relay.Trunk   // the links' shared streams
+	links  []*relay.Link  // by link index (bulk links, then the express link); nil while down
 	// renew wakes the dialer's express dialLoop to replace a working
 	// express link; renewed counts renewals (both sides).
 	renew   chan struct{}
@@ -97,7 +110,7 @@ func (g *Gateway) setLink(p *peer, i int, l *relay.Link, priming bool) {
 			// peer restarted, or no resume): each stream through it is
 			// reset (code 7), and its rank sees its connection fail.
 			g.log.Warn("WAN link lost: streams through it were reset; MPI jobs using them fail",
-				"peer", p.site.Name, "link", i, "err", err)
+				"peer", p.name, "link", i, "err", err)
 		}
 	})
 }
@@ -119,12 +132,25 @@ func (g *Gateway) setReady() {
 	g.log.Info("ready: every WAN link is up (and primed)")
 }
 
-// allUp reports whether every link is currently up and none is being primed
-// (the /ready endpoint).
+// allUp reports whether every peer site can be reached now, none of our
+// links being primed (the /ready endpoint): some gateway of each site has
+// every link up. With one gateway per site, every link is up.
 func (g *Gateway) allUp() bool {
 	g.peersMu.Lock()
 	defer g.peersMu.Unlock()
-	return g.allUpLocked()
+	if g.priming > 0 {
+		return false
+	}
+	bySite := map[uint8][]*peer{}
+	for k, p := range g.peers {
+		bySite[k.site] = append(bySite[k.site], p)
+	}
+	for _, ps := range bySite {
+		if siteUpLocked(ps) != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // allUpLocked: every link is up and none is being primed.
@@ -172,6 +198,7 @@ func (g *Gateway) features() uint8 {
 func (g *Gateway) hello(i int) header.Hello {
 	h := g.rcfg.Hello(g.site.ID, g.site.Name, uint8(i), uint8(g.numLinks()))
 	h.Features = g.features()
+	h.Gateway = uint8(g.gw)
 	if h.Features&header.FeatureResume != 0 {
 		h.Session = rand.Uint64() | 1
 	}
@@ -231,7 +258,7 @@ func (g *Gateway) tuneLink(p *peer, i int, c net.Conn) {
 		err = tuning.TuneLink(relay.TCPOf(c), false, g.cfg.WAN.CC)
 	}
 	if err != nil {
-		g.log.Warn("WAN link: socket options not set", "peer", p.site.Name, "link", i, "express", x, "err", err)
+		g.log.Warn("WAN link: socket options not set", "peer", p.name, "link", i, "express", x, "err", err)
 	}
 }
 
@@ -262,7 +289,7 @@ func (g *Gateway) primeLink(p *peer, i int, express bool, l *relay.Link) {
 	if all {
 		g.setReady()
 	}
-	log := g.log.With("peer", p.site.Name, "link", i, "express", express)
+	log := g.log.With("peer", p.name, "link", i, "express", express)
 	switch {
 	case r.Skipped != "":
 		log.Debug("WAN link not primed", "why", r.Skipped)
@@ -284,7 +311,7 @@ func (g *Gateway) primeLink(p *peer, i int, express bool, l *relay.Link) {
 func (g *Gateway) dialLoop(p *peer, i int) {
 	defer g.wg.Done()
 	backoff := 50 * time.Millisecond
-	log := g.log.With("peer", p.site.Name, "link", i)
+	log := g.log.With("peer", p.name, "link", i)
 	for g.ctx.Err() == nil && !p.removed.Load() {
 		l, err := g.dialOnce(p, i)
 		if err != nil {
@@ -293,7 +320,7 @@ func (g *Gateway) dialLoop(p *peer, i int) {
 			if backoff >= 400*time.Millisecond {
 				lvl = slog.LevelWarn
 			}
-			log.Log(g.ctx, lvl, "WAN dial failed", "addr", p.site.WAN.String(), "err", err, "retry_in", backoff.String())
+			log.Log(g.ctx, lvl, "WAN dial failed", "addr", p.wan.String(), "err", err, "retry_in", backoff.String())
 			g.m.wanDialFailures.Inc()
 			select {
 			case <-time.After(backoff + rand.N(backoff/2+1)):
@@ -430,10 +457,10 @@ func (g *Gateway) dialOnce(p *peer, i int) (*relay.Link, error) {
 func (g *Gateway) dialHello(p *peer, h header.Hello) (net.Conn, header.Hello, time.Time, error) {
 	d := net.Dialer{Timeout: 5 * time.Second, Control: g.wanCreate().Control(nil)}
 	if g.auth == nil {
-		d.LocalAddr = &net.TCPAddr{IP: g.site.WAN.Addr().AsSlice()} // a keyless acceptor checks our source address
+		d.LocalAddr = &net.TCPAddr{IP: g.me.WAN.Addr().AsSlice()} // a keyless acceptor checks our source address
 	}
 	since := time.Now()
-	tc, err := d.DialContext(g.ctx, "tcp", p.site.WAN.String())
+	tc, err := d.DialContext(g.ctx, "tcp", p.wan.String())
 	if err != nil {
 		return nil, header.Hello{}, since, err
 	}
@@ -485,12 +512,12 @@ func (g *Gateway) resumeLoop(p *peer, i int, l *relay.Link, log *slog.Logger) *r
 			// dial confirms it: one refusal can be a passing state of a
 			// busy peer's listener, and a wrong verdict costs the streams.
 			if refused {
-				log.Warn("WAN link cannot resume: the peer gateway is not running; its streams are reset", "addr", p.site.WAN.String())
+				log.Warn("WAN link cannot resume: the peer gateway is not running; its streams are reset", "addr", p.wan.String())
 				l.Close()
 				return nil
 			}
 			refused = true
-			log.Debug("WAN link resume: refused once; dialing again to confirm", "addr", p.site.WAN.String())
+			log.Debug("WAN link resume: refused once; dialing again to confirm", "addr", p.wan.String())
 			continue
 		}
 		refused = false
@@ -521,6 +548,8 @@ func (g *Gateway) checkHello(h header.Hello, p *peer, i int) error {
 		return fmt.Errorf("peer says it is site id %d, want %d", h.SiteID, p.site.ID)
 	case h.Name != p.site.Name:
 		return fmt.Errorf("peer says it is site %q, want %q", h.Name, p.site.Name)
+	case int(h.Gateway) != p.gw:
+		return fmt.Errorf("peer says it is gateway %d of site %s, want %d (%v)", h.Gateway, p.site.Name, p.gw, p.wan)
 	case int(h.LinkCount) != g.numLinks() || h.Features != g.features():
 		return fmt.Errorf("peer has %d links per site pair (features %#x), we have %d (features %#x): "+
 			"use the same --wan-conns and --wan-express on every gateway", h.LinkCount, h.Features, g.numLinks(), g.features())
@@ -577,16 +606,17 @@ func (g *Gateway) acceptWAN(tc *net.TCPConn) {
 	reason = "wan_hello"
 	ph, err := relay.Answer(ctx, c, func(ph header.Hello) (header.Hello, error) {
 		for _, q := range cands {
-			if q.site.ID == ph.SiteID {
+			if q.site.ID == ph.SiteID && q.gw == int(ph.Gateway) {
 				p = q
 			}
 		}
 		i := int(ph.LinkIndex)
 		switch {
 		case p == nil && g.auth != nil:
-			return header.Hello{}, fmt.Errorf("HELLO claims site id %d, but the peer proved the key of site %s", ph.SiteID, cands[0].site.Name)
+			return header.Hello{}, fmt.Errorf("HELLO claims gateway %d of site id %d, but the peer proved the key of site %s, which lists %d gateways",
+				ph.Gateway, ph.SiteID, cands[0].site.Name, len(cands[0].site.Gateways))
 		case p == nil:
-			return header.Hello{}, fmt.Errorf("HELLO claims site id %d, which does not have WAN address %v", ph.SiteID, remote.Addr())
+			return header.Hello{}, fmt.Errorf("HELLO claims gateway %d of site id %d, which does not have WAN address %v", ph.Gateway, ph.SiteID, remote.Addr())
 		case i >= g.numLinks():
 			return header.Hello{}, fmt.Errorf("link index %d with %d links per site pair", ph.LinkIndex, g.numLinks())
 		}
@@ -620,14 +650,14 @@ func (g *Gateway) acceptWAN(tc *net.TCPConn) {
 	i := int(ph.LinkIndex)
 	if resume != nil {
 		if err := g.resumed(p, i, resume, c, ph, since); err != nil {
-			g.log.Warn("WAN link resume failed", "peer", p.site.Name, "link", i, "remote", remote.String(), "err", err)
+			g.log.Warn("WAN link resume failed", "peer", p.name, "link", i, "remote", remote.String(), "err", err)
 			tc.SetLinger(0)
 			c.Close()
 		}
 		return
 	}
 	g.addLink(p, i, c, ph, since, local)
-	g.log.Info("WAN link up", "peer", p.site.Name, "link", ph.LinkIndex, "remote", remote.String())
+	g.log.Info("WAN link up", "peer", p.name, "link", ph.LinkIndex, "remote", remote.String())
 }
 
 // watchDown fails an accepted link that stays down while no gateway
@@ -660,15 +690,15 @@ func (g *Gateway) watchDown(p *peer, l *relay.Link) {
 				break
 			}
 			d := net.Dialer{Timeout: 2 * time.Second}
-			c, err := d.DialContext(g.ctx, "tcp", p.site.WAN.String())
+			c, err := d.DialContext(g.ctx, "tcp", p.wan.String())
 			if errors.Is(err, syscall.ECONNREFUSED) {
 				// Confirmed by a second probe, as the dialer's resume does.
 				time.Sleep(50 * time.Millisecond)
-				c, err = d.DialContext(g.ctx, "tcp", p.site.WAN.String())
+				c, err = d.DialContext(g.ctx, "tcp", p.wan.String())
 			}
 			if errors.Is(err, syscall.ECONNREFUSED) {
 				g.log.Warn("WAN link cannot resume: the peer gateway is not running; its streams are reset",
-					"peer", p.site.Name, "link", l.Index(), "addr", p.site.WAN.String())
+					"peer", p.name, "link", l.Index(), "addr", p.wan.String())
 				l.Close()
 				return
 			}
@@ -729,7 +759,7 @@ func (g *Gateway) linkInUse(p *peer, i int) error {
 	}
 	wait := max(probeWait, 4*time.Duration(old.Stats.RTT.Load()))
 	if old.Alive(min(wait, g.cfg.DeadAfter)) {
-		return fmt.Errorf("link %d to %s is up and answers: a new link replaces it only once it has failed", i, p.site.Name)
+		return fmt.Errorf("link %d to %s is up and answers: a new link replaces it only once it has failed", i, p.name)
 	}
 	return nil
 }
@@ -738,21 +768,33 @@ func (g *Gateway) linkInUse(p *peer, i int) error {
 // gets to answer a PING.
 const probeWait = 500 * time.Millisecond
 
-// pickLink returns the up bulk link to site with the fewest streams
-// homed on it, waiting up to OpenTimeout for one to come up. The express
-// link homes no stream: it must stay free for small frames.
-func (g *Gateway) pickLink(p *peer) *relay.Link {
+// pickLink returns the up bulk link to one of ps (the gateways of a
+// site) with the fewest streams homed on it, waiting up to OpenTimeout
+// for one to come up. Streams so spread over the peer site's gateway
+// hosts by load (streams open). A link that is down (waiting to resume)
+// is taken only when no link is up: its stream waits for the resume, as
+// it did with one gateway per site, while a peer gateway host that died
+// gets no new stream. Ties go round robin (the scan starts one link
+// further each time), so short streams that end before the next opens
+// spread too. The express link homes no stream: it must stay free for
+// small frames.
+func (g *Gateway) pickLink(ps []*peer) *relay.Link {
 	deadline := time.Now().Add(g.cfg.OpenTimeout)
+	start := int(g.spread.Add(1))
 	for {
 		var best *relay.Link
-		bestN := 0
+		bestN, bestDown := 0, false
 		g.peersMu.Lock()
-		for i, l := range p.links {
-			if l == nil || g.isExpress(i) {
+		nl := len(ps) * g.cfg.WANConns
+		for k := range nl {
+			j := (start + k) % nl
+			l := ps[j/g.cfg.WANConns].links[j%g.cfg.WANConns] // bulk links come first
+			if l == nil {
 				continue
 			}
-			if n := l.NumStreams(); best == nil || n < bestN {
-				best, bestN = l, n
+			n, down := l.NumStreams(), l.Down()
+			if best == nil || bestDown && !down || down == bestDown && n < bestN {
+				best, bestN, bestDown = l, n, down
 			}
 		}
 		g.peersMu.Unlock()

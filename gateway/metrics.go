@@ -54,7 +54,7 @@ func newMetrics(g *Gateway) *metrics {
 	m.wanDialFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "mpi5k_wan_dial_failures_total",
 		Help: "Failed WAN dials or handshakes."})
 	m.streamsOpened = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mpi5k_streams_opened_total",
-		Help: "Streams opened, by peer site and direction (out: from our LAN)."}, []string{"peer", "dir"})
+		Help: "Streams opened, by peer gateway (its site, with /N for the site's gateway N > 0) and direction (out: from our LAN)."}, []string{"peer", "dir"})
 	m.peerQueries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mpi5k_peer_queries_total",
 		Help: "PEER_QUERY answers, by whether the connection was found."}, []string{"found"})
 	m.refusals = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mpi5k_refusals_total",
@@ -141,12 +141,12 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.g.peersMu.Lock()
 	for _, p := range m.g.peers {
 		if m.g.cfg.Express {
-			renewed = append(renewed, prometheus.MustNewConstMetric(m.renewals, prometheus.CounterValue, float64(p.renewed.Load()), p.site.Name))
+			renewed = append(renewed, prometheus.MustNewConstMetric(m.renewals, prometheus.CounterValue, float64(p.renewed.Load()), p.name))
 		}
-		renewed = append(renewed, prometheus.MustNewConstMetric(m.peerStreams, prometheus.GaugeValue, float64(p.streamsIn.Load()), p.site.Name),
-			prometheus.MustNewConstMetric(m.early, prometheus.GaugeValue, float64(p.trunk.EarlyBytes()), p.site.Name))
+		renewed = append(renewed, prometheus.MustNewConstMetric(m.peerStreams, prometheus.GaugeValue, float64(p.streamsIn.Load()), p.name),
+			prometheus.MustNewConstMetric(m.early, prometheus.GaugeValue, float64(p.trunk.EarlyBytes()), p.name))
 		for i, l := range p.links {
-			rows = append(rows, row{p.site.Name, strconv.Itoa(i), l})
+			rows = append(rows, row{p.name, strconv.Itoa(i), l})
 		}
 	}
 	m.g.peersMu.Unlock()

@@ -37,7 +37,7 @@ func TestNATHigherSite(t *testing.T) {
 	a := startGW(t, ma, "a", withKey(ks))
 	b := startGW(t, mb, "b", withKey(ks))
 	waitReady(t, a, b)
-	if pa, pb := a.peer(2), b.peer(1); pa.dialer || !pb.dialer {
+	if pa, pb := a.peer(peerID{2, 0}), b.peer(peerID{1, 0}); pa.dialer || !pb.dialer {
 		t.Fatalf("a dials b: %v, b dials a: %v; want only b (behind NAT) to dial", pa.dialer, pb.dialer)
 	}
 	for _, dir := range []struct {

@@ -438,8 +438,8 @@ func (g *Gateway) initAuth() error {
 	}
 	g.auth = a
 	g.acceptTLS = a.acceptor(func(s *sitemap.Site) bool {
-		p := g.peer(s.ID)
-		return p != nil && !p.dialer
+		ps := g.peersOf(s.ID)
+		return len(ps) > 0 && !ps[0].dialer
 	})
 	return nil
 }
@@ -471,16 +471,18 @@ func (g *Gateway) admitWAN(ctx context.Context, c *net.TCPConn, remote netip.Add
 		if err != nil {
 			return nil, nil, "wan_auth", err
 		}
-		p := g.peer(s.ID)
-		if p == nil { // taken out of the map by a reload meanwhile
+		// Any gateway host of the site proves the site's key: its HELLO
+		// says which it is.
+		ps := g.peersOf(s.ID)
+		if len(ps) == 0 { // taken out of the map by a reload meanwhile
 			wc.Close()
 			return nil, nil, "wan_auth", fmt.Errorf("site %s is no longer in the site map", s.Name)
 		}
-		return wc, []*peer{p}, "", nil
+		return wc, ps, "", nil
 	}
 	var cands []*peer
 	for _, p := range g.peerList() {
-		if !p.dialer && p.site.WAN.Addr() == remote.Addr() {
+		if !p.dialer && p.wan.Addr() == remote.Addr() {
 			cands = append(cands, p)
 		}
 	}

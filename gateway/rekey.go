@@ -87,9 +87,9 @@ func (g *Gateway) reauthenticate(m *sitemap.Map) []string {
 			}
 		}
 		if stale > 0 {
-			names = append(names, p.site.Name)
+			names = append(names, p.name)
 			g.log.Warn("WAN links made with a key no longer listed are broken: they resume only with a listed key",
-				"peer", p.site.Name, "links", stale)
+				"peer", p.name, "links", stale)
 		}
 	}
 	return names

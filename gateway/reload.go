@@ -58,11 +58,26 @@ var errNotRunning = errors.New("gateway is not running (starting or draining): r
 // curMap is the site map in force.
 func (g *Gateway) curMap() *sitemap.Map { return g.smap.Load() }
 
-// peer returns the current peer with site id, or nil.
-func (g *Gateway) peer(id uint8) *peer {
+// peer returns the current peer k, or nil.
+func (g *Gateway) peer(k peerID) *peer {
 	g.peersMu.Lock()
 	defer g.peersMu.Unlock()
-	return g.peers[id]
+	return g.peers[k]
+}
+
+// peersOf returns the current peers of site id (its gateway hosts), by
+// gateway index.
+func (g *Gateway) peersOf(id uint8) []*peer {
+	g.peersMu.Lock()
+	defer g.peersMu.Unlock()
+	var ps []*peer
+	for k, p := range g.peers {
+		if k.site == id {
+			ps = append(ps, p)
+		}
+	}
+	slices.SortFunc(ps, func(a, b *peer) int { return a.gw - b.gw })
+	return ps
 }
 
 // peerList is a snapshot of the current peers.
@@ -76,12 +91,23 @@ func (g *Gateway) peerList() []*peer {
 	return ps
 }
 
-// newPeer makes the peer state for site s (not started).
-func (g *Gateway) newPeer(s *sitemap.Site) *peer {
-	p := &peer{site: s, dialer: sitemap.Dials(g.site, s), links: make([]*relay.Link, g.numLinks()), renew: make(chan struct{}, 1)}
+// newPeer makes the peer state for gateway gw of site s (not started).
+// Who dials is the sites' rule (sitemap.Dials) for every gateway pair.
+func (g *Gateway) newPeer(s *sitemap.Site, gw int) *peer {
+	p := &peer{site: s, gw: gw, wan: s.Gateways[gw].WAN, name: peerName(s.Name, gw),
+		dialer: sitemap.Dials(g.site, s), links: make([]*relay.Link, g.numLinks()), renew: make(chan struct{}, 1)}
 	p.trunk = relay.NewTrunk(p.dialer, relay.HandlerFunc(g.openFromWAN))
 	p.trunk.OnRenew(func() { kickRenew(p) })
 	return p
+}
+
+// peerName names gateway gw of site in logs and metrics: the site's name,
+// with "/N" for its gateway N > 0.
+func peerName(site string, gw int) string {
+	if gw == 0 {
+		return site
+	}
+	return fmt.Sprintf("%s/%d", site, gw)
 }
 
 // startPeer starts dialing p's links if this side dials. Callers hold
@@ -107,9 +133,9 @@ func (g *Gateway) Reload(m *sitemap.Map) (ReloadResult, error) {
 		return res, fmt.Errorf("site %q (this gateway's) is not in the new map: put it back, or stop the service to take this gateway out", g.site.Name)
 	case s.ID != g.site.ID:
 		return res, fmt.Errorf("site %q changes id %d -> %d: peers know a site by its id; restart every gateway to renumber", s.Name, g.site.ID, s.ID)
-	case s.LAN != g.site.LAN || s.WAN != g.site.WAN:
-		return res, fmt.Errorf("site %q moves its listeners lan=%v wan=%v -> lan=%v wan=%v: restart the service to move them",
-			s.Name, g.site.LAN, g.site.WAN, s.LAN, s.WAN)
+	case g.gw >= len(s.Gateways) || s.Gateways[g.gw] != g.me:
+		return res, fmt.Errorf("site %q no longer lists this gateway (number %d of the site, lan=%v wan=%v) at the same place: restart the service to move or renumber it",
+			s.Name, g.gw, g.me.LAN, g.me.WAN)
 	case s.NAT != g.site.NAT:
 		return res, fmt.Errorf("site %q changes nat=%v -> nat=%v, which decides who dials: restart every gateway to change it", s.Name, g.site.NAT, s.NAT)
 	}
@@ -122,10 +148,12 @@ func (g *Gateway) Reload(m *sitemap.Map) (ReloadResult, error) {
 	if !g.running || g.draining.Load() {
 		return res, errNotRunning
 	}
-	next := map[uint8]*sitemap.Site{}
+	next := map[peerID]*sitemap.Site{}
 	for _, ps := range m.Sites() {
 		if ps.ID != s.ID {
-			next[ps.ID] = ps
+			for i := range ps.Gateways {
+				next[peerID{ps.ID, i}] = ps
+			}
 		}
 	}
 	var gone, started []*peer
@@ -134,10 +162,10 @@ func (g *Gateway) Reload(m *sitemap.Map) (ReloadResult, error) {
 		ns, ok := next[id]
 		switch {
 		case !ok:
-			res.Removed = append(res.Removed, p.site.Name)
-		case ns.Name != p.site.Name || ns.WAN != p.site.WAN || ns.NAT != p.site.NAT:
+			res.Removed = append(res.Removed, p.name)
+		case ns.Name != p.site.Name || ns.Gateways[id.gw].WAN != p.wan || ns.NAT != p.site.NAT:
 			// NAT changes which side dials: the links start afresh.
-			res.Moved = append(res.Moved, ns.Name)
+			res.Moved = append(res.Moved, p.name)
 		default:
 			// The same gateway (name, id, WAN listener): it keeps its links
 			// and its record, which holds nothing else the mesh uses.
@@ -151,10 +179,10 @@ func (g *Gateway) Reload(m *sitemap.Map) (ReloadResult, error) {
 		if _, ok := g.peers[id]; ok {
 			continue
 		}
-		if !contains(res.Moved, ns.Name) {
-			res.Added = append(res.Added, ns.Name)
+		p := g.newPeer(ns, id.gw)
+		if !contains(res.Moved, p.name) {
+			res.Added = append(res.Added, p.name)
 		}
-		p := g.newPeer(ns)
 		g.peers[id] = p
 		started = append(started, p)
 	}
@@ -223,7 +251,7 @@ func (g *Gateway) retireLinks(p *peer, links ...*relay.Link) {
 		for _, l := range links {
 			l.Close()
 		}
-		g.log.Info("removed peer's WAN links closed", "peer", p.site.Name, "links", len(links), "streams_at_reload", streams,
+		g.log.Info("removed peer's WAN links closed", "peer", p.name, "links", len(links), "streams_at_reload", streams,
 			"drained_in", time.Since(start).Round(time.Millisecond).String(), "cut_short", ctx.Err() != nil)
 	}()
 }
@@ -243,23 +271,41 @@ func contains(xs []string, x string) bool {
 func (g *Gateway) upFor(names []string) error {
 	g.peersMu.Lock()
 	defer g.peersMu.Unlock()
-	byName := map[string]*peer{}
+	byName := map[string][]*peer{}
 	for _, p := range g.peers {
-		byName[p.site.Name] = p
+		byName[p.site.Name] = append(byName[p.site.Name], p)
 	}
 	for _, n := range names {
 		if n == g.site.Name || n == "" {
 			continue
 		}
-		p := byName[n]
-		if p == nil {
+		ps := byName[n]
+		if len(ps) == 0 {
 			return fmt.Errorf("site %s is not in this gateway's site map", n)
 		}
-		for i, l := range p.links {
-			if l == nil {
-				return fmt.Errorf("WAN link %d to site %s is down", i, n)
-			}
+		if err := siteUpLocked(ps); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// siteUpLocked: some gateway of a site (its peers ps) has every link up,
+// so streams to the site can go; a gateway host of a site that is down
+// does not make the site unreachable (caller holds peersMu).
+func siteUpLocked(ps []*peer) error {
+	var err error
+	for _, p := range ps {
+		err = nil
+		for i, l := range p.links {
+			if l == nil {
+				err = fmt.Errorf("WAN link %d to %s is down", i, p.name)
+				break
+			}
+		}
+		if err == nil {
+			return nil
+		}
+	}
+	return err
 }

@@ -166,13 +166,13 @@ func (g *Gateway) openFromLAN(c LANConn, h header.Header, body []byte) *relay.St
 		return nil
 	}
 	// A reload between the map's lookup and this one leaves no peer.
-	p := g.peer(dsite.ID)
-	if p == nil {
+	ps := g.peersOf(dsite.ID)
+	if len(ps) == 0 {
 		g.sources.release(o.Src.Addr())
 		g.refuseLAN(c, "no_link", "destination's site left the site map (reloaded)", "dst", o.Dst.String(), "peer", dsite.Name)
 		return nil
 	}
-	l := g.pickLink(p)
+	l := g.pickLink(ps)
 	if l == nil {
 		g.sources.release(o.Src.Addr())
 		g.refuseLAN(c, "no_link", "no WAN link to the destination's site", "dst", o.Dst.String(), "peer", dsite.Name)
@@ -184,7 +184,7 @@ func (g *Gateway) openFromLAN(c LANConn, h header.Header, body []byte) *relay.St
 		g.refuseLAN(c, "no_link", "open on WAN link failed", "err", err)
 		return nil
 	}
-	g.m.streamsOpened.WithLabelValues(dsite.Name, "out").Inc()
+	g.m.streamsOpened.WithLabelValues(peerName(dsite.Name, int(l.Peer().Gateway)), "out").Inc()
 	g.log.Debug("stream open", "dir", "out", "peer", dsite.Name, "stream", s.ID(), "src", o.Src.String(), "dst", o.Dst.String())
 	return s
 }
@@ -193,8 +193,9 @@ func (g *Gateway) openFromLAN(c LANConn, h header.Header, body []byte) *relay.St
 // site and the source a node of the peer's site. The connect runs on its own
 // goroutine; DATA the peer pipelined waits in the stream's window meanwhile.
 func (g *Gateway) openFromWAN(s *relay.Stream, o *header.Open) {
-	peerID := s.Link().Peer().SiteID
-	m, p := g.curMap(), g.peer(peerID)
+	ph := s.Link().Peer()
+	fromSite := ph.SiteID
+	m, p := g.curMap(), g.peer(peerID{fromSite, int(ph.Gateway)})
 	if g.draining.Load() || p == nil {
 		// p == nil: a reload took the peer out of the map; its streams
 		// drain, and it opens no new one.
@@ -220,7 +221,7 @@ func (g *Gateway) openFromWAN(s *relay.Stream, o *header.Open) {
 		s.Refuse(header.CodePolicy)
 		return
 	}
-	if src, ok := m.Lookup(o.Src.Addr()); !ok || src.ID != peerID {
+	if src, ok := m.Lookup(o.Src.Addr()); !ok || src.ID != fromSite {
 		g.refused("wan_open_src", "WAN OPEN refused: source not in the peer's site", "peer", psite.Name, "src", o.Src.String())
 		s.Refuse(header.CodePolicy)
 		return
@@ -241,9 +242,9 @@ func (g *Gateway) openFromWAN(s *relay.Stream, o *header.Open) {
 		ctx, cancel := context.WithTimeout(g.ctx, g.cfg.DialTimeout)
 		defer cancel()
 		var key recordKey
-		c, err := g.lan.Dial(ctx, g.site.LAN.Addr(), o.Dst, func(local netip.AddrPort) {
+		c, err := g.lan.Dial(ctx, g.me.LAN.Addr(), o.Dst, func(local netip.AddrPort) {
 			key = recordKey{local, o.Dst}
-			g.records.put(key, record{src: o.Src, site: peerID})
+			g.records.put(key, record{src: o.Src, site: fromSite})
 		})
 		if err != nil {
 			if key.local.IsValid() {
@@ -259,7 +260,7 @@ func (g *Gateway) openFromWAN(s *relay.Stream, o *header.Open) {
 			g.records.del(key)
 			return
 		}
-		g.m.streamsOpened.WithLabelValues(psite.Name, "in").Inc()
+		g.m.streamsOpened.WithLabelValues(p.name, "in").Inc()
 		streaming = true // its end is waited for without a goroutine
 		s.AfterDone(func() {
 			g.records.del(key)

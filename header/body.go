@@ -75,7 +75,13 @@ const (
 	ExtCritical uint16 = 1 << 15
 	ExtLabel    uint16 = 1 // OPEN: source process label
 	ExtSession  uint16 = 2 // HELLO: the link's session, for WAN resume
-	MaxLabel           = 64
+	// ExtGateway (HELLO, critical): which of its site's gateway hosts the
+	// sender is, when not the first. Critical: a gateway that knows one
+	// gateway per site would take the link for the first one's.
+	ExtGateway uint16 = 3 | ExtCritical
+	// MaxGatewayIndex is the highest gateway index (sitemap.MaxGateways - 1).
+	MaxGatewayIndex = 15
+	MaxLabel        = 64
 )
 
 // walkExt calls fn for every extension in b. Unknown critical extensions
@@ -163,6 +169,9 @@ type Hello struct {
 	Session  uint64
 	Received uint64
 	Resume   bool
+	// Gateway (extension ExtGateway, sent when not 0): the sender's index
+	// among its site's gateway hosts (sitemap.Site.Gateways).
+	Gateway uint8
 }
 
 // AppendHello appends the encoded body of h to b.
@@ -183,6 +192,9 @@ func AppendHello(b []byte, h *Hello) ([]byte, error) {
 			v[16] = 1
 		}
 		b = appendExt(b, ExtSession, v[:])
+	}
+	if h.Gateway != 0 {
+		b = appendExt(b, ExtGateway, []byte{h.Gateway})
 	}
 	return b, nil
 }
@@ -207,6 +219,8 @@ func (h *Hello) check() error {
 		return fmt.Errorf("%w: HELLO name of %d bytes (want 1..255)", ErrPayload, len(h.Name))
 	case h.Session == 0 && (h.Resume || h.Received != 0):
 		return fmt.Errorf("%w: HELLO resume without a session", ErrPayload)
+	case h.Gateway > MaxGatewayIndex:
+		return fmt.Errorf("%w: HELLO gateway index %d (want 0..%d)", ErrPayload, h.Gateway, MaxGatewayIndex)
 	}
 	return nil
 }
@@ -229,6 +243,14 @@ func ParseHello(p []byte) (Hello, error) {
 		return h, err
 	}
 	err := walkExt(p[helloFixed+n:], func(typ uint16, v []byte) error {
+		if typ == ExtGateway {
+			// 0 is sent by leaving the extension out: one encoding per HELLO.
+			if len(v) != 1 || v[0] == 0 || v[0] > MaxGatewayIndex {
+				return fmt.Errorf("%w: HELLO gateway extension %x (want one byte 1..%d)", ErrPayload, v, MaxGatewayIndex)
+			}
+			h.Gateway = v[0]
+			return nil
+		}
 		if typ != ExtSession {
 			return unknownExt(typ)
 		}

@@ -24,6 +24,10 @@ func FuzzDecode(f *testing.F) {
 		Session: 9, Received: 1234, Resume: true}
 	hb, _ := AppendHello(nil, &resume)
 	f.Add(AppendFrame(nil, TypeHello, 0, hb))
+	second := resume
+	second.Gateway = 1 // a site's second gateway host (ExtGateway)
+	hb, _ = AppendHello(nil, &second)
+	f.Add(AppendFrame(nil, TypeHello, 0, hb))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := Decode(b)
 		if err == nil {

@@ -229,6 +229,23 @@ func TestHello(t *testing.T) {
 			t.Fatalf("session flag 2: %v", err)
 		}
 	}
+	// The gateway extension: a site's second gateway host, and malformed.
+	gh := Hello{SiteID: 2, LinkCount: 1, MaxPayload: 1, Window: 1, Name: "lyon", Gateway: 3}
+	gb, err := AppendHello(nil, &gh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ParseHello(gb); err != nil || got != gh {
+		t.Fatalf("gateway: got %+v %v, want %+v", got, err, gh)
+	}
+	for _, v := range [][]byte{{0}, {MaxGatewayIndex + 1}, {1, 1}, nil} {
+		if _, err := ParseHello(appendExt(bytes.Clone(b), ExtGateway, v)); !errors.Is(err, ErrPayload) {
+			t.Errorf("gateway extension %x: %v", v, err)
+		}
+	}
+	if _, err := AppendHello(nil, &Hello{SiteID: 1, LinkCount: 1, MaxPayload: 1, Window: 1, Name: "a", Gateway: MaxGatewayIndex + 1}); !errors.Is(err, ErrPayload) {
+		t.Errorf("gateway index %d: %v", MaxGatewayIndex+1, err)
+	}
 	zero := appendExt(bytes.Clone(b), ExtSession, make([]byte, sessionLen))
 	if _, err := ParseHello(zero); !errors.Is(err, ErrPayload) {
 		t.Fatalf("session 0: %v", err)

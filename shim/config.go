@@ -36,13 +36,18 @@ type config struct {
 	node netip.AddrPort
 }
 
-// gateway is where the process's relayed and control connections go: the
-// node daemon, or the site gateway.
-func (c *config) gateway() netip.AddrPort {
+// gateways are where the process's relayed and control connections go:
+// the node daemon, or the site's gateway hosts (the map's site record,
+// then its gateway records).
+func (c *config) gateways() []netip.AddrPort {
 	if c.node.IsValid() {
-		return c.node
+		return []netip.AddrPort{c.node}
 	}
-	return c.local.LAN
+	gws := make([]netip.AddrPort, len(c.local.Gateways))
+	for i, g := range c.local.Gateways {
+		gws[i] = g.LAN
+	}
+	return gws
 }
 
 var (
@@ -77,8 +82,8 @@ func loadOnce() *config {
 		cfgVal = c
 		// Connections accepted from the node daemon are relayed ones,
 		// as those from the gateway are without it.
-		setGateways([]netip.AddrPort{c.gateway()})
-		logf(levelDebug, "site %s (id %d), gateway %s, map %s, GODEBUG=%s", c.local.Name, c.local.ID, c.gateway(), c.mapPath, os.Getenv("GODEBUG"))
+		setGateways(c.gateways())
+		logf(levelDebug, "site %s (id %d), gateways %v, map %s, GODEBUG=%s", c.local.Name, c.local.ID, c.gateways(), c.mapPath, os.Getenv("GODEBUG"))
 	})
 	return cfgVal
 }

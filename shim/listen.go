@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net/netip"
 
 	"golang.org/x/sys/unix"
 
@@ -35,16 +36,20 @@ func listenRegister(fd int) {
 	if !ap.IsValid() || ap.Addr().IsLoopback() && !allowLoopback() {
 		return // not TCP/IP, or only this host can connect
 	}
-	if err := registerPort(c, ap.Port()); err != nil {
-		logf(levelWarn, "listening on %v: the site gateway %s does not know the port, so ranks of other sites cannot connect to it: %v",
-			ap, c.gateway(), err)
+	// Every gateway host of the site may carry a stream to the port (the
+	// far gateway picks one per stream), so each must know it.
+	for _, gw := range c.gateways() {
+		if err := registerPort(c, gw, ap.Port()); err != nil {
+			logf(levelWarn, "listening on %v: the site gateway %s does not know the port, so ranks of other sites cannot connect to it through that gateway: %v",
+				ap, gw, err)
+		}
 	}
 }
 
-// registerPort registers port with the local site's gateway, on the
+// registerPort registers port with the site gateway at gw, on the
 // process's control connection to it.
-func registerPort(c *config, port uint16) error {
-	pc := controlClient(c.gateway())
+func registerPort(c *config, gw netip.AddrPort, port uint16) error {
+	pc := controlClient(gw)
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
 	var err error

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -42,15 +43,7 @@ func relayConnect(fd int, dst netip.AddrPort) int {
 		return resPass // talking to a gateway itself (e.g. its metrics)
 	}
 	dst = netip.AddrPortFrom(a, dst.Port())
-	gw := c.gateway()
-	err := dialGateway(fd, gw, c.timeout)
-	if err == nil {
-		var local unix.Sockaddr
-		local, err = unix.Getsockname(fd)
-		if err == nil {
-			err = sendOpen(fd, dst, sockaddrToAddrPort(local), c)
-		}
-	}
+	gw, err := openVia(fd, dst, c)
 	if err == nil {
 		watchGateway(fd)
 		logf(levelDebug, "fd %d: %s (site %s) via gateway %s", fd, dst, s.Name, gw)
@@ -70,6 +63,88 @@ func relayConnect(fd int, dst netip.AddrPort) int {
 			gw, c.local.Name, c.mapPath, dst, err)
 	})
 	return -int(errno)
+}
+
+// Spreading over a site's gateway hosts: each new relayed connection goes
+// to the next gateway in turn, starting at a random one per process.
+// Round robin rather than a hash of the connection's 4-tuple: the source
+// port is the kernel's choice at connect, after the gateway is chosen, and
+// a hash of the destination alone would put every connection of a rank
+// pair on one gateway. The random start spreads processes that open one
+// connection each. Load beyond this is the source gateway's business: it
+// sends each stream over the least loaded link to the destination site's
+// gateways (gateway.pickLink).
+var (
+	spreadOnce sync.Once
+	spreadNext atomic.Uint32
+	// gwFailed: when a connect to gateway i last failed (unix ns), which
+	// puts it last in the order for gwRetryAfter.
+	gwFailed [16]atomic.Int64
+)
+
+const gwRetryAfter = 5 * time.Second
+
+// gatewayOrder is the order in which a new relayed connection tries the
+// site's gateways: round robin from a random start, with those whose
+// connect failed in the last gwRetryAfter moved to the end.
+func gatewayOrder(gws []netip.AddrPort) []int {
+	n := len(gws)
+	spreadOnce.Do(func() { spreadNext.Store(rand.Uint32()) })
+	start := int(spreadNext.Add(1) % uint32(n))
+	now := time.Now().UnixNano()
+	order := make([]int, 0, n)
+	var failed []int
+	for k := range n {
+		i := (start + k) % n
+		if i < len(gwFailed) && now-gwFailed[i].Load() < int64(gwRetryAfter) {
+			failed = append(failed, i)
+			continue
+		}
+		order = append(order, i)
+	}
+	return append(order, failed...)
+}
+
+// openVia connects fd to one of the site's gateways and sends OPEN for
+// dst, trying the next gateway when one fails, all within c.timeout: each
+// attempt gets an equal share of what is left, so a gateway host that
+// does not answer leaves time for the others. It returns the gateway
+// that took the connection, or the last one tried and its error.
+func openVia(fd int, dst netip.AddrPort, c *config) (netip.AddrPort, error) {
+	gws := c.gateways()
+	order := gatewayOrder(gws)
+	deadline := time.Now().Add(c.timeout)
+	var gw netip.AddrPort
+	var err error
+	for k, i := range order {
+		if k > 0 {
+			disconnect(fd)
+		}
+		gw = gws[i]
+		left := time.Until(deadline)
+		if left <= 0 {
+			break
+		}
+		err = dialGateway(fd, gw, left/time.Duration(len(order)-k))
+		if err == nil {
+			var local unix.Sockaddr
+			local, err = unix.Getsockname(fd)
+			if err == nil {
+				err = sendOpen(fd, dst, sockaddrToAddrPort(local), c)
+			}
+		}
+		if err == nil {
+			if i < len(gwFailed) {
+				gwFailed[i].Store(0)
+			}
+			return gw, nil
+		}
+		if i < len(gwFailed) && len(gws) > 1 {
+			gwFailed[i].Store(time.Now().UnixNano())
+			logf(levelInfo, "gateway %s of site %s: %v; trying the next one", gw, c.local.Name, err)
+		}
+	}
+	return gw, err
 }
 
 func errnoOf(err error) syscall.Errno {
@@ -245,14 +320,27 @@ func peerQuery(fd int, seen netip.AddrPort) (netip.AddrPort, uint8, bool) {
 	if c == nil {
 		return netip.AddrPort{}, 0, false
 	}
-	gw := c.gateway()
+	// The gateway that dialed this connection holds its record: the one
+	// whose address the connection comes from (gateways dial destinations
+	// from their LAN address). Gateways that share an address (one host)
+	// are asked in turn.
+	var gws []netip.AddrPort
 	if c.node.IsValid() {
 		if seen.Addr().Unmap() != c.node.Addr() {
 			return netip.AddrPort{}, 0, false
 		}
+		gws = []netip.AddrPort{c.node}
 	} else if s, ok := c.m.GatewaySite(seen.Addr()); ok {
-		gw = s.LAN
-	} else {
+		for _, g := range s.Gateways {
+			if g.LAN.Addr() == seen.Addr().Unmap() || g.WAN.Addr() == seen.Addr().Unmap() {
+				gws = append(gws, g.LAN)
+			}
+		}
+		if len(gws) == 0 {
+			gws = []netip.AddrPort{s.LAN} // an address another site's gateway shares (GatewaySite)
+		}
+	}
+	if len(gws) == 0 {
 		return netip.AddrPort{}, 0, false
 	}
 	watchGateway(fd) // accepted from a gateway: a relayed connection too
@@ -261,19 +349,21 @@ func peerQuery(fd int, seen netip.AddrPort) (netip.AddrPort, uint8, bool) {
 		return netip.AddrPort{}, 0, false
 	}
 	q := header.PeerQuery{Seen: seen, Local: sockaddrToAddrPort(sa)}
-	pc := controlClient(gw)
-	// One retry on a fresh connection: the gateway may have restarted or
-	// closed an idle control connection.
-	for attempt := 0; attempt < 2; attempt++ {
-		r, err := pc.query(&q, c.timeout)
-		if err == nil {
-			if !r.Found {
+	for _, gw := range gws {
+		pc := controlClient(gw)
+		// One retry on a fresh connection: the gateway may have restarted or
+		// closed an idle control connection.
+		for attempt := 0; attempt < 2; attempt++ {
+			r, err := pc.query(&q, c.timeout)
+			if err == nil {
+				if r.Found {
+					return r.Source, r.SiteID, true
+				}
 				logf(levelInfo, "gateway %s does not know connection %s -> %s", gw, seen, q.Local)
-				return netip.AddrPort{}, 0, false
+				break
 			}
-			return r.Source, r.SiteID, true
+			logf(levelWarn, "peer query to gateway %s: %v", gw, err)
 		}
-		logf(levelWarn, "peer query to gateway %s: %v", gw, err)
 	}
 	return netip.AddrPort{}, 0, false
 }

@@ -54,6 +54,7 @@ func httpClient(timeout time.Duration) *http.Client {
 // gateway is one gateway started through the launcher.
 type gateway struct {
 	site    *Site
+	host    SiteHost // its host; unset: the site's (first) gateway host
 	argv    []string
 	metrics string // host:port of /ready and /metrics
 	tag     string // its --ready-tag: /ready?tag= tells it from another job's
@@ -64,6 +65,23 @@ type gateway struct {
 	logName string // "": gateway-SITE
 	done    chan struct{}
 	waitErr error
+}
+
+// hostName is the name of the host the gateway runs on.
+func (g *gateway) hostName() string {
+	if g.host.Name != "" {
+		return g.host.Name
+	}
+	return g.site.Gateway.Name
+}
+
+// label names the gateway in the summary: its site, with its host when
+// it is one of the site's further gateway hosts.
+func (g *gateway) label() string {
+	if g.host.Name != "" && g.host.Name != g.site.Gateway.Name {
+		return g.site.Name + "@" + g.host.Name
+	}
+	return g.site.Name
 }
 
 func (g *gateway) start(dir string) error {
@@ -197,7 +215,7 @@ func waitReady(ctx context.Context, gws []*gateway, timeout time.Duration) error
 			select {
 			case <-g.done:
 				err := fmt.Errorf("site %s: the gateway on %s exited before it was ready (%v):\n%s",
-					g.site.Name, g.site.Gateway.Name, g.waitErr, g.logTail())
+					g.site.Name, g.hostName(), g.waitErr, g.logTail())
 				if portTaken(g.logTail()) {
 					err = fmt.Errorf("%w: %w", errPortTaken, err)
 				}
@@ -215,7 +233,7 @@ func waitReady(ctx context.Context, gws []*gateway, timeout time.Duration) error
 		if time.Now().After(deadline) {
 			names := make([]string, len(pending))
 			for i, g := range pending {
-				names[i] = fmt.Sprintf("%s (gateway %s, %s)", g.site.Name, g.site.Gateway.Name, g.metrics)
+				names[i] = fmt.Sprintf("%s (gateway %s, %s)", g.site.Name, g.hostName(), g.metrics)
 			}
 			return fmt.Errorf("gateways not ready after %v: site %s", timeout, strings.Join(names, ", site "))
 		}
@@ -237,7 +255,7 @@ type gatewayFailure struct {
 
 func (f *gatewayFailure) Error() string {
 	return fmt.Sprintf("site %s: the gateway on %s %s; the job was ended. Last lines of its log:\n%s",
-		f.g.site.Name, f.g.site.Gateway.Name, f.why, indent(f.tail))
+		f.g.site.Name, f.g.hostName(), f.why, indent(f.tail))
 }
 
 func indent(s string) string {

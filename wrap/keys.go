@@ -61,17 +61,28 @@ func (c *Config) keyPlaceCommand(host string) []string {
 func (c *Config) placeKeys(ctx context.Context, sites []*Site, k *jobKeys) error {
 	ctx, cancel := context.WithTimeout(ctx, launchTimeout)
 	defer cancel()
-	errs := make([]error, len(sites))
-	paths := make([]string, len(sites))
+	type at struct {
+		s    *Site
+		host string
+	}
+	var ats []at
+	for _, s := range sites {
+		for _, h := range s.gatewayHosts() {
+			ats = append(ats, at{s, h.Name})
+		}
+	}
+	errs := make([]error, len(ats))
+	paths := make([]string, len(ats))
 	var wg sync.WaitGroup
-	for i, s := range sites {
-		if k.files[s.Name] != "" {
+	for i, a := range ats {
+		s := a.s
+		if k.files[keyAt(s.Name, a.host)] != "" {
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			argv := c.keyPlaceCommand(s.Gateway.Name)
+			argv := c.keyPlaceCommand(a.host)
 			cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 			cmd.Stdin = strings.NewReader(string(k.pem[s.Name]))
 			cmd.WaitDelay = pipeDelay
@@ -81,20 +92,24 @@ func (c *Config) placeKeys(ctx context.Context, sites []*Site, k *jobKeys) error
 				err = fmt.Errorf("the command printed %q, not the key file's path", out)
 			}
 			if err != nil {
-				errs[i] = fmt.Errorf("placing site %s's gateway key on %s: %v", s.Name, s.Gateway.Name, err)
+				errs[i] = fmt.Errorf("placing site %s's gateway key on %s: %v", s.Name, a.host, err)
 				return
 			}
 			paths[i] = p
 		}()
 	}
 	wg.Wait()
-	for i, s := range sites {
+	for i, a := range ats {
 		if paths[i] != "" {
-			k.files[s.Name] = paths[i]
+			k.files[keyAt(a.s.Name, a.host)] = paths[i]
 		}
 	}
 	return errors.Join(errs...)
 }
+
+// keyAt is the key of jobKeys.files: a site's key file on one of its
+// gateway hosts.
+func keyAt(site, host string) string { return site + " " + host }
 
 // removeKeys deletes the key files placeKeys made, each through the
 // launcher; a failure is reported on the wrapper's stderr.
@@ -103,20 +118,22 @@ func (c *Config) removeKeys(sites []*Site, k *jobKeys) {
 	defer cancel()
 	var wg sync.WaitGroup
 	for _, s := range sites {
-		p := k.files[s.Name]
-		if p == "" {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			argv := append(append([]string(nil), c.Launcher...), s.Gateway.Name, "rm -f "+shellQuote(p))
-			cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-			cmd.WaitDelay = pipeDelay
-			if out, err := cmd.CombinedOutput(); err != nil {
-				fmt.Fprintf(c.Stderr, "mpi5k: site %s: removing the gateway's key file %s on %s: %v %s\n", s.Name, p, s.Gateway.Name, err, strings.TrimSpace(string(out)))
+		for _, h := range s.gatewayHosts() {
+			p := k.files[keyAt(s.Name, h.Name)]
+			if p == "" {
+				continue
 			}
-		}()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				argv := append(append([]string(nil), c.Launcher...), h.Name, "rm -f "+shellQuote(p))
+				cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+				cmd.WaitDelay = pipeDelay
+				if out, err := cmd.CombinedOutput(); err != nil {
+					fmt.Fprintf(c.Stderr, "mpi5k: site %s: removing the gateway's key file %s on %s: %v %s\n", s.Name, p, h.Name, err, strings.TrimSpace(string(out)))
+				}
+			}()
+		}
 	}
 	wg.Wait()
 }
@@ -125,7 +142,9 @@ func (c *Config) removeKeys(sites []*Site, k *jobKeys) {
 func (c *Config) printKeyPlacing(sites []*Site) {
 	fmt.Fprintf(c.Stdout, "# each gateway's private key, on its host only, into a new file only its user reads (%s below):\n", keyDryRun)
 	for _, s := range sites {
-		fmt.Fprintln(c.Stdout, shellJoin(c.keyPlaceCommand(s.Gateway.Name)))
+		for _, h := range s.gatewayHosts() {
+			fmt.Fprintln(c.Stdout, shellJoin(c.keyPlaceCommand(h.Name)))
+		}
 	}
 }
 

@@ -26,7 +26,7 @@ func nodeHosts(p *Plan, dedicated bool) ([]SiteHost, error) {
 	var out []SiteHost
 	for _, s := range p.Sites {
 		for _, h := range s.Hosts {
-			if h.Name == s.Gateway.Name {
+			if s.isGateway(h.Name) {
 				if dedicated {
 					continue
 				}

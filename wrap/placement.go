@@ -16,7 +16,7 @@ func placementNote(p *Plan, dedicated bool) string {
 	var shared []string
 	for _, s := range p.Sites {
 		for _, h := range s.Hosts {
-			if h.Name == s.Gateway.Name {
+			if s.isGateway(h.Name) {
 				shared = append(shared, s.Name+"="+h.Name)
 				break
 			}

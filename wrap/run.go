@@ -218,7 +218,9 @@ func Run(ctx context.Context, c Config) (int, error) {
 	if c.Dedicated {
 		drop := map[string]bool{}
 		for _, s := range plan.Sites {
-			drop[s.Gateway.Name] = true
+			for _, g := range s.gatewayHosts() {
+				drop[g.Name] = true
+			}
 		}
 		if argv, err = WithoutHosts(f, argv, hosts, src, drop, fileDir); err != nil {
 			return 2, err
@@ -349,12 +351,12 @@ func (c *Config) startGateways(ctx context.Context, plan *Plan, gws []*gateway, 
 			return err
 		}
 		for _, g := range gws {
-			g.argv = withKey(g.argv, keys.files[g.site.Name])
+			g.argv = withKey(g.argv, keys.files[keyAt(g.site.Name, g.hostName())])
 		}
 	}
 	for _, g := range gws {
 		if err := g.start(c.WorkDir); err != nil {
-			return fmt.Errorf("site %s: starting the gateway on %s: %v", g.site.Name, g.site.Gateway.Name, err)
+			return fmt.Errorf("site %s: starting the gateway on %s: %v", g.site.Name, g.hostName(), err)
 		}
 	}
 	return waitReady(ctx, gws, c.ReadyTimeout)
@@ -373,20 +375,34 @@ func (c *Config) ports() ports { return ports{c.LANPort, c.WANPort, c.MetricsPor
 
 func (c *Config) setPorts(p ports) { c.LANPort, c.WANPort, c.MetricsPort = p.lan, p.wan, p.metrics }
 
-// gateways is the per-job gateway of each site, not started.
+// gateways is the per-job gateways of each site (one per gateway host),
+// not started.
 func (c *Config) gateways(plan *Plan, mapPath, tag string) []*gateway {
-	gws := make([]*gateway, len(plan.Sites))
-	for i, s := range plan.Sites {
-		gws[i] = &gateway{site: s, argv: c.gatewayCommand(s, mapPath, tag), metrics: s.Gateway.hostPort(c.MetricsPort), tag: tag}
+	var gws []*gateway
+	for _, s := range plan.Sites {
+		for i, h := range s.gatewayHosts() {
+			g := &gateway{site: s, host: h, argv: c.gatewayCommand(s, i, mapPath, tag), metrics: h.hostPort(c.MetricsPort), tag: tag}
+			if i > 0 {
+				g.logName = fmt.Sprintf("gateway-%s-%d", s.Name, i)
+			}
+			gws = append(gws, g)
+		}
 	}
 	return gws
 }
 
-func (c *Config) gatewayCommand(s *Site, mapPath, tag string) []string {
+// gatewayCommand starts gateway host i of site s. With several gateway
+// hosts each is told its map entry (--lan, --wan): a host's addresses
+// alone may not tell (a host that has several of them).
+func (c *Config) gatewayCommand(s *Site, i int, mapPath, tag string) []string {
+	h := s.gatewayHosts()[i]
 	argv := append([]string(nil), c.Launcher...)
-	argv = append(argv, s.Gateway.Name, c.GatewayBin, "--map", mapPath, "--site", s.Name,
-		"--metrics", s.Gateway.hostPort(c.MetricsPort),
+	argv = append(argv, h.Name, c.GatewayBin, "--map", mapPath, "--site", s.Name,
+		"--metrics", h.hostPort(c.MetricsPort),
 		"--exit-on-stdin-eof", "--ready-tag", tag)
+	if len(s.More) > 0 {
+		argv = append(argv, "--lan", h.hostPort(c.LANPort), "--wan", h.hostPort(c.WANPort))
+	}
 	return append(argv, c.GatewayArgs...)
 }
 
@@ -400,7 +416,7 @@ func mapHosts(p *Plan) []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, s := range p.Sites {
-		for _, h := range append([]SiteHost{s.Gateway}, s.Hosts...) {
+		for _, h := range append(s.gatewayHosts(), s.Hosts...) {
 			if !seen[h.Name] {
 				seen[h.Name] = true
 				out = append(out, h.Name)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -130,6 +131,22 @@ type Site struct {
 	ID      uint8
 	Hosts   []SiteHost // in host-list order
 	Gateway SiteHost
+	// More are the site's further gateway hosts (--gateway SITE=H1,H2):
+	// `gateway` records of the map, each running a gateway of its own.
+	More []SiteHost
+}
+
+// gatewayHosts are the site's gateway hosts: Gateway, then More.
+func (s *Site) gatewayHosts() []SiteHost { return append([]SiteHost{s.Gateway}, s.More...) }
+
+// isGateway reports whether host name is one of the site's gateway hosts.
+func (s *Site) isGateway(name string) bool {
+	for _, g := range s.gatewayHosts() {
+		if g.Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // Plan is what the wrapper decided: sites, hosts, gateways.
@@ -140,7 +157,7 @@ type Plan struct {
 // PlanOptions are the inputs of site assignment.
 type PlanOptions struct {
 	Rules       []SiteRule        // --sites FILE; nil = Grid'5000 naming
-	Gateways    map[string]string // site -> gateway host (--gateway): must name a site of the job
+	Gateways    map[string]string // site -> gateway host, or hosts separated by commas (--gateway): must name a site of the job
 	EnvGateways map[string]string // from $MPI5K_GATEWAYS: sites the job does not use are ignored
 	Dedicated   bool              // gateways run no ranks
 	Resolve     Resolver
@@ -198,12 +215,18 @@ func MakePlan(ctx context.Context, hosts []Host, o PlanOptions) (*Plan, error) {
 	}
 	for site, gw := range gws {
 		s := bySite[site]
-		sh, err := resolve(Host{Name: gw})
-		if err != nil {
-			return nil, fmt.Errorf("gateway of site %s: %v", site, err)
+		for i, name := range strings.Split(gw, ",") {
+			sh, err := resolve(Host{Name: name})
+			if err != nil {
+				return nil, fmt.Errorf("gateway of site %s: %v", site, err)
+			}
+			sh.Site = site
+			if i == 0 {
+				s.Gateway = sh
+			} else {
+				s.More = append(s.More, sh)
+			}
 		}
-		sh.Site = site
-		s.Gateway = sh
 	}
 	sort.Strings(order)
 	if len(order) > 255 {
@@ -220,7 +243,7 @@ func MakePlan(ctx context.Context, hosts []Host, o PlanOptions) (*Plan, error) {
 		if o.Dedicated {
 			ranks := 0
 			for _, h := range s.Hosts {
-				if h.Name != s.Gateway.Name {
+				if !s.isGateway(h.Name) {
 					ranks++
 				}
 			}
@@ -265,7 +288,7 @@ func siteOf(h SiteHost, rules []SiteRule) (string, error) {
 // map then shows names in place of addresses.
 func (p *Plan) Unresolved() bool {
 	for _, s := range p.Sites {
-		for _, h := range append([]SiteHost{s.Gateway}, s.Hosts...) {
+		for _, h := range append(s.gatewayHosts(), s.Hosts...) {
 			if len(h.Addrs) == 0 {
 				return true
 			}
@@ -282,8 +305,11 @@ func (p *Plan) MapText(lanPort, wanPort int) string {
 	b.WriteString("# mpi5k site map written by mpi5k run\n")
 	for _, s := range p.Sites {
 		fmt.Fprintf(&b, "site %s id=%d lan=%s wan=%s\n", s.Name, s.ID, s.Gateway.hostPort(lanPort), s.Gateway.hostPort(wanPort))
+		for _, g := range s.More {
+			fmt.Fprintf(&b, "gateway %s lan=%s wan=%s\n", s.Name, g.hostPort(lanPort), g.hostPort(wanPort))
+		}
 		seen := map[string]bool{}
-		hosts := append([]SiteHost{s.Gateway}, s.Hosts...)
+		hosts := append(s.gatewayHosts(), s.Hosts...)
 		for _, h := range hosts {
 			if seen[h.Name] {
 				continue
@@ -303,24 +329,42 @@ func (p *Plan) MapText(lanPort, wanPort int) string {
 }
 
 // ParseGateways reads "site1=gw.site1,site2=gw.site2" ($MPI5K_GATEWAYS) or
-// one --gateway SITE=HOST value into m.
+// one --gateway SITE=HOST value into m. A site may have several gateway
+// hosts: SITE=H1,H2 (a host without SITE= belongs to the site before it),
+// or SITE=H1 and SITE=H2 (repeated); m holds them separated by commas,
+// the first the site record's.
 func ParseGateways(m map[string]string, s string) error {
+	site := ""
 	for _, item := range strings.Split(s, ",") {
 		item = strings.TrimSpace(item)
 		if item == "" {
 			continue
 		}
-		site, host, ok := strings.Cut(item, "=")
-		if !ok || site == "" || host == "" {
+		st, host, ok := strings.Cut(item, "=")
+		switch {
+		case ok:
+			site = st
+		case site == "":
+			return fmt.Errorf("gateway %q: want SITE=HOST", item)
+		default:
+			host = item
+		}
+		if site == "" || host == "" {
 			return fmt.Errorf("gateway %q: want SITE=HOST", item)
 		}
 		if err := checkHostName(host); err != nil {
 			return fmt.Errorf("gateway %q: %v", item, err)
 		}
-		if old, dup := m[site]; dup && old != host {
-			return fmt.Errorf("site %s has two gateways: %s and %s", site, old, host)
+		old := m[site]
+		switch {
+		case old == "":
+			m[site] = host
+		case slices.Contains(strings.Split(old, ","), host):
+		case strings.Count(old, ",")+1 >= sitemap.MaxGateways:
+			return fmt.Errorf("site %s: more than %d gateway hosts", site, sitemap.MaxGateways)
+		default:
+			m[site] = old + "," + host
 		}
-		m[site] = host
 	}
 	return nil
 }

@@ -165,7 +165,7 @@ func summary(gws []*gateway, start []usage) string {
 	for i, g := range gws {
 		fams, err := scrape(g.metrics)
 		if err != nil {
-			lines = append(lines, fmt.Sprintf("  %s: no metrics (%v)", g.site.Name, err))
+			lines = append(lines, fmt.Sprintf("  %s: no metrics (%v)", g.label(), err))
 			continue
 		}
 		if w := degradedOf(fams); w != "" {
@@ -192,7 +192,7 @@ func summary(gws []*gateway, start []usage) string {
 		for _, p := range peers {
 			st := stats[p]
 			line := fmt.Sprintf("  %s -> %s: %s sent, %s received, %.0f streams opened, %.0f WAN retransmits (%.0f in RTO recovery), %.0f RTOs, %.0f idle restarts",
-				g.site.Name, p, human(st.sent), human(st.recv), st.streams, st.retrans, st.retransRTO, st.rtos, st.idle)
+				g.label(), p, human(st.sent), human(st.recv), st.streams, st.retrans, st.retransRTO, st.rtos, st.idle)
 			if st.bbr {
 				// Each dip cost the link ~200 ms at 4 segments per RTT.
 				line += fmt.Sprintf(", %.0f BBR PROBE_RTT dips (%.0f skipped)", st.dips, st.skips)
@@ -203,7 +203,7 @@ func summary(gws []*gateway, start []usage) string {
 		if i < len(start) {
 			u0 = start[i]
 		}
-		lines = append(lines, cpuLines(g.site.Name, u0, usageOf(fams))...)
+		lines = append(lines, cpuLines(g.label(), u0, usageOf(fams))...)
 	}
 	if len(whats) > 0 {
 		// One line, whatever the number of gateways: sites that run

@@ -148,7 +148,11 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 		c.WorkDir = filepath.Join(home, ".mpi5k", fmt.Sprintf("run-%d-%d", os.Getpid(), time.Now().Unix()))
 	}
 	mapPath := filepath.Join(c.WorkDir, "sites.conf")
-	jm, err := jobMap(m, sites)
+	services := map[string]bool{}
+	for _, g := range running {
+		services[g.site.Name] = true
+	}
+	jm, err := jobMap(m, sites, services)
 	if err != nil {
 		return 1, fmt.Errorf("--map %s: %v", c.MapFile, err)
 	}
@@ -278,7 +282,7 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 			return 1, err
 		}
 		for _, g := range own {
-			g.argv = withKey(g.argv, keys.files[g.site.Name])
+			g.argv = withKey(g.argv, keys.files[keyAt(g.site.Name, g.hostName())])
 		}
 	}
 	if c.TraceDir != "" {
@@ -340,11 +344,20 @@ func (c *Config) copyMap(ctx context.Context, hosts []string, mapPath, text stri
 
 // jobMap is m with the job's sites only: a per-job gateway is ready once
 // its links to every site of its map are up, and a site the job does not
-// use may run no gateway at all.
-func jobMap(m *sitemap.Map, sites []*sitemap.Site) (*sitemap.Map, error) {
+// use may run no gateway at all. A site's further gateway hosts (gateway
+// records) stay only for services, the sites whose gateways run already:
+// the job's ranks then spread over them, and learn their addresses as
+// gateways'. For the others the job starts one gateway, the site
+// record's, which the job's own gateways alone must be able to reach.
+func jobMap(m *sitemap.Map, sites []*sitemap.Site, services map[string]bool) (*sitemap.Map, error) {
 	b := sitemap.NewBuilder()
 	for _, s := range sites {
 		b.AddSite(s.Name, s.ID, s.LAN, s.WAN)
+		if services[s.Name] {
+			for _, g := range s.Gateways[1:] {
+				b.AddGateway(s.Name, g.LAN, g.WAN)
+			}
+		}
 		for _, n := range s.Nets {
 			b.AddNet(s.Name, n)
 		}

@@ -134,3 +134,28 @@ func TestRunMapUsesRunningGateways(t *testing.T) {
 		t.Errorf("stderr lacks why site2 gets a gateway:\n%s", errb.String())
 	}
 }
+
+// TestJobMapGateways: a site's further gateway hosts stay in the job's
+// map when its gateways run as a service, and are left out when the job
+// starts the site's one gateway itself.
+func TestJobMapGateways(t *testing.T) {
+	m, err := sitemap.Parse(strings.NewReader(`site a id=1 lan=10.0.1.1:5000 wan=10.1.1.1:5001
+gateway a lan=10.0.1.2:5000 wan=10.1.1.2:5001
+site b id=2 lan=10.0.2.1:5000 wan=10.1.2.1:5001
+gateway b lan=10.0.2.2:5000 wan=10.1.2.2:5001
+net a 10.0.1.0/24
+net b 10.0.2.0/24
+`), "t.map")
+	if err != nil {
+		t.Fatal(err)
+	}
+	jm, err := jobMap(m, m.Sites(), map[string]bool{"a": true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := jm.Site("a")
+	b, _ := jm.Site("b")
+	if len(a.Gateways) != 2 || len(b.Gateways) != 1 {
+		t.Fatalf("job map: site a has %d gateways (want 2, a service), b %d (want 1, started by the job):\n%s", len(a.Gateways), len(b.Gateways), jm)
+	}
+}

@@ -190,7 +190,7 @@ func fakeResolver(addrs map[string]string) Resolver {
 var labAddrs = map[string]string{
 	"node-1.site1": "127.0.1.11", "node-2.site1": "127.0.1.12", "gw.site1": "127.0.1.2",
 	"node-1.site2": "127.0.2.11", "node-2.site2": "127.0.2.12", "gw.site2": "127.0.2.2",
-	"other": "127.0.3.1",
+	"other": "127.0.3.1", "gw2.site1": "127.0.1.3",
 }
 
 func TestMakePlan(t *testing.T) {
@@ -318,9 +318,57 @@ func TestParseGateways(t *testing.T) {
 	if err := ParseGateways(m, "site1=gw.site1, site2=gw.site2"); err != nil || m["site2"] != "gw.site2" {
 		t.Fatal(err, m)
 	}
-	for _, bad := range []string{"site1", "=x", "s=", "site1=other"} {
+	for _, bad := range []string{"site1", "=x", "s=", ",x"} {
 		if err := ParseGateways(m, bad); err == nil {
 			t.Errorf("%q accepted", bad)
+		}
+	}
+	// Several gateway hosts of a site: listed after SITE=, or repeated.
+	if err := ParseGateways(m, "site1=gw2,gw3,site2=gw.site2"); err != nil || m["site1"] != "gw.site1,gw2,gw3" || m["site2"] != "gw.site2" {
+		t.Fatal(err, m)
+	}
+	if err := ParseGateways(m, "site1=gw3"); err != nil || m["site1"] != "gw.site1,gw2,gw3" {
+		t.Fatal("a host named again:", err, m)
+	}
+	many := "s=h0"
+	for i := 1; i <= sitemap.MaxGateways; i++ {
+		many += fmt.Sprintf(",h%d", i)
+	}
+	if err := ParseGateways(map[string]string{}, many); err == nil {
+		t.Errorf("%d gateway hosts for a site accepted", sitemap.MaxGateways+1)
+	}
+}
+
+// TestRunDryRunTwoGateways: --gateway site1=gw.site1,gw2.site1 writes a
+// gateway record for the second host and starts a gateway on each host,
+// each told its listeners.
+func TestRunDryRunTwoGateways(t *testing.T) {
+	c, out, _ := testConfig(t, "mpiexec.mpich", "-hosts", "node-1.site1,node-1.site2", "-n", "2", "./pp")
+	c.DryRun = true
+	c.Gateways = map[string]string{}
+	if err := ParseGateways(c.Gateways, "site1=gw.site1,gw2.site1"); err != nil {
+		t.Fatal(err)
+	}
+	code, err := Run(context.Background(), c)
+	if err != nil || code != 0 {
+		t.Fatal(code, err)
+	}
+	s := out.String()
+	for _, want := range []string{
+		"site site1 id=1 lan=127.0.1.2:5000 wan=127.0.1.2:5001\ngateway site1 lan=127.0.1.3:5000 wan=127.0.1.3:5001\n",
+		"host site1 gw2.site1 127.0.1.3",
+		"gw.site1 " + c.GatewayBin + " --map " + c.WorkDir + "/sites.conf --site site1 --metrics 127.0.1.2:5002 --exit-on-stdin-eof",
+		"--lan 127.0.1.2:5000 --wan 127.0.1.2:5001",
+		"gw2.site1 " + c.GatewayBin + " --map " + c.WorkDir + "/sites.conf --site site1 --metrics 127.0.1.3:5002 --exit-on-stdin-eof",
+		"--lan 127.0.1.3:5000 --wan 127.0.1.3:5001",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("dry run output lacks %q:\n%s", want, s)
+		}
+	}
+	for _, line := range strings.Split(s, "\n") {
+		if strings.Contains(line, "--site site2 ") && strings.Contains(line, "--lan") {
+			t.Errorf("site2 has one gateway, whose command needs no --lan: %s", line)
 		}
 	}
 }

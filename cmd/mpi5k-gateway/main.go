@@ -38,6 +38,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	mapPath := fs.String("map", "", "site map file, docs/sitemap-format.md (required)")
 	site := fs.String("site", "", "this gateway's site name in the map (required)")
 	gf := gateway.NewFlags(fs, false)
+	var lanAt, wanAt cli.AddrPort
+	fs.Var(&lanAt, "lan", "this gateway's LAN listener, when the site map lists several gateways for its site: which of them this is (default: the one whose addresses are this host's)")
+	fs.Var(&wanAt, "wan", "this gateway's WAN listener, when the site map lists several gateways for its site (with --lan)")
 	key := fs.String("key", "", "this gateway's private key file, needed when the site map lists gateway keys (docs/security.md)")
 	genKey := fs.String("gen-key", "", "write a new private key to FILE (mode 0600, never overwritten), print its public key for the site map, and exit")
 	metrics := fs.String("metrics", "", "listen address of the HTTP server for /metrics and /ready, e.g. 127.0.0.1:9105 (a bare :9105 listens on loopback only)")
@@ -101,6 +104,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cfg.Map, cfg.Site, cfg.ReadyFile, cfg.MetricsAddr, cfg.Logger = m, *site, *ready, *metrics, log
 	cfg.ReadyTag = *readyTag
 	cfg.KeyFile = *key
+	cfg.ListenLAN, cfg.ListenWAN = lanAt.V, wanAt.V
 	if cfg.Priority != 0 {
 		if err := gateway.RaisePriority(cfg.Priority); err != nil {
 			log.Warn("gateway keeps its inherited priority; ranks computing on this host may delay forwarding (see --priority)", "err", err)

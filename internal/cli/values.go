@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -197,3 +198,24 @@ func (v Not) Set(s string) error {
 }
 
 func (v Not) Type() string { return "bool" }
+
+// AddrPort is an ip:port flag; unset, V is the zero (invalid) AddrPort.
+type AddrPort struct{ V netip.AddrPort }
+
+func (v *AddrPort) String() string {
+	if !v.V.IsValid() {
+		return ""
+	}
+	return v.V.String()
+}
+
+func (v *AddrPort) Set(s string) error {
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil || ap.Port() == 0 {
+		return fmt.Errorf("want IP:PORT, e.g. 10.0.0.2:5000 or [2001:db8::2]:5000")
+	}
+	v.V = ap
+	return nil
+}
+
+func (v *AddrPort) Type() string { return "ip:port" }

@@ -33,20 +33,30 @@ type fakeGW struct {
 	wg      sync.WaitGroup
 
 	opens, refused, queries, found atomic.Int64
-	bytes                          atomic.Int64 // application bytes relayed, both directions
-	badSrc                         atomic.Int64 // OPENs whose source is not in the listener's site
+	queriesElsewhere               atomic.Int64 // PEER_QUERYs sent to a gateway other than the one the connection came from
+	// opensAt, listensAt: OPENs and LISTENs per LAN listener (a site's
+	// gateway hosts).
+	opensAt, listensAt map[netip.AddrPort]*atomic.Int64
+	lnAt               map[netip.AddrPort]net.Listener
+	bytes              atomic.Int64 // application bytes relayed, both directions
+	badSrc             atomic.Int64 // OPENs whose source is not in the listener's site
 }
 
 func startFakeGW(t *testing.T, m *sitemap.Map) *fakeGW {
-	g := &fakeGW{t: t, m: m, peers: map[[2]netip.AddrPort]netip.AddrPort{}, listens: map[netip.AddrPort]int{}}
+	g := &fakeGW{t: t, m: m, peers: map[[2]netip.AddrPort]netip.AddrPort{}, listens: map[netip.AddrPort]int{},
+		opensAt: map[netip.AddrPort]*atomic.Int64{}, listensAt: map[netip.AddrPort]*atomic.Int64{}, lnAt: map[netip.AddrPort]net.Listener{}}
 	for _, s := range m.Sites() {
-		ln, err := net.Listen("tcp", s.LAN.String())
-		if err != nil {
-			t.Fatalf("fake gateway of site %s: %v", s.Name, err)
+		for i, gw := range s.Gateways {
+			ln, err := net.Listen("tcp", gw.LAN.String())
+			if err != nil {
+				t.Fatalf("fake gateway of site %s: %v", s.Name, err)
+			}
+			g.lns = append(g.lns, ln)
+			g.opensAt[gw.LAN], g.listensAt[gw.LAN] = new(atomic.Int64), new(atomic.Int64)
+			g.lnAt[gw.LAN] = ln
+			g.wg.Add(1)
+			go g.serve(ln, s, i, g.opensAt[gw.LAN], g.listensAt[gw.LAN])
 		}
-		g.lns = append(g.lns, ln)
-		g.wg.Add(1)
-		go g.serve(ln, s)
 	}
 	t.Cleanup(g.close)
 	return g
@@ -58,14 +68,14 @@ func (g *fakeGW) close() {
 	}
 }
 
-func (g *fakeGW) serve(ln net.Listener, site *sitemap.Site) {
+func (g *fakeGW) serve(ln net.Listener, site *sitemap.Site, gw int, opens, listens *atomic.Int64) {
 	defer g.wg.Done()
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			return
 		}
-		go g.handle(c.(*net.TCPConn), site)
+		go g.handle(c.(*net.TCPConn), site, gw, opens, listens)
 	}
 }
 
@@ -74,7 +84,8 @@ func reset(c *net.TCPConn) {
 	c.Close()
 }
 
-func (g *fakeGW) handle(c *net.TCPConn, site *sitemap.Site) {
+// handle serves a connection to gateway gw of site.
+func (g *fakeGW) handle(c *net.TCPConn, site *sitemap.Site, gw int, opens, listens *atomic.Int64) {
 	h, p, err := header.ReadOne(c, header.MaxPayload)
 	if err != nil {
 		reset(c)
@@ -82,9 +93,10 @@ func (g *fakeGW) handle(c *net.TCPConn, site *sitemap.Site) {
 	}
 	switch h.Type {
 	case header.TypeOpen:
-		g.open(c, site, p)
+		opens.Add(1)
+		g.open(c, site, gw, p)
 	case header.TypePeerQuery, header.TypeListen:
-		g.control(c, h, p)
+		g.control(c, h, p, site.Gateways[gw].LAN.Addr(), listens)
 	default:
 		reset(c)
 	}
@@ -92,7 +104,9 @@ func (g *fakeGW) handle(c *net.TCPConn, site *sitemap.Site) {
 
 // control answers PEER_QUERY and LISTEN until the rank closes c; its
 // registrations end then.
-func (g *fakeGW) control(c *net.TCPConn, h header.Header, p []byte) {
+// control serves a control connection to the gateway whose LAN address
+// is at.
+func (g *fakeGW) control(c *net.TCPConn, h header.Header, p []byte, at netip.Addr, listens *atomic.Int64) {
 	host := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
 	var mine []netip.AddrPort
 	defer func() {
@@ -115,6 +129,9 @@ func (g *fakeGW) control(c *net.TCPConn, h header.Header, p []byte) {
 				return
 			}
 			g.queries.Add(1)
+			if q.Seen.Addr().Unmap() != at {
+				g.queriesElsewhere.Add(1) // not the gateway that dialed the connection
+			}
 			g.mu.Lock()
 			src, ok := g.peers[[2]netip.AddrPort{q.Seen, q.Local}]
 			g.mu.Unlock()
@@ -133,6 +150,7 @@ func (g *fakeGW) control(c *net.TCPConn, h header.Header, p []byte) {
 				return
 			}
 			ap := netip.AddrPortFrom(host, port)
+			listens.Add(1)
 			g.mu.Lock()
 			g.listens[ap]++
 			g.mu.Unlock()
@@ -166,7 +184,10 @@ func (g *fakeGW) registered(port uint16) bool {
 	return false
 }
 
-func (g *fakeGW) open(c *net.TCPConn, site *sitemap.Site, p []byte) {
+// open relays an OPEN received by gateway gw of site: the destination
+// site's gateway of the same index (or its last) connects, as the real
+// ones spread streams over the far site's gateways.
+func (g *fakeGW) open(c *net.TCPConn, site *sitemap.Site, gw int, p []byte) {
 	o, err := header.ParseOpen(p)
 	if err != nil {
 		reset(c)
@@ -184,7 +205,7 @@ func (g *fakeGW) open(c *net.TCPConn, site *sitemap.Site, p []byte) {
 		reset(c)
 		return
 	}
-	out, err := g.dialFrom(dsite.LAN.Addr(), o.Dst, o.Src)
+	out, err := g.dialFrom(dsite.Gateways[min(gw, len(dsite.Gateways)-1)].LAN.Addr(), o.Dst, o.Src)
 	if err != nil {
 		g.refused.Add(1)
 		reset(c)
@@ -290,11 +311,28 @@ func echoServer(t *testing.T, addr string) (port int, accepted *atomic.Int64) {
 // picked free.
 func loopbackMap(t *testing.T, dir string) (string, *sitemap.Map) {
 	pa, pb := freePort(t, "127.0.1.254"), freePort(t, "127.0.2.254")
-	text := fmt.Sprintf(`site a id=1 lan=127.0.1.254:%d wan=127.0.1.253:7001
+	return writeMap(t, dir, fmt.Sprintf(`site a id=1 lan=127.0.1.254:%d wan=127.0.1.253:7001
 net a 127.0.1.0/24
 site b id=2 lan=127.0.2.254:%d wan=127.0.2.253:7001
 net b 127.0.2.0/24
-`, pa, pb)
+`, pa, pb))
+}
+
+// twoGatewayMap is loopbackMap with a second gateway host for each site
+// (LAN 127.0.1.252, 127.0.2.252).
+func twoGatewayMap(t *testing.T, dir string) (string, *sitemap.Map) {
+	pa, pa2 := freePort(t, "127.0.1.254"), freePort(t, "127.0.1.252")
+	pb, pb2 := freePort(t, "127.0.2.254"), freePort(t, "127.0.2.252")
+	return writeMap(t, dir, fmt.Sprintf(`site a id=1 lan=127.0.1.254:%d wan=127.0.1.253:7001
+gateway a lan=127.0.1.252:%d wan=127.0.1.251:7001
+net a 127.0.1.0/24
+site b id=2 lan=127.0.2.254:%d wan=127.0.2.253:7001
+gateway b lan=127.0.2.252:%d wan=127.0.2.251:7001
+net b 127.0.2.0/24
+`, pa, pa2, pb, pb2))
+}
+
+func writeMap(t *testing.T, dir, text string) (string, *sitemap.Map) {
 	path := dir + "/map.conf"
 	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 		t.Fatal(err)

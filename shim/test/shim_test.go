@@ -473,3 +473,68 @@ func TestNoPreemptSignals(t *testing.T) {
 	}
 	t.Logf("without GODEBUG in the environment the host received %d SIGURGs in 5 runs", unfixed)
 }
+
+// TestSeveralGateways: with two gateway hosts for site a, one process's
+// relayed connections are spread over both; with one of them gone, new
+// connections go through the other at once, and none fails.
+func TestSeveralGateways(t *testing.T) {
+	dir := t.TempDir()
+	path, m := twoGatewayMap(t, dir)
+	l := &lab{t: t, dir: dir, mapPath: path, gw: startFakeGW(t, m)}
+	a, _ := m.Site("a")
+	port, _ := echoServer(t, "127.0.2.1:0")
+	run(t, l.env("a"), 60*time.Second, "threads", "4", "5", srcA, "127.0.2.1", fmt.Sprint(port))
+	for i, gw := range a.Gateways {
+		if n := l.gw.opensAt[gw.LAN].Load(); n == 0 {
+			t.Errorf("gateway %d (%v) of site a got none of 20 connections", i, gw.LAN)
+		}
+	}
+	if n := l.gw.opens.Load(); n != 20 {
+		t.Fatalf("gateways saw %d OPENs, want 20", n)
+	}
+	// Gateway 0 goes away: every new connection, whichever gateway its
+	// process starts at, goes through gateway 1.
+	l.gw.lnAt[a.Gateways[0].LAN].Close()
+	before := l.gw.opensAt[a.Gateways[1].LAN].Load()
+	for range 6 {
+		run(t, l.env("a"), 20*time.Second, "conn", srcA, "127.0.2.1", fmt.Sprint(port))
+	}
+	run(t, l.env("a"), 60*time.Second, "threads", "4", "5", srcA, "127.0.2.1", fmt.Sprint(port))
+	if n := l.gw.opensAt[a.Gateways[1].LAN].Load() - before; n != 26 {
+		t.Errorf("gateway 1 took %d of the 26 connections made while gateway 0 was down", n)
+	}
+}
+
+// TestListenRegistersWithEveryGateway: a rank's listen() registers its
+// port with each gateway of its site, since either may deliver a stream
+// to it, and accepted relayed connections from either are recognised
+// (PEER_QUERY to the gateway they come from).
+func TestListenRegistersWithEveryGateway(t *testing.T) {
+	dir := t.TempDir()
+	path, m := twoGatewayMap(t, dir)
+	l := &lab{t: t, dir: dir, mapPath: path, gw: startFakeGW(t, m)}
+	b, _ := m.Site("b")
+	port := freePort(t, "127.0.2.1")
+	// 16 processes, each starting at a random gateway: all at one has
+	// odds of 2^-15.
+	const n = 16
+	srvWait := startServe(t, l, port, n)
+	for i, gw := range b.Gateways {
+		if k := l.gw.listensAt[gw.LAN].Load(); k != 1 {
+			t.Errorf("gateway %d of site b (%v) got %d LISTEN, want 1 before listen() returned", i, gw.LAN, k)
+		}
+	}
+	for range n {
+		run(t, l.env("a"), 20*time.Second, "conn", srcA, "127.0.2.1", fmt.Sprint(port))
+	}
+	srvWait()
+	if q, f, e := l.gw.queries.Load(), l.gw.found.Load(), l.gw.queriesElsewhere.Load(); q != n || f != n || e != 0 {
+		t.Errorf("peer queries %d found %d (%d to another gateway than the connection's), want %d, %d, 0", q, f, e, n, n)
+	}
+	a, _ := m.Site("a")
+	for i, gw := range a.Gateways {
+		if l.gw.opensAt[gw.LAN].Load() == 0 {
+			t.Errorf("gateway %d of site a took none of %d connections: site b's gateway %d delivered none", i, n, i)
+		}
+	}
+}
