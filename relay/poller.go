@@ -144,8 +144,7 @@ func (p *poller) loop() {
 			p.mu.Lock()
 			w := p.ws[uint32(ev.Fd)]
 			p.mu.Unlock()
-			if w != nil {
-				w.fire()
+			if w != nil && w.fire() {
 				busy = true
 			}
 		}
@@ -240,7 +239,10 @@ const sweepTicks = int(sweepEvery / schedEvery)
 // trips that idled at the first quiet tick cost the pair 2.3 ms of CPU
 // per round trip instead of 0.85. So the thread lingers, ticking, for
 // lingerTicks quiet ticks before it idles: messages a WAN round trip
-// apart keep it busy, a keepalive a second costs a linger a second.
+// apart keep it busy. A step that moved nothing but keepalives (PING, PONG,
+// ACK) neither wakes it from idle nor extends its linger: on an idle
+// gateway each keepalive had cost a 50 ms linger, ten ticks each with a
+// hand-off of the P and a burst of sysmon polling.
 
 // lingerTicks is how many ticks without a step (50 ms) the thread waits
 // before it idles.
@@ -461,15 +463,21 @@ func (w *waiter) handBack() { w.g.kick() }
 
 // fire runs the step for one readiness event, then waits again or hands
 // the socket back.
-func (w *waiter) fire() {
+func (w *waiter) fire() (traffic bool) {
 	w.mu.Lock()
 	if !w.armed { // cancelled meanwhile: the event is stale
 		w.mu.Unlock()
-		return
+		return false
 	}
 	w.armed = false
 	w.mu.Unlock()
+	var t0 uint64
+	if w.g.traffic != nil {
+		t0 = w.g.traffic.Load()
+	}
 	more := w.g.readable()
+	// A step handed to a worker goes on there: count it as traffic.
+	traffic = w.g.traffic == nil || w.g.traffic.Load() != t0 || !more && w.g.state.Load() != stageDone && w.g.state.Load() != stageIdle
 	w.mu.Lock()
 	switch {
 	case w.cancelled:
@@ -484,6 +492,7 @@ func (w *waiter) fire() {
 		w.remove()
 	}
 	w.mu.Unlock()
+	return traffic
 }
 
 // remove takes the socket out of the epoll set; under mu.

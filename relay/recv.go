@@ -49,7 +49,7 @@ type linkReader struct {
 // the link's reading state (l.r, l.w, readVia) to it. It starts at start.
 func (l *Link) newReader(conn net.Conn, gen uint64) *linkReader {
 	rd := &linkReader{l: l, gen: gen, done: make(chan struct{})}
-	rd.g.step = rd.step
+	rd.g.step, rd.g.traffic = rd.step, &l.active
 	rd.r = header.NewReader(conn, readerSize(conn))
 	if !l.cfg.NoPoller {
 		rd.w = newWaiter(conn, &rd.g, !l.cfg.RuntimeWakes)

@@ -61,6 +61,11 @@ const (
 type stage struct {
 	state atomic.Int32
 	step  func(onPoller bool) waitOn
+	// traffic, when set, counts what the stage moved other than its
+	// link's upkeep (keepalives): a step that left it unchanged does not
+	// keep the poller thread lingering (poller.loop). Nil: every step is
+	// traffic (a stream's).
+	traffic *atomic.Uint64
 }
 
 // kick says that what the stage waits for may be ready: an idle stage gets
