@@ -64,10 +64,12 @@ usec() {
 
 lx "$dst" -- iperf3 -s -B "$(addr "$dst")" -p 5201 >/dev/null 2>&1 &
 pids+=($!)
+lx "$dst" -- "$mpi5k" bench _tcpping --listen "$(addr "$dst"):7600" >/dev/null 2>&1 &
+pids+=($!)
 for site in site1 site2; do
 	# shellcheck disable=SC2086
 	lx "gw.$site" -- "$gw" --map "$map" --site "$site" --ready-file "$dir/$site.ready" \
-		--wan-allow-ports 5201 --log-level warn ${GWARGS:-} 2>"$dir/$site.log" &
+		--wan-allow-ports 5201,7600 --log-level warn ${GWARGS:-} 2>"$dir/$site.log" &
 	pids+=($!)
 done
 for site in site1 site2; do
@@ -75,17 +77,21 @@ for site in site1 site2; do
 	[ -e "$dir/$site.ready" ] || { echo "gateway $site not ready:"; cat "$dir/$site.log"; exit 1; }
 	into "gw-$site" "$(awk '{print $3}' "$dir/$site.ready")"
 done
-lx gw.site2 -- socat "TCP-LISTEN:7702,bind=$(addr gw.site2),reuseaddr,fork,nodelay" "TCP:$(addr "$dst"):5201,nodelay" &
-pids+=($!)
-lx gw.site1 -- socat "TCP-LISTEN:7701,bind=$(addr gw.site1),reuseaddr,fork,nodelay" "TCP:$(addr gw.site2):7702,nodelay" &
-pids+=($!)
+# Two chains: 7701 -> 7702 -> iperf3, 7711 -> 7712 -> the ping-pong's echo.
+for c in "7701 7702 5201" "7711 7712 7600"; do
+	set -- $c
+	lx gw.site2 -- socat "TCP-LISTEN:$2,bind=$(addr gw.site2),reuseaddr,fork,nodelay" "TCP:$(addr "$dst"):$3,nodelay" &
+	pids+=($!)
+	lx gw.site1 -- socat "TCP-LISTEN:$1,bind=$(addr gw.site1),reuseaddr,fork,nodelay" "TCP:$(addr gw.site2):$2,nodelay" &
+	pids+=($!)
+done
 sleep 1
 # The socat processes are the lab-exec children's children: find them by
 # their listening port.
 for p in $(pgrep -x socat); do
 	case "$(tr '\0' ' ' </proc/"$p"/cmdline)" in
-	*TCP-LISTEN:7701*) into socat-site1 "$p" ;;
-	*TCP-LISTEN:7702*) into socat-site2 "$p" ;;
+	*TCP-LISTEN:77[01]1*) into socat-site1 "$p" ;;
+	*TCP-LISTEN:77[01]2*) into socat-site2 "$p" ;;
 	esac
 done
 [ -d "$cg/socat-site1" ] && [ -d "$cg/socat-site2" ] || { echo "socat relays not found"; exit 1; }
@@ -108,13 +114,38 @@ run() {
 		'BEGIN { printf "%-5s %.2f s %.1f Mbit/s cpu site1 %.3f s site2 %.3f s, both %.2f s/GiB\n",
 			m, w / 1e9, 8 * n / (w / 1e3), a / 1e6, b / 1e6, (a + b) / 1e6 / (n / 2^30) }' | tee -a "$dir/runs"
 }
-echo "one iperf3 stream of $bytes, site1 -> site2, 20 ms, 200 Mbit/s; relays' CPU from their cgroups"
+# pingpong MODE: PINGS round trips of 1 KiB messages (LU's size) with nothing
+# between them; prints the relays' CPU per round trip.
+pings=${PINGS:-300}
+pingpong() {
+	local a0 b0 a1 b1 out
+	a0=$(usec "$1-site1") b0=$(usec "$1-site2")
+	if [ "$1" = gw ]; then
+		out=$(lx "$src" -- env LD_PRELOAD="$shim" MPI5K_MAP="$map" GODEBUG=asyncpreemptoff=1 \
+			"$mpi5k" bench _tcpping --connect "$(addr "$dst"):7600" --min-size 1024 --max-size 1024 --reps "$pings")
+	else
+		out=$(lx "$src" -- "$mpi5k" bench _tcpping --connect "$(addr gw.site1):7711" --min-size 1024 --max-size 1024 --reps "$pings")
+	fi
+	a1=$(usec "$1-site1") b1=$(usec "$1-site2")
+	local med
+	med=$(echo "$out" | sed -n 's/.*lat_us_med=\([0-9.]*\).*/\1/p')
+	awk -v m="$1" -v a=$((a1 - a0)) -v b=$((b1 - b0)) -v n="$pings" -v med="$med" \
+		'BEGIN { printf "%-5s ping 1 KiB: half round trip median %.0f us, cpu per round trip site1 %.1f us site2 %.1f us, both %.1f us\n",
+			m, med, a / n, b / n, (a + b) / n }' | tee -a "$dir/pings"
+}
+echo "one iperf3 stream of $bytes, site1 -> site2, 20 ms, 200 Mbit/s; then $pings 1 KiB round trips; relays' CPU from their cgroups"
 for _ in $(seq "$reps"); do
 	run gw
 	run socat
+	pingpong gw
+	pingpong socat
 done
 echo "== min / median over $reps runs: s/GiB of both relays, Mbit/s"
 for m in gw socat; do
 	awk -v m=$m '$1 == m { print $(NF - 1), $4 }' "$dir/runs" | sort -n |
 		awk -v m=$m '{ c[NR] = $1; r[NR] = $2 } END { printf "%-5s cpu %.2f / %.2f s/GiB\n", m, c[1], c[int((NR + 1) / 2)] }'
+done
+for m in gw socat; do
+	awk -v m=$m '$1 == m { print $NF == "us" ? $(NF - 1) : $NF }' "$dir/pings" | sort -n |
+		awk -v m=$m '{ c[NR] = $1 } END { printf "%-5s cpu %.1f / %.1f us per 1 KiB round trip\n", m, c[1], c[int((NR + 1) / 2)] }'
 done
