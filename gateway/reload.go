@@ -163,6 +163,9 @@ func (g *Gateway) Reload(m *sitemap.Map) (ReloadResult, error) {
 	g.smap.Store(m)
 	res.NewKey = g.setAuth(auth)
 	g.peersMu.Unlock()
+	if t, ok := g.lan.(*MXTransport); ok && t.mapChanged != nil {
+		t.mapChanged(m)
+	}
 	res.Reauthenticated = g.reauthenticate(m)
 	for _, p := range started {
 		g.startPeer(p)
