@@ -78,7 +78,8 @@ func (g *Gateway) peerList() []*peer {
 
 // newPeer makes the peer state for site s (not started).
 func (g *Gateway) newPeer(s *sitemap.Site) *peer {
-	p := &peer{site: s, dialer: sitemap.Dials(g.site, s), links: make([]*relay.Link, g.numLinks()), renew: make(chan struct{}, 1)}
+	p := &peer{site: s, dialer: sitemap.Dials(g.site, s), links: make([]*relay.Link, g.numLinks()), renew: make(chan struct{}, 1),
+		past: make([]linkCounts, g.numLinks()), leaving: make([][]*relay.Link, g.numLinks())}
 	p.trunk = relay.NewTrunk(p.dialer, relay.HandlerFunc(g.openFromWAN))
 	p.trunk.OnRenew(func() { kickRenew(p) })
 	return p
