@@ -83,11 +83,8 @@ func (l *Link) retireDone() {
 // cleanly, else as a break (a resuming link goes down) or a failure.
 func (l *Link) readEnd(gen uint64, err error) {
 	if err != errPeerRetired {
-		if !l.closedAfterRetire(err) {
-			l.broke(gen, readErr(err))
-			return
-		}
-		l.log.Info("retired link closed by the peer before its RETIRE was read", "peer", l.peer.Name, "link", l.index, "remote", l.remoteAddr())
+		l.broke(gen, readErr(err))
+		return
 	}
 	l.peerRetired.Store(true)
 	l.retireDone()
@@ -112,16 +109,4 @@ func (l *Link) RequestRenew(renewGap time.Duration) bool {
 // renewable: the link is an express link of a trunk whose peer renews.
 func (l *Link) renewable() bool {
 	return l.express && l.t.lanes && l.peer.Features&header.FeatureRenew != 0
-}
-
-// closedAfterRetire reports whether err, which ended the reader, is the
-// peer's FIN on a link whose RETIRE this side has sent. The peer closes a
-// retired link gracefully, and every byte it wrote arrived before the
-// FIN, so the link ends as retired even if its RETIRE was not read: the
-// lab saw an acceptor read the end of file where the dialer's RETIRE
-// should have been (a renewal under load, issue 32), and failing the link
-// there reset the streams whose bytes had crossed it. A failing peer
-// resets the connection instead (Link.fail), which resetSeen tells apart.
-func (l *Link) closedAfterRetire(err error) bool {
-	return errors.Is(readErr(err), errPeerClosed) && l.retireSent.Load() && !resetSeen(l.conn, readErr(err))
 }

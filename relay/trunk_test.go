@@ -469,31 +469,3 @@ func TestPad(t *testing.T) {
 		t.Errorf("PAD from a peer without feature PAD accepted")
 	}
 }
-
-// TestRetiredLinkPeerFIN: a link that has sent its RETIRE and then reads
-// the peer's FIN instead of the peer's RETIRE ends as retired, without
-// resetting the streams whose bytes crossed it: the peer closes a retired
-// link gracefully, after every byte it wrote.
-func TestRetiredLinkPeerFIN(t *testing.T) {
-	cfg := Config{Chunk: 32 << 10, Window: 512 << 10}
-	features := header.FeatureTrunk | header.FeatureExpress | header.FeatureRenew
-	_, tb, as, bs := trunkPairF(t, cfg, 1, true, header.FeatureRenew)
-	const x = 1 // the express link's index
-	ca, cb, _, hb := handshaken(t, &cfg, x, 2, features)
-	t.Cleanup(func() { ca.Close() })
-	nb := tb.Add(cb, cfg, hb, x, true) // b's old express link retires
-	t.Cleanup(func() { nb.Close() })
-	for !bs[x].retireSent.Load() {
-		time.Sleep(time.Millisecond)
-	}
-	// a closes its side gracefully without a RETIRE of its own.
-	as[x].Conn().(*net.TCPConn).CloseWrite()
-	select {
-	case <-bs[x].Done():
-		if !errors.Is(bs[x].Err(), ErrLinkRetired) {
-			t.Errorf("b's old express link ended with %v, want ErrLinkRetired", bs[x].Err())
-		}
-	case <-time.After(5 * time.Second):
-		t.Error("b's old express link did not end at a's FIN")
-	}
-}
