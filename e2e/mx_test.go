@@ -84,11 +84,13 @@ func TestMXLab(t *testing.T) {
 	labRequireRoot(t)
 	for _, loss := range []float64{0, 0.01} {
 		t.Run(fmt.Sprintf("lanloss%g", loss*100), func(t *testing.T) {
-			// A fresh-clone run of 80f1f58 saw 4 of the 1000 streams reset by
-			// the sending node daemon at 1 % LAN loss (passing in 6 other
-			// runs); until the cause is found the lossy case runs on request.
+			// At 1 % LAN loss a run can lose a few of its 1000 streams: the
+			// acceptor of an express-link renewal reads the dialer's FIN
+			// before its RETIRE and resets the streams whose bytes crossed
+			// the old link (issue 32, bench/figures/mx); until that is
+			// fixed the lossy case runs on request.
 			if loss > 0 && os.Getenv("MPI5K_MX_LANLOSS") != "1" {
-				t.Skip("streams can be reset at 1 % LAN loss (issue 32, cause not found); MPI5K_MX_LANLOSS=1 runs it")
+				t.Skip("streams can be reset during an express-link renewal (issue 32); MPI5K_MX_LANLOSS=1 runs it")
 			}
 			l := labUp(t, testbed.Config{Nodes: 1, RTT: 5 * time.Millisecond, WANRate: 100e6, LANLoss: loss})
 			ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
@@ -117,10 +119,7 @@ func TestMXLab(t *testing.T) {
 					out := mpiJob{Host: "node-1.site1", Argv: argv, Dir: dir, Timeout: 90 * time.Second,
 						Done: "chaos_mpi ok", Tries: 2, AcceptHang: m.finalizeMayHang}.run(t, l)
 					// The job's connection crossed the gateways, not a direct
-					// route the lab also has. (Its bytes in the summary are no
-					// test: jobs that verified showed 24-84 bytes in one run of
-					// three, perhaps an express link renewed during the job
-					// taking its counters along; not yet checked.)
+					// route the lab also has.
 					opened := 0
 					for _, m := range regexp.MustCompile(`(\d+) streams opened`).FindAllStringSubmatch(out, -1) {
 						n, _ := strconv.Atoi(m[1])
@@ -128,6 +127,16 @@ func TestMXLab(t *testing.T) {
 					}
 					if opened == 0 {
 						t.Errorf("the gateways opened no stream: the job did not go through them:\n%s", out)
+					}
+					// Its bytes are in the summary: a renewed express link
+					// used to take its counters along, leaving 0-84 bytes.
+					sent := 0.0
+					for _, m := range regexp.MustCompile(`([\d.]+) (B|KiB|MiB|GiB) sent`).FindAllStringSubmatch(out, -1) {
+						v, _ := strconv.ParseFloat(m[1], 64)
+						sent += v * map[string]float64{"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[m[2]]
+					}
+					if sent < 1024 {
+						t.Errorf("the summary counts %.0f WAN bytes sent for a job that verified:\n%s", sent, out)
 					}
 					t.Logf("%s", lastLines(out, 7))
 				})

@@ -848,8 +848,20 @@ func TestExpressRenew(t *testing.T) {
 		}
 	}
 	old := express(a, pa)
+	for i := 0; old.Stats.BytesSent.Load() == 0; i++ {
+		if i == 500 {
+			t.Fatal("the express link carried no message")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	wanBytes := counter(t, a, "mpi5k_wan_bytes_total")
 	kickRenew(pa)
 	waitRenewed(1)
+	// The WAN byte counters carry over a renewal: the retired link's bytes
+	// stay counted.
+	if n := counter(t, a, "mpi5k_wan_bytes_total"); n < wanBytes {
+		t.Errorf("a's WAN bytes fell from %v to %v across a renewal", wanBytes, n)
+	}
 	time.Sleep(100 * time.Millisecond)
 	// The acceptor asks; the dialer waits out renewGap since its last one.
 	if !express(b, pb).RequestRenew(0) {

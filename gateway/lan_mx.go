@@ -11,6 +11,7 @@ import (
 
 	"github.com/mpi5k/mpi5k/header"
 	"github.com/mpi5k/mpi5k/mx"
+	"github.com/mpi5k/mpi5k/sitemap"
 )
 
 // MXTransport is the MX-style LAN transport (docs/mx-wire-format.md): each
@@ -36,6 +37,9 @@ type MXTransport struct {
 	// absent from the neighbour table Resolve reads, yet reachable.
 	learned  sync.Map // netip.Addr -> mx.Addr
 	nLearned atomic.Int32
+	// mapChanged, if set, hears of a reloaded site map (Gateway.Reload):
+	// the MACs the engine admits follow the site's hosts.
+	mapChanged func(*sitemap.Map)
 }
 
 // maxLearned bounds learned: a site's hosts, with room to spare.

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -43,13 +44,10 @@ func newMXLAN(cfg *Config, site *sitemap.Site) (*MXTransport, error) {
 	if err != nil {
 		return nil, err
 	}
-	// A site's nodes are its nets and its explicit hosts: the map `mpi5k
-	// run` writes lists only hosts.
-	m := cfg.Map
-	nb := &neighbors{ifindex: ifi.Index, inSite: func(a netip.Addr) bool {
-		s, ok := m.Lookup(a)
-		return ok && s.ID == site.ID
+	nb := &neighbors{site: site.ID, list: func() ([]netlink.Neigh, error) {
+		return netlink.NeighList(ifi.Index, netlink.FAMILY_ALL)
 	}}
+	nb.smap.Store(cfg.Map)
 	e, err := mx.New(link, mx.Config{Allow: nb.allowed, PeerTimeout: MXPeerTimeout, KeepAlive: MXKeepAlive})
 	if err != nil {
 		link.Close()
@@ -60,7 +58,7 @@ func newMXLAN(cfg *Config, site *sitemap.Site) (*MXTransport, error) {
 		e.Close()
 		return nil, err
 	}
-	return &MXTransport{EP: ep, Resolve: nb.resolve}, nil
+	return &MXTransport{EP: ep, Resolve: nb.resolve, mapChanged: nb.setMap}, nil
 }
 
 // neighbors is the site's hosts as the kernel's neighbour (ARP/NDP) table
@@ -68,9 +66,15 @@ func newMXLAN(cfg *Config, site *sitemap.Site) (*MXTransport, error) {
 // addresses in the site's networks) and where a node's daemon is. It is
 // re-read on a miss, at most once a second, so a flood of foreign frames
 // costs one netlink dump a second.
+//
+// A site's nodes are its nets and its explicit hosts (the map `mpi5k run`
+// writes lists only hosts), in the map in force: a reload (setMap) re-reads
+// the table at once, so a host the new map takes out of the site stops
+// being admitted and one it adds is admitted without waiting for a miss.
 type neighbors struct {
-	ifindex int
-	inSite  func(netip.Addr) bool
+	site uint8
+	smap atomic.Pointer[sitemap.Map]
+	list func() ([]netlink.Neigh, error) // the LAN interface's table
 
 	mu     sync.Mutex
 	macs   map[mx.MAC]bool
@@ -78,12 +82,26 @@ type neighbors struct {
 	readAt time.Time
 }
 
+// setMap puts a reloaded site map in force for admission.
+func (n *neighbors) setMap(m *sitemap.Map) {
+	n.smap.Store(m)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.readAt = time.Time{}
+	n.refresh()
+}
+
+func (n *neighbors) inSite(a netip.Addr) bool {
+	s, ok := n.smap.Load().Lookup(a)
+	return ok && s.ID == n.site
+}
+
 func (n *neighbors) refresh() {
 	if time.Since(n.readAt) < time.Second {
 		return
 	}
 	n.readAt = time.Now()
-	list, err := netlink.NeighList(n.ifindex, netlink.FAMILY_ALL)
+	list, err := n.list()
 	if err != nil {
 		return
 	}

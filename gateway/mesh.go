@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -53,6 +54,37 @@ type peer struct {
 	// removed: a reload took the peer out of the map (reload.go); its
 	// links drain and are not redialed.
 	removed atomic.Bool
+	// past and leaving (under peersMu), by link index, carry the counters
+	// of the links a slot held before, so that the metrics count over the
+	// peer's life: an express link is renewed as often as every second,
+	// and a summary read after a renewal saw only the new link's bytes.
+	// past sums the closed ones; leaving are replaced ones still closing
+	// (a retiring link writes its queue first).
+	past    []linkCounts
+	leaving [][]*relay.Link
+}
+
+// linkCounts are the counters of relay.Stats that the metrics carry over
+// from one link of a slot to the next.
+type linkCounts struct{ bytesTx, bytesRx, padTx, padRx, framesTx, framesRx uint64 }
+
+func (c *linkCounts) add(l *relay.Link) {
+	st := &l.Stats
+	c.bytesTx += st.BytesSent.Load()
+	c.bytesRx += st.BytesRecv.Load()
+	c.padTx += st.PadSent.Load()
+	c.padRx += st.PadRecv.Load()
+	c.framesTx += st.FramesSent.Load()
+	c.framesRx += st.FramesRecv.Load()
+}
+
+// pastCounts is what slot i's earlier links counted; peersMu held.
+func (p *peer) pastCounts(i int) linkCounts {
+	c := p.past[i]
+	for _, l := range p.leaving[i] {
+		c.add(l)
+	}
+	return c
 }
 
 func (g *Gateway) allLinks() []*relay.Link {
@@ -75,11 +107,23 @@ func (g *Gateway) setLink(p *peer, i int, l *relay.Link, priming bool) {
 	g.peersMu.Lock()
 	old := p.links[i]
 	p.links[i] = l
+	replaced := old != nil && old != l
+	if replaced {
+		p.leaving[i] = append(p.leaving[i], old)
+	}
 	if priming {
 		g.priming++
 	}
 	all := g.allUpLocked()
 	g.peersMu.Unlock()
+	if replaced {
+		old.OnClose(func(error) {
+			g.peersMu.Lock()
+			p.leaving[i] = slices.DeleteFunc(p.leaving[i], func(x *relay.Link) bool { return x == old })
+			p.past[i].add(old)
+			g.peersMu.Unlock()
+		})
+	}
 	if !p.dialer && l.Resumable() {
 		go g.watchDown(p, l)
 	}
@@ -103,6 +147,7 @@ func (g *Gateway) setLink(p *peer, i int, l *relay.Link, priming bool) {
 		lost := p.links[i] == l
 		if lost {
 			p.links[i] = nil
+			p.past[i].add(l)
 		}
 		g.peersMu.Unlock()
 		if lost && !g.draining.Load() {

@@ -135,6 +135,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	type row struct {
 		peer, idx string
 		l         *relay.Link
+		past      linkCounts // the slot's earlier links
 	}
 	var rows []row
 	var renewed []prometheus.Metric
@@ -146,7 +147,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		renewed = append(renewed, prometheus.MustNewConstMetric(m.peerStreams, prometheus.GaugeValue, float64(p.streamsIn.Load()), p.name),
 			prometheus.MustNewConstMetric(m.early, prometheus.GaugeValue, float64(p.trunk.EarlyBytes()), p.name))
 		for i, l := range p.links {
-			rows = append(rows, row{p.name, strconv.Itoa(i), l})
+			rows = append(rows, row{p.name, strconv.Itoa(i), l, p.pastCounts(i)})
 		}
 	}
 	m.g.peersMu.Unlock()
@@ -157,6 +158,16 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		c := func(d *prometheus.Desc, t prometheus.ValueType, v float64, extra ...string) {
 			ch <- prometheus.MustNewConstMetric(d, t, v, append([]string{r.peer, r.idx}, extra...)...)
 		}
+		n := r.past
+		if r.l != nil {
+			n.add(r.l)
+		}
+		c(m.bytes, prometheus.CounterValue, float64(n.bytesTx), "tx")
+		c(m.bytes, prometheus.CounterValue, float64(n.bytesRx), "rx")
+		c(m.pad, prometheus.CounterValue, float64(n.padTx), "tx")
+		c(m.pad, prometheus.CounterValue, float64(n.padRx), "rx")
+		c(m.frames, prometheus.CounterValue, float64(n.framesTx), "tx")
+		c(m.frames, prometheus.CounterValue, float64(n.framesRx), "rx")
 		if r.l == nil {
 			c(m.up, prometheus.GaugeValue, 0)
 			continue
@@ -173,12 +184,6 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		c(m.up, prometheus.GaugeValue, 1)
-		c(m.bytes, prometheus.CounterValue, float64(st.BytesSent.Load()), "tx")
-		c(m.bytes, prometheus.CounterValue, float64(st.BytesRecv.Load()), "rx")
-		c(m.pad, prometheus.CounterValue, float64(st.PadSent.Load()), "tx")
-		c(m.pad, prometheus.CounterValue, float64(st.PadRecv.Load()), "rx")
-		c(m.frames, prometheus.CounterValue, float64(st.FramesSent.Load()), "tx")
-		c(m.frames, prometheus.CounterValue, float64(st.FramesRecv.Load()), "rx")
 		c(m.polled, prometheus.CounterValue, float64(st.PollSent.Load()), "tx")
 		c(m.polled, prometheus.CounterValue, float64(st.PollRecv.Load()), "rx")
 		c(m.partial, prometheus.CounterValue, float64(st.PollPartial.Load()))

@@ -95,7 +95,8 @@ func (g *Gateway) peerList() []*peer {
 // Who dials is the sites' rule (sitemap.Dials) for every gateway pair.
 func (g *Gateway) newPeer(s *sitemap.Site, gw int) *peer {
 	p := &peer{site: s, gw: gw, wan: s.Gateways[gw].WAN, name: peerName(s.Name, gw),
-		dialer: sitemap.Dials(g.site, s), links: make([]*relay.Link, g.numLinks()), renew: make(chan struct{}, 1)}
+		dialer: sitemap.Dials(g.site, s), links: make([]*relay.Link, g.numLinks()), renew: make(chan struct{}, 1),
+		past: make([]linkCounts, g.numLinks()), leaving: make([][]*relay.Link, g.numLinks())}
 	p.trunk = relay.NewTrunk(p.dialer, relay.HandlerFunc(g.openFromWAN))
 	p.trunk.OnRenew(func() { kickRenew(p) })
 	return p
@@ -191,6 +192,9 @@ func (g *Gateway) Reload(m *sitemap.Map) (ReloadResult, error) {
 	g.smap.Store(m)
 	res.NewKey = g.setAuth(auth)
 	g.peersMu.Unlock()
+	if t, ok := g.lan.(*MXTransport); ok && t.mapChanged != nil {
+		t.mapChanged(m)
+	}
 	res.Reauthenticated = g.reauthenticate(m)
 	for _, p := range started {
 		g.startPeer(p)

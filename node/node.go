@@ -179,6 +179,15 @@ func reset(c *net.TCPConn) {
 	c.Close()
 }
 
+// closeGracefully closes a connection whose both directions ended. A
+// rank's connection carries SO_LINGER 0 until then, so that if the daemon
+// dies (SIGKILL, OOM) the kernel resets it: the rank sees ECONNRESET, not
+// an end of file that makes a cut stream look complete.
+func closeGracefully(c *net.TCPConn) {
+	c.SetLinger(-1)
+	c.Close()
+}
+
 func unmap(ap netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
@@ -197,6 +206,7 @@ func (d *Daemon) nodeView(remote netip.AddrPort) netip.AddrPort {
 // gateway.
 func (d *Daemon) fromRank(ctx context.Context, c *net.TCPConn) {
 	c.SetNoDelay(true)
+	c.SetLinger(0) // until a graceful close: see closeGracefully
 	remote := unmap(c.RemoteAddr().(*net.TCPAddr).AddrPort())
 	c.SetReadDeadline(time.Now().Add(d.cfg.FirstFrame))
 	// Exactly one frame: what follows OPEN belongs to the stream.
@@ -311,7 +321,7 @@ func (d *Daemon) control(c *net.TCPConn, s *mx.Stream) {
 		}
 	}
 	<-done
-	c.Close()
+	closeGracefully(c)
 	s.Close()
 }
 
@@ -371,6 +381,7 @@ func (d *Daemon) fromGateway(ctx context.Context, s *mx.Stream) {
 	}
 	c := c0.(*net.TCPConn)
 	c.SetNoDelay(true)
+	c.SetLinger(0) // until a graceful close: see closeGracefully
 	defer context.AfterFunc(ctx, func() { s.Abort(); reset(c) })()
 	splice(c, s)
 }
@@ -403,7 +414,7 @@ func splice(c *net.TCPConn, s *mx.Stream) {
 		reset(c)
 		return
 	}
-	c.Close()
+	closeGracefully(c)
 	s.Close()
 }
 
