@@ -27,6 +27,9 @@ type MXTransport struct {
 	// streams (its node daemon). Needed by Dial only.
 	Resolve func(netip.Addr) (mx.Addr, error)
 	Stream  mx.StreamConfig
+	// Forward is how the relay forwards its streams: LANForwardChunked
+	// (also "") or LANForwardPipelined (lan_mx_pipe.go).
+	Forward string
 
 	mu        sync.Mutex
 	listening bool
@@ -98,7 +101,7 @@ func (l *mxListener) Accept() (LANConn, error) {
 			l.t.learned.Delete(from.Addr().Unmap())
 			l.t.nLearned.Add(-1)
 		}
-		return &mxLANConn{Stream: s, local: l.addr, remote: from}, nil
+		return l.t.lanConn(&mxLANConn{Stream: s, local: l.addr, remote: from}), nil
 	}
 }
 
@@ -141,7 +144,7 @@ func (t *MXTransport) Dial(ctx context.Context, local netip.Addr, dst netip.Addr
 	if err != nil {
 		return nil, err
 	}
-	return &mxLANConn{Stream: s, local: src, remote: dst}, nil
+	return t.lanConn(&mxLANConn{Stream: s, local: src, remote: dst}), nil
 }
 
 var _ LANConn = (*mxLANConn)(nil)
