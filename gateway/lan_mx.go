@@ -71,7 +71,7 @@ func (t *MXTransport) Listen(addr netip.AddrPort) (LANListener, error) {
 	if t.listening {
 		return nil, fmt.Errorf("mx LAN transport: endpoint %v already has a listener", t.EP.Addr())
 	}
-	ln, err := mx.Listen(t.EP, t.Stream)
+	ln, err := mx.Listen(t.EP, t.streamConfig())
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +140,7 @@ func (t *MXTransport) Dial(ctx context.Context, local netip.Addr, dst netip.Addr
 	if err != nil {
 		return nil, err
 	}
-	s, err := mx.Dial(ctx, t.EP, to, meta, t.Stream)
+	s, err := mx.Dial(ctx, t.EP, to, meta, t.streamConfig())
 	if err != nil {
 		return nil, err
 	}

@@ -16,8 +16,10 @@ import (
 //     writes a payload with Stream.Write, which copies it into the
 //     stream's own chunks and returns at once.
 //   - pipelined: two-buffer forwarding, as Madeleine's gateways do. The
-//     relay hands a bulk chunk to the link's writer and reads the next
-//     meanwhile; toward the node, each received payload is sent from the
+//     stream keeps two receives posted, so the node's next message is
+//     pulled into one buffer while the relay copies the last out of the
+//     other, and the relay hands a bulk chunk to the link's writer and
+//     reads the next meanwhile; toward the node, each received payload is sent from the
 //     relay's buffer itself (mx.Stream.WriteNoCopy) while the next is
 //     received, at most two started, a buffer recycled (and its WAN credit
 //     returned) once the node's engine has pulled it.
@@ -88,6 +90,17 @@ func (c *pipeConn) Close() error {
 	err := c.mxLANConn.Close()
 	c.cancel()
 	return err
+}
+
+// streamConfig is the configuration of the transport's streams: in
+// pipelined mode each keeps two receives posted, so the node's next
+// message is pulled into one buffer while the relay takes the last.
+func (t *MXTransport) streamConfig() mx.StreamConfig {
+	c := t.Stream
+	if t.Forward == LANForwardPipelined && c.RecvAhead == 0 {
+		c.RecvAhead = 2
+	}
+	return c
 }
 
 // lanConn is what the transport hands the gateway for stream c.
