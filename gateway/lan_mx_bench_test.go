@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/mx"
+	"github.com/mpi5k/mpi5k/mx/afpacket"
 )
 
 // processCPU is the CPU time of this whole process: the node's MX engine,
@@ -21,10 +23,49 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// mxBenchPair is site a on an in-memory MX LAN (gateway a forwarding in
-// mode) and site b on loopback TCP, with the production chunk and window.
-func mxBenchPair(b *testing.B, mode string) (*MXTransport, *mx.Endpoint, *testGW) {
-	tr, node := mxSite(b, 0)
+// mxLAN builds site a's MX LAN: the gateway's transport and the node's
+// endpoint.
+type mxLAN func(testing.TB) (*MXTransport, *mx.Endpoint)
+
+// memLAN is the in-memory switch (mx.MemHub).
+func memLAN(t testing.TB) (*MXTransport, *mx.Endpoint) { return mxSite(t, 0) }
+
+// vethLAN is a veth pair between two network namespaces this benchmark
+// creates (root only), the node's engine on one end and gateway a's on
+// the other, each on an AF_PACKET socket as in production; everything
+// else (WAN, site b) stays on loopback in this namespace.
+func vethLAN(t testing.TB) (*MXTransport, *mx.Endpoint) {
+	ns := testnet.Netns(t, "mxfw", "node", "gw")
+	testnet.Run(t, "ip", "-n", ns[0], "link", "add", "mxn", "address", "02:00:00:78:00:01", "type", "veth",
+		"peer", "name", "mxg", "address", "02:00:00:78:00:02", "netns", ns[1])
+	testnet.Run(t, "ip", "-n", ns[0], "link", "set", "mxn", "up")
+	testnet.Run(t, "ip", "-n", ns[1], "link", "set", "mxg", "up")
+	var eps []*mx.Endpoint
+	for _, side := range []struct{ ns, dev string }{{ns[1], "mxg"}, {ns[0], "mxn"}} {
+		var link *afpacket.Link
+		var err error
+		testnet.In(t, side.ns, func() { link, err = afpacket.Open(side.dev) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := mx.New(link, mx.Config{PeerTimeout: MXPeerTimeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		ep, err := e.Open(MXEndpoint)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eps = append(eps, ep)
+	}
+	return &MXTransport{EP: eps[0]}, eps[1]
+}
+
+// mxBenchPair is site a on an MX LAN (gateway a forwarding in mode) and
+// site b on loopback TCP, with the production chunk and window.
+func mxBenchPair(b *testing.B, lan mxLAN, mode string) (*MXTransport, *mx.Endpoint, *testGW) {
+	tr, node := lan(b)
 	_, a, _ := startPair(b, func(c *Config) {
 		d := DefaultConfig()
 		c.Chunk, c.Window = d.Chunk, d.Window
@@ -40,10 +81,16 @@ func mxBenchPair(b *testing.B, mode string) (*MXTransport, *mx.Endpoint, *testGW
 // forwarding mode: bulk up (node to sink), bulk down (a source at site b
 // to the node) and 1-byte round trips. Rates per CPU-second count the
 // whole process (node engine, LAN, both gateways, sink).
-func BenchmarkMXForward(b *testing.B) {
+func BenchmarkMXForward(b *testing.B) { benchMXForward(b, memLAN) }
+
+// BenchmarkMXForwardVeth is BenchmarkMXForward with the MX LAN on a veth
+// pair and AF_PACKET sockets (root only; the frames cross the kernel).
+func BenchmarkMXForwardVeth(b *testing.B) { benchMXForward(b, vethLAN) }
+
+func benchMXForward(b *testing.B, lan mxLAN) {
 	for _, mode := range lanForwardModes {
 		b.Run("up/"+mode, func(b *testing.B) {
-			tr, node, a := mxBenchPair(b, mode)
+			tr, node, a := mxBenchPair(b, lan, mode)
 			done := make(chan int64, 1)
 			dst := testNodeServe(b, func(c *net.TCPConn) { n, _ := io.Copy(io.Discard, c); done <- n })
 			s := mxBenchOpen(b, node, tr, a, dst)
@@ -61,7 +108,7 @@ func BenchmarkMXForward(b *testing.B) {
 			s.Close()
 		})
 		b.Run("down/"+mode, func(b *testing.B) {
-			tr, node, a := mxBenchPair(b, mode)
+			tr, node, a := mxBenchPair(b, lan, mode)
 			// The source sends as many bytes as the first 8 bytes ask for.
 			dst := testNodeServe(b, func(c *net.TCPConn) {
 				var hb [8]byte
@@ -95,7 +142,7 @@ func BenchmarkMXForward(b *testing.B) {
 			s.Close()
 		})
 		b.Run("rtt1B/"+mode, func(b *testing.B) {
-			tr, node, a := mxBenchPair(b, mode)
+			tr, node, a := mxBenchPair(b, lan, mode)
 			dst := testNodeServe(b, echoServer)
 			s := mxBenchOpen(b, node, tr, a, dst)
 			buf := []byte{1}
