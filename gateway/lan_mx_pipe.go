@@ -24,7 +24,10 @@ import (
 //     received, at most two started, a buffer recycled (and its WAN credit
 //     returned) once the node's engine has pulled it.
 //
-// Figures: bench/figures/mx.
+// Chunked is the default: on the measured LAN (2026-11-27) pipelined was
+// within the spread node to WAN and about a fifth slower toward the node,
+// where two buffers, each free only once the node has pulled it, do not
+// cover the LAN round trip. Figures: bench/figures/mx.
 const (
 	LANForwardChunked   = "chunked"
 	LANForwardPipelined = "pipelined"
