@@ -25,7 +25,7 @@ import (
 //     returned) once the node's engine has pulled it.
 //
 // Chunked is the default: on the measured LAN (2026-11-27) pipelined was
-// within the spread node to WAN and about a fifth slower toward the node,
+// within the spread node to WAN and about a tenth slower toward the node,
 // where two buffers, each free only once the node has pulled it, do not
 // cover the LAN round trip. Figures: bench/figures/mx.
 const (
