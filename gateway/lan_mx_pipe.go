@@ -26,8 +26,8 @@ import (
 //
 // Chunked is the default: on the measured LAN (2026-11-27) pipelined was
 // within the spread node to WAN and about a tenth slower toward the node,
-// where two buffers, each free only once the node has pulled it, do not
-// cover the LAN round trip. Figures: bench/figures/mx.
+// where a buffer is free only once the node has pulled it, a LAN round
+// trip later. Figures: bench/figures/mx.
 const (
 	LANForwardChunked   = "chunked"
 	LANForwardPipelined = "pipelined"
