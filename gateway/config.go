@@ -146,6 +146,10 @@ type Config struct {
 	// an MX endpoint, docs/architecture.md).
 	LANTransport string
 	LANIf        string
+	// LANForward is how streams on a LAN transport without kernel
+	// sockets (mx) are forwarded: "chunked" or "pipelined" (two-buffer
+	// forwarding, lan_mx_pipe.go).
+	LANForward string
 
 	// Limits against hostile or broken peers and nodes (docs/limits.md):
 	// advanced settings, zero takes the default. Refusals are logged at
@@ -192,6 +196,7 @@ func DefaultConfig() Config {
 		ResumeWithin: time.Minute,
 		AllowPorts:   DefaultAllowPorts,
 		LANTransport: "tcp",
+		LANForward:   LANForwardChunked,
 	}
 }
 
@@ -208,6 +213,15 @@ func (c *Config) Validate() error {
 		}
 	default:
 		return fmt.Errorf("--lan-transport %q: want tcp or mx", c.LANTransport)
+	}
+	switch c.LANForward {
+	case "", LANForwardChunked:
+	case LANForwardPipelined:
+		if c.LANTransport != "mx" && c.Transport == nil {
+			return fmt.Errorf("--lan-forward %s applies to --lan-transport mx only (kernel TCP sockets are forwarded by the poll thread); drop it or add --lan-transport mx", c.LANForward)
+		}
+	default:
+		return fmt.Errorf("--lan-forward %q: want %s or %s", c.LANForward, LANForwardChunked, LANForwardPipelined)
 	}
 	if c.Chunk < 0 || c.Chunk > header.MaxPayload {
 		return fmt.Errorf("--chunk %s out of range 1..%s", units.FormatSize(c.Chunk), units.FormatSize(header.MaxPayload))

@@ -78,6 +78,8 @@ func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
 	add(cli.Choice{P: &c.LANTransport, Words: []string{"tcp", "mx"}}, "lan-transport",
 		"LAN transport between the site's nodes and the gateway: tcp (kernel TCP) or mx (MX-style messages in raw Ethernet frames, needs --lan-if and CAP_NET_RAW)")
 	add(cli.Checked{P: &c.LANIf, Check: func(string) error { return nil }}, "lan-if", "the gateway's interface on the site LAN, for --lan-transport mx")
+	add(cli.Choice{P: &c.LANForward, Words: lanForwardModes}, "lan-forward",
+		"how streams on --lan-transport mx are forwarded: chunked (a chunk at a time: read, then send) or pipelined (two buffers: the next is received while the last is sent, sent toward the node without a copy; measured no faster, and slower toward the node, bench/figures/mx)")
 	addBool(&c.PollThread, "poll-thread", "forward small messages on one event-loop thread that waits for every idle socket (false: Go's network poller)")
 	addBool(&c.QuietRuntime, "quiet-runtime", "take sockets the poll thread waits for out of Go's runtime epoll registration, so a message wakes one thread, not two")
 	add(cli.IntRange{P: &c.Priority, Min: -20, Max: 19, What: "nice value"}, "priority",

@@ -267,6 +267,9 @@ func New(cfg Config) (*Gateway, error) {
 	if g.lan == nil {
 		g.lan = &TCPTransport{Opts: cfg.LAN}
 	}
+	if t, ok := g.lan.(*MXTransport); ok && t.Forward == "" {
+		t.Forward = cfg.LANForward
+	}
 	g.smap.Store(cfg.Map)
 	for _, s := range cfg.Map.Sites() {
 		if s.ID != site.ID {

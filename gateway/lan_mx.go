@@ -28,6 +28,9 @@ type MXTransport struct {
 	// streams (its node daemon). Needed by Dial only.
 	Resolve func(netip.Addr) (mx.Addr, error)
 	Stream  mx.StreamConfig
+	// Forward is how the relay forwards its streams: LANForwardChunked
+	// (also "") or LANForwardPipelined (lan_mx_pipe.go).
+	Forward string
 
 	mu        sync.Mutex
 	listening bool
@@ -72,7 +75,7 @@ func (t *MXTransport) Listen(addr netip.AddrPort) (LANListener, error) {
 	if t.listening {
 		return nil, fmt.Errorf("mx LAN transport: endpoint %v already has a listener", t.EP.Addr())
 	}
-	ln, err := mx.Listen(t.EP, t.Stream)
+	ln, err := mx.Listen(t.EP, t.streamConfig())
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +105,7 @@ func (l *mxListener) Accept() (LANConn, error) {
 			l.t.learned.Delete(from.Addr().Unmap())
 			l.t.nLearned.Add(-1)
 		}
-		return &mxLANConn{Stream: s, local: l.addr, remote: from}, nil
+		return l.t.lanConn(&mxLANConn{Stream: s, local: l.addr, remote: from}), nil
 	}
 }
 
@@ -141,11 +144,11 @@ func (t *MXTransport) Dial(ctx context.Context, local netip.Addr, dst netip.Addr
 	if err != nil {
 		return nil, err
 	}
-	s, err := mx.Dial(ctx, t.EP, to, meta, t.Stream)
+	s, err := mx.Dial(ctx, t.EP, to, meta, t.streamConfig())
 	if err != nil {
 		return nil, err
 	}
-	return &mxLANConn{Stream: s, local: src, remote: dst}, nil
+	return t.lanConn(&mxLANConn{Stream: s, local: src, remote: dst}), nil
 }
 
 var _ LANConn = (*mxLANConn)(nil)

@@ -16,6 +16,10 @@ func TestLANTransportFlag(t *testing.T) {
 		{[]string{"--lan-transport", "mx", "--lan-if", "eth9"}, ""},
 		{[]string{"--lan-transport", "mx"}, "needs --lan-if"},
 		{[]string{"--lan-transport", "udp"}, "want tcp, mx"},
+		{[]string{"--lan-transport", "mx", "--lan-if", "eth9", "--lan-forward", "pipelined"}, ""},
+		{[]string{"--lan-transport", "mx", "--lan-if", "eth9", "--lan-forward", "chunked"}, ""},
+		{[]string{"--lan-forward", "pipelined"}, "applies to --lan-transport mx only"},
+		{[]string{"--lan-transport", "mx", "--lan-if", "eth9", "--lan-forward", "both"}, "want chunked, pipelined"},
 	} {
 		cfg, err := testConfig(m, "a", c.args...)
 		if c.err == "" && err != nil || c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)) {
@@ -23,6 +27,9 @@ func TestLANTransportFlag(t *testing.T) {
 		}
 		if err == nil && len(c.args) > 0 && cfg.LANTransport != c.args[1] {
 			t.Errorf("%v: transport %q", c.args, cfg.LANTransport)
+		}
+		if err == nil && len(c.args) > 5 && cfg.LANForward != c.args[5] {
+			t.Errorf("%v: forwarding %q", c.args, cfg.LANForward)
 		}
 	}
 	// A missing interface is named with the fix, before anything starts.

@@ -44,6 +44,11 @@ type StreamConfig struct {
 	// Window the bytes a writer may have unread at the reader (default
 	// 512 KiB): the reader's memory per stream.
 	Chunk, Window int
+	// RecvAhead is how many receives a stream keeps posted (default 1,
+	// at most 4): with two, the next message is pulled into one buffer
+	// while the last is read from the other (a forwarder's two-buffer
+	// pipelining), instead of after the reader has taken it.
+	RecvAhead int
 }
 
 func (c *StreamConfig) fill() error {
@@ -53,8 +58,14 @@ func (c *StreamConfig) fill() error {
 	if c.Window == 0 {
 		c.Window = 512 << 10
 	}
+	if c.RecvAhead == 0 {
+		c.RecvAhead = 1
+	}
 	if c.Chunk < 1 || c.Window < c.Chunk {
 		return fmt.Errorf("mx: stream chunk %d and window %d: need 0 < chunk <= window", c.Chunk, c.Window)
+	}
+	if c.RecvAhead < 1 || c.RecvAhead > maxRecvAhead {
+		return fmt.Errorf("mx: stream receives ahead %d out of range 1..%d", c.RecvAhead, maxRecvAhead)
 	}
 	return nil
 }
@@ -81,7 +92,8 @@ type Stream struct {
 	unacked  int   // bytes read and not yet returned as credit
 	wclosed  bool
 	closed   bool
-	pending  []*Request // sends not yet complete, oldest first
+	pending  []*Request             // sends not yet complete, oldest first
+	posted   [maxRecvAhead]*Request // recvLoop's receives, for withdraw
 	bufs     map[*Request][]byte
 	loopDone chan struct{}
 }
@@ -106,17 +118,47 @@ func newStream(ep *Endpoint, peer Addr, id uint64, dialer bool, cfg StreamConfig
 // Peer is the endpoint at the other end.
 func (s *Stream) Peer() Addr { return s.peer }
 
-// recvLoop keeps one receive posted for the stream's messages from the
-// peer and files what arrives: data for Read, credit for Write.
+// maxRecvAhead bounds StreamConfig.RecvAhead.
+const maxRecvAhead = 4
+
+// recvLoop keeps RecvAhead receives posted for the stream's messages from
+// the peer and files what arrives, in the order the receives were posted
+// (the order the messages matched them): data for Read, credit for Write.
 func (s *Stream) recvLoop() {
 	defer close(s.loopDone)
 	want := streamMatch(s.id, !s.dialer, 0)
 	mask := ^uint64(kindMask)
-	for {
-		buf := getChunk(s.cfg.Chunk)
-		r := s.ep.IrecvFrom(s.peer, buf, want, mask)
+	var bufs [maxRecvAhead][]byte
+	var reqs [maxRecvAhead]*Request
+	depth := s.cfg.RecvAhead
+	post := func(i int) {
+		bufs[i] = getChunk(s.cfg.Chunk)
+		reqs[i] = s.ep.IrecvFrom(s.peer, bufs[i], want, mask)
+		s.mu.Lock()
+		s.posted[i] = reqs[i]
+		over := s.readOver()
+		s.mu.Unlock()
+		if over { // withdraw ran before this receive was posted
+			s.ep.Cancel(reqs[i])
+		}
+	}
+	for i := range depth {
+		post(i)
+	}
+	defer func() {
+		// The stream is over: withdraw the receives still posted.
+		for i := range depth {
+			if reqs[i] != nil && s.ep.Cancel(reqs[i]) {
+				chunkPool.Put(bufs[i][:cap(bufs[i])])
+			}
+		}
+	}()
+	for i := 0; ; i = (i + 1) % depth {
+		buf, r := bufs[i], reqs[i]
+		reqs[i] = nil
 		n, match, _, err := r.Status()
 		s.mu.Lock()
+		s.posted[i] = nil
 		if err != nil {
 			if s.err == nil && !(s.eof && s.closed) {
 				s.err = fmt.Errorf("mx stream %d with %v: %w", s.id, s.peer, err)
@@ -156,6 +198,7 @@ func (s *Stream) recvLoop() {
 		if done {
 			return
 		}
+		post(i)
 	}
 }
 
@@ -166,6 +209,29 @@ func (s *Stream) sendCtl(kind uint64, body []byte) error {
 	}
 	_, err = r.Wait(context.Background())
 	return err
+}
+
+// readOver reports whether nothing the peer may still send matters: the
+// stream is closed and the peer's end has arrived, or it is reset. Called
+// with s.mu held.
+func (s *Stream) readOver() bool { return s.closed && (s.eof || s.err != nil) }
+
+// withdraw cancels the receives recvLoop keeps posted once readOver:
+// else a peer that has nothing more to send leaves them, and the loop,
+// waiting as long as the endpoint lives.
+func (s *Stream) withdraw() {
+	s.mu.Lock()
+	if !s.readOver() {
+		s.mu.Unlock()
+		return
+	}
+	reqs := s.posted
+	s.mu.Unlock()
+	for _, r := range reqs {
+		if r != nil {
+			s.ep.Cancel(r)
+		}
+	}
 }
 
 // Read reads bytes the peer wrote; io.EOF after its CloseWrite.
@@ -309,6 +375,7 @@ func (s *Stream) Abort() error {
 	s.err = ErrReset
 	s.cond.Broadcast()
 	s.mu.Unlock()
+	s.withdraw()
 	return s.sendCtl(kindReset, nil)
 }
 
@@ -320,6 +387,7 @@ func (s *Stream) Close() error {
 	s.closed = true
 	s.cond.Broadcast()
 	s.mu.Unlock()
+	s.withdraw()
 	return err
 }
 

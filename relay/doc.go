@@ -62,6 +62,14 @@
 //   - Pipelining: Config.Pipeline (default 2) chunks of a stream may wait for
 //     the writer, so a stream reads chunk B while chunk A is written (double
 //     buffering), and no stream can fill the writer's queue.
+//   - Two-buffer forwarding (pipe.go): a PipelinedConn, a connection that
+//     is not a kernel socket and can send a buffer without copying it (the
+//     gateway's MX streams with --lan-forward pipelined), has its bulk
+//     chunks handed to the writer even on an idle link, so the next read
+//     overlaps the write, and its in-stage sends each payload from the
+//     relay's buffer while the next arrives, at most two started, credit
+//     returned once a write has finished. docs/architecture.md says where
+//     each mode blocks and copies.
 //   - Latency fast paths: when the link is idle, a small DATA frame is
 //     written by the stream's out-stage itself (no hand-off to the writer),
 //     and the reader delivers a small payload to an idle stream with one
@@ -184,6 +192,7 @@
 //     Go's runtime out of the small-message path.
 //   - grid.go: the shared 100 ms grid of idle periodic work.
 //   - pool.go, tcpconn.go: payload buffers; the kernel TCP Conn.
+//   - pipe.go: PipelinedConn's in-stage (two-buffer forwarding).
 //   - sealed.go: SealedConn, a keyed link's connection carrying package
 //     seal's AEAD records, read and written on the poller thread too.
 //

@@ -53,6 +53,11 @@ type Stream struct {
 	// The in-stage's scratch: the payloads of one write and their iovec.
 	inBufs []*[]byte
 	inIOV  net.Buffers
+	// pc: conn forwarded by two-buffer pipelining (pipe.go), whose
+	// in-stage keeps the payloads of its started writes here, oldest first.
+	pc       PipelinedConn
+	started  [pipeDepth]*[]byte
+	nStarted int
 
 	mu         sync.Mutex
 	conn       Conn
@@ -242,6 +247,9 @@ func (s *Stream) attach(conn Conn) {
 	}
 	s.conn = conn
 	s.tw, _ = conn.(TryWriter)
+	if s.pc, _ = conn.(PipelinedConn); s.pc != nil {
+		s.tw = nil // its in-stage alone writes: it orders the started writes
+	}
 	if !s.l.cfg.NoPoller {
 		s.w = newWaiter(conn, &s.out, !s.l.cfg.RuntimeWakes)
 	}
@@ -563,6 +571,12 @@ func (s *Stream) outStep(onPoller bool) waitOn {
 			// and it streams on until it pauses (burstGap).
 			s.streaming = full || s.streaming && now.Sub(t0) < burstGap
 			mode = sendInline
+			if s.pc != nil && k > s.l.cfg.SmallFrame {
+				// Two-buffer forwarding: the link's writer sends this
+				// chunk while the next read fills another (a pipeline
+				// token each).
+				mode = sendQueue
+			}
 		}
 		if !s.forward(p, k, err, t0, now, mode) {
 			s.w.close() // this direction is over: the socket leaves the poller
@@ -682,6 +696,10 @@ func (s *Stream) inStep(bool) waitOn {
 			// stage if more is queued once it is done), or nothing queued.
 			s.mu.Unlock()
 			return onSignal
+		}
+		if pc := s.pc; pc != nil {
+			s.mu.Unlock()
+			return s.inStepPiped(pc)
 		}
 		bufs := append(s.inBufs[:0], s.recvq...)
 		clear(s.recvq)

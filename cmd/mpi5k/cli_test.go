@@ -88,6 +88,9 @@ func TestCommandLines(t *testing.T) {
 		{append(gw, "--window", "0"), 2, []string{`invalid argument "0" for "--window" flag: size 0 out of range 1..1GiB`, hint}, ""},
 		{append(gw, "--log-level", "loud"), 2, []string{`invalid argument "loud" for "--log-level" flag: want debug, info, warn, error`, hint}, ""},
 		{append(gw, "extra"), 2, []string{`unexpected argument "extra"`, hint}, ""},
+		{append(gw, "--lan-forward", "bogus"), 2, []string{`invalid argument "bogus" for "--lan-forward" flag: want chunked, pipelined`, hint}, ""},
+		{append(gw, "--lan-forward", "pipelined"), 2, []string{"--lan-forward pipelined applies to --lan-transport mx only", hint}, ""},
+		{[]string{"mpi5k-gateway", "--help-advanced"}, 0, nil, "--lan-forward"},
 		{[]string{"mpi5k-gateway", "--map", badMap, "--site", "s1"}, 1, []string{badMap + ":1: site s1 has no gateway"}, ""},
 		{[]string{"mpi5k-gateway", "--map", filepath.Join(dir, "nomap"), "--site", "s1"}, 1, []string{filepath.Join(dir, "nomap")}, ""},
 
@@ -113,6 +116,7 @@ func TestCommandLines(t *testing.T) {
 		{run("--wan-conns", "-3"), 2, []string{`invalid argument "-3" for "--wan-conns"`, hint}, ""},
 		{run("--wan-cc", "bogus"), 2, []string{`invalid argument "bogus" for "--wan-cc" flag: no congestion control is called "bogus"`, hint}, ""},
 		{run("--wan-express-cc", "bogus"), 2, []string{`invalid argument "bogus" for "--wan-express-cc"`, hint}, ""},
+		{run("--lan-forward", "twice"), 2, []string{`invalid argument "twice" for "--lan-forward" flag: want chunked, pipelined`, hint}, ""},
 		{run("--sites", dupSites), 2, []string{dupSites + ":3: 127.0.0.2 is given twice (first at " + dupSites + ":1)", hint}, ""},
 		{run("--sites", badSites), 2, []string{badSites + `:1: want "<host-or-CIDR> <site>", got 3 fields`}, ""},
 		{run("--sites", filepath.Join(dir, "nosites")), 2, []string{filepath.Join(dir, "nosites")}, ""},

@@ -1,0 +1,107 @@
+package mx
+
+import (
+	"context"
+	"hash/crc32"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// TestStreamRecvAheadNoCopy: streams that keep two receives posted (and
+// one, as by default) carry both directions whole under loss, duplication
+// and reordering, one side writing its own buffers with WriteNoCopy (two
+// in flight, each reused only once its requests are done, as the
+// gateway's two-buffer forwarding does); after both ends close, their
+// receive loops end and no receive stays posted.
+func TestStreamRecvAheadNoCopy(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		loss  float64
+		ahead int
+	}{{"clean", 0, 2}, {"loss1", 0.01, 2}, {"loss10", 0.10, 2}, {"loss1-ahead1", 0.01, 1}} {
+		t.Run(c.name, func(t *testing.T) {
+			_, _, _, a, b := pair(t, RandomFault(13, c.loss, 0.01, 0.05), Config{})
+			d, s := streamPair(t, a, b, StreamConfig{RecvAhead: c.ahead})
+			const n = 3<<20 + 17
+			var wg sync.WaitGroup
+			var sums [2]uint32
+			var errs [2]error
+			wg.Add(2)
+			ctx := ctx10(t)
+			go func() { defer wg.Done(); sums[0], errs[0] = pumpNoCopy(ctx, d, n, 3) }()
+			go func() { defer wg.Done(); sums[1], errs[1] = pump(s, n, 4) }()
+			gotS, nS, errS := drain(s)
+			gotD, nD, errD := drain(d)
+			wg.Wait()
+			if errs[0] != nil || errs[1] != nil || errS != nil || errD != nil {
+				t.Fatalf("write %v %v, read %v %v", errs[0], errs[1], errS, errD)
+			}
+			if nS != n || nD != n || gotS != sums[0] || gotD != sums[1] {
+				t.Fatalf("got %d and %d bytes, checksums %x/%x want %x/%x", nS, nD, gotS, gotD, sums[0], sums[1])
+			}
+			d.Close()
+			s.Close()
+			<-d.loopDone
+			<-s.loopDone
+			for _, ep := range []*Endpoint{a, b} {
+				ep.e.mu.Lock()
+				k := len(ep.posted)
+				ep.e.mu.Unlock()
+				if k != 0 {
+					t.Errorf("endpoint %v: %d receives still posted after both ends closed", ep.Addr(), k)
+				}
+			}
+		})
+	}
+}
+
+// pumpNoCopy sends n pseudo-random bytes from two buffers of uneven sizes
+// with WriteNoCopy, refilling a buffer only once its sends are done, then
+// half-closes; it returns their checksum.
+func pumpNoCopy(ctx context.Context, w *Stream, n int, seed uint64) (uint32, error) {
+	data := payload(seed, n)
+	sizes := []int{1, 100, 1500, 9000, 70000, 300000}
+	var bufs [2][]byte
+	var reqs [2][]*Request
+	wait := func(i int) error {
+		for _, r := range reqs[i] {
+			if _, err := r.Wait(ctx); err != nil {
+				return err
+			}
+		}
+		reqs[i] = reqs[i][:0]
+		return nil
+	}
+	for off, k := 0, 0; off < n; k++ {
+		i := k % 2
+		if err := wait(i); err != nil {
+			return 0, err
+		}
+		m := min(n-off, sizes[k%len(sizes)])
+		bufs[i] = append(bufs[i][:0], data[off:off+m]...)
+		var err error
+		if reqs[i], err = w.WriteNoCopy(bufs[i], reqs[i]); err != nil {
+			return 0, err
+		}
+		// Scribbling on the other buffer now would corrupt the stream
+		// if WriteNoCopy had not waited: the checksum catches it.
+		off += m
+	}
+	for i := range bufs {
+		if err := wait(i); err != nil {
+			return 0, err
+		}
+	}
+	return crc32.ChecksumIEEE(data), w.CloseWrite()
+}
+
+// TestStreamRecvAheadRange: RecvAhead out of range is refused with its bound.
+func TestStreamRecvAheadRange(t *testing.T) {
+	_, _, _, a, _ := pair(t, nil, Config{})
+	for _, k := range []int{-1, maxRecvAhead + 1} {
+		if _, err := Listen(a, StreamConfig{RecvAhead: k}); err == nil || !strings.Contains(err.Error(), "out of range 1..4") {
+			t.Errorf("RecvAhead %d: %v", k, err)
+		}
+	}
+}
