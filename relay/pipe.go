@@ -65,12 +65,12 @@ func (s *Stream) inStepPiped(pc PipelinedConn) waitOn {
 			bufs[i] = nil
 			if s.nStarted == pipeDepth && !s.finishWrite(pc) {
 				putBuf(p)
-				s.putAll(bufs[i+1:])
+				putBufs(bufs[i+1:])
 				return finished
 			}
 			if err := pc.StartWrite(*p); err != nil {
 				// Part of p may be on its way: p is dropped, not reused.
-				s.putAll(bufs[i+1:])
+				putBufs(bufs[i+1:])
 				s.dropStarted()
 				s.Reset(header.CodeAppReset)
 				return finished
@@ -108,11 +108,4 @@ func (s *Stream) finishWrite(pc PipelinedConn) bool {
 func (s *Stream) dropStarted() {
 	clear(s.started[:])
 	s.nStarted = 0
-}
-
-func (s *Stream) putAll(bufs []*[]byte) {
-	for i, p := range bufs {
-		putBuf(p)
-		bufs[i] = nil
-	}
 }

@@ -44,3 +44,12 @@ func putBuf(p *[]byte) {
 	}
 	pools[c].Put(p)
 }
+
+// putBufs recycles every buffer of bufs and clears its slots, so the slice
+// pins none of them.
+func putBufs(bufs []*[]byte) {
+	for i, p := range bufs {
+		putBuf(p)
+		bufs[i] = nil
+	}
+}

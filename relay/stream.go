@@ -204,9 +204,7 @@ func (s *Stream) end(code header.Code) bool {
 		conn.Abort()
 	}
 	if conn == nil { // no in-stage owns the queue: recycle it here
-		for _, p := range q {
-			putBuf(p)
-		}
+		putBufs(q)
 	}
 	s.mu.Lock()
 	for _, g := range s.ahead {
@@ -735,10 +733,7 @@ func (s *Stream) inStep(bool) waitOn {
 				}
 			}
 		}
-		for i, p := range bufs {
-			putBuf(p)
-			bufs[i] = nil
-		}
+		putBufs(bufs)
 		clear(s.inIOV)
 		s.inBufs = bufs[:0]
 		s.mu.Lock()
