@@ -477,7 +477,8 @@ func (w *waiter) fire() (traffic bool) {
 	}
 	more := w.g.readable()
 	// A step handed to a worker goes on there: count it as traffic.
-	traffic = w.g.traffic == nil || w.g.traffic.Load() != t0 || !more && w.g.state.Load() != stageDone && w.g.state.Load() != stageIdle
+	st := w.g.state.Load()
+	traffic = w.g.traffic == nil || w.g.traffic.Load() != t0 || !more && st != stageDone && st != stageIdle
 	w.mu.Lock()
 	switch {
 	case w.cancelled:
