@@ -66,18 +66,20 @@ func (g *Gateway) peer(k peerID) *peer {
 }
 
 // peersOf returns the current peers of site id (its gateway hosts), by
-// gateway index.
+// gateway index. The indices run from 0 without a gap (New and Reload
+// make one peer per entry of the site's Gateways), so the lookup costs a
+// site's gateways, not a scan of every peer at each stream's open.
 func (g *Gateway) peersOf(id uint8) []*peer {
 	g.peersMu.Lock()
 	defer g.peersMu.Unlock()
 	var ps []*peer
-	for k, p := range g.peers {
-		if k.site == id {
-			ps = append(ps, p)
+	for i := 0; ; i++ {
+		p := g.peers[peerID{id, i}]
+		if p == nil {
+			return ps
 		}
+		ps = append(ps, p)
 	}
-	slices.SortFunc(ps, func(a, b *peer) int { return a.gw - b.gw })
-	return ps
 }
 
 // peerList is a snapshot of the current peers.
