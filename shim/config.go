@@ -34,20 +34,10 @@ type config struct {
 	// set, relayed connections and the control connection go to it, on
 	// loopback, instead of to the site gateway.
 	node netip.AddrPort
-}
-
-// gateways are where the process's relayed and control connections go:
-// the node daemon, or the site's gateway hosts (the map's site record,
-// then its gateway records).
-func (c *config) gateways() []netip.AddrPort {
-	if c.node.IsValid() {
-		return []netip.AddrPort{c.node}
-	}
-	gws := make([]netip.AddrPort, len(c.local.Gateways))
-	for i, g := range c.local.Gateways {
-		gws[i] = g.LAN
-	}
-	return gws
+	// gws are where the process's relayed and control connections go:
+	// the node daemon, or the site's gateway hosts (the map's site record,
+	// then its gateway records; at most sitemap.MaxGateways).
+	gws []netip.AddrPort
 }
 
 var (
@@ -82,8 +72,8 @@ func loadOnce() *config {
 		cfgVal = c
 		// Connections accepted from the node daemon are relayed ones,
 		// as those from the gateway are without it.
-		setGateways(c.gateways())
-		logf(levelDebug, "site %s (id %d), gateways %v, map %s, GODEBUG=%s", c.local.Name, c.local.ID, c.gateways(), c.mapPath, os.Getenv("GODEBUG"))
+		setGateways(c.gws)
+		logf(levelDebug, "site %s (id %d), gateways %v, map %s, GODEBUG=%s", c.local.Name, c.local.ID, c.gws, c.mapPath, os.Getenv("GODEBUG"))
 	})
 	return cfgVal
 }
@@ -125,6 +115,11 @@ func loadConfig() (*config, error) {
 			return nil, fmt.Errorf("MPI5K_NODE=%q: want the node daemon's loopback address and port, e.g. 127.0.0.1:5070", v)
 		}
 		c.node = ap
+		c.gws = []netip.AddrPort{ap}
+	} else {
+		for _, g := range c.local.Gateways {
+			c.gws = append(c.gws, g.LAN)
+		}
 	}
 	switch v := os.Getenv("MPI5K_FALLBACK"); v {
 	case "", "none":

@@ -38,7 +38,7 @@ func listenRegister(fd int) {
 	}
 	// Every gateway host of the site may carry a stream to the port (the
 	// far gateway picks one per stream), so each must know it.
-	for _, gw := range c.gateways() {
+	for _, gw := range c.gws {
 		if err := registerPort(c, gw, ap.Port()); err != nil {
 			logf(levelWarn, "listening on %v: the site gateway %s does not know the port, so ranks of other sites cannot connect to it through that gateway: %v",
 				ap, gw, err)

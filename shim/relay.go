@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/sitemap"
 )
 
 // Results of relayConnect, mirrored from shim.h.
@@ -79,7 +80,7 @@ var (
 	spreadNext atomic.Uint32
 	// gwFailed: when a connect to gateway i last failed (unix ns), which
 	// puts it last in the order for gwRetryAfter.
-	gwFailed [16]atomic.Int64
+	gwFailed [sitemap.MaxGateways]atomic.Int64
 )
 
 const gwRetryAfter = 5 * time.Second
@@ -96,7 +97,7 @@ func gatewayOrder(gws []netip.AddrPort) []int {
 	var failed []int
 	for k := range n {
 		i := (start + k) % n
-		if i < len(gwFailed) && now-gwFailed[i].Load() < int64(gwRetryAfter) {
+		if now-gwFailed[i].Load() < int64(gwRetryAfter) {
 			failed = append(failed, i)
 			continue
 		}
@@ -111,7 +112,7 @@ func gatewayOrder(gws []netip.AddrPort) []int {
 // does not answer leaves time for the others. It returns the gateway
 // that took the connection, or the last one tried and its error.
 func openVia(fd int, dst netip.AddrPort, c *config) (netip.AddrPort, error) {
-	gws := c.gateways()
+	gws := c.gws
 	order := gatewayOrder(gws)
 	deadline := time.Now().Add(c.timeout)
 	var gw netip.AddrPort
@@ -134,12 +135,10 @@ func openVia(fd int, dst netip.AddrPort, c *config) (netip.AddrPort, error) {
 			}
 		}
 		if err == nil {
-			if i < len(gwFailed) {
-				gwFailed[i].Store(0)
-			}
+			gwFailed[i].Store(0)
 			return gw, nil
 		}
-		if i < len(gwFailed) && len(gws) > 1 {
+		if len(gws) > 1 {
 			gwFailed[i].Store(time.Now().UnixNano())
 			logf(levelInfo, "gateway %s of site %s: %v; trying the next one", gw, c.local.Name, err)
 		}
