@@ -86,7 +86,14 @@ func TestMXLAN(t *testing.T) {
 				})
 				dst := testnet.Echo(t, nodeB)
 				if c.resume {
-					defer breakLinks(t, a, b)()
+					stop := breakLinks(a, b, 21)
+					defer func() {
+						kills := stop()
+						if kills == 0 {
+							t.Errorf("%d WAN connections reset: the test did not break the links", kills)
+						}
+						t.Logf("%d WAN connections reset", kills)
+					}()
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 				defer cancel()
@@ -124,44 +131,6 @@ func TestMXLAN(t *testing.T) {
 				}
 			})
 		}
-	}
-}
-
-// breakLinks resets a WAN connection of gateway a or b every 20-60 ms
-// until the returned function is called, which fails the test unless at
-// least one was reset.
-func breakLinks(t *testing.T, a, b *testGW) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	var kills int
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		r := rand.New(rand.NewPCG(21, 22))
-		for {
-			select {
-			case <-done:
-				return
-			case <-time.After(time.Duration(20+r.IntN(40)) * time.Millisecond):
-			}
-			g := a
-			if r.IntN(2) == 1 {
-				g = b
-			}
-			ls := g.allLinks()
-			if l := ls[r.IntN(len(ls))]; !l.Down() {
-				resetConn(l.Conn())
-				kills++
-			}
-		}
-	}()
-	return func() {
-		close(done)
-		wg.Wait()
-		if kills == 0 {
-			t.Errorf("%d WAN connections reset: the test did not break the links", kills)
-		}
-		t.Logf("%d WAN connections reset", kills)
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +19,41 @@ func resetConn(c net.Conn) {
 	}
 }
 
+// breakLinks resets a WAN connection of gateway a or b every 20-60 ms
+// (drawn from seed) until the returned function is called, which returns
+// how many it reset.
+func breakLinks(a, b *testGW, seed uint64) (stop func() int) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	var kills int
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r := rand.New(rand.NewPCG(seed, seed+1))
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Duration(20+r.IntN(40)) * time.Millisecond):
+			}
+			g := a
+			if r.IntN(2) == 1 {
+				g = b
+			}
+			ls := g.allLinks()
+			if l := ls[r.IntN(len(ls))]; !l.Down() {
+				resetConn(l.Conn())
+				kills++
+			}
+		}
+	}()
+	return func() int {
+		close(done)
+		wg.Wait()
+		return kills
+	}
+}
+
 // TestWANResume: 1000 checksummed streams cross the gateway pair while WAN
 // connections (bulk and express, either side) are reset every 20-60 ms.
 // Every link resumes on a new connection; no stream sees an error, no byte
@@ -31,45 +65,19 @@ func TestWANResume(t *testing.T) {
 	if raceEnabled {
 		maxSize = 256 << 10
 	}
-	stop := make(chan struct{})
-	var kills atomic.Int64
-	var kwg sync.WaitGroup
-	kwg.Add(1)
-	go func() {
-		defer kwg.Done()
-		r := rand.New(rand.NewPCG(11, 12))
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Duration(20+r.IntN(40)) * time.Millisecond):
-			}
-			g := a
-			if r.IntN(2) == 1 {
-				g = b
-			}
-			ls := g.allLinks()
-			l := ls[r.IntN(len(ls))]
-			if l.Down() {
-				continue
-			}
-			resetConn(l.Conn())
-			kills.Add(1)
-		}
-	}()
+	stop := breakLinks(a, b, 11)
 	const n = 1000
 	start := time.Now()
 	total := sumStreams(t, a, dst, n, maxSize, 43)
-	close(stop)
-	kwg.Wait()
+	kills := stop()
 	resumes := counter(t, a, "mpi5k_wan_resumes_total") + counter(t, b, "mpi5k_wan_resumes_total")
 	t.Logf("%d streams, %d bytes in %v; %d connections reset, %v resumes counted by the two gateways",
-		n, total, time.Since(start).Round(time.Millisecond), kills.Load(), resumes)
-	if kills.Load() < 5 {
-		t.Fatalf("only %d resets: the test did not break the links", kills.Load())
+		n, total, time.Since(start).Round(time.Millisecond), kills, resumes)
+	if kills < 5 {
+		t.Fatalf("only %d resets: the test did not break the links", kills)
 	}
-	if resumes < float64(kills.Load()) {
-		t.Fatalf("%v resumes for %d resets", resumes, kills.Load())
+	if resumes < float64(kills) {
+		t.Fatalf("%v resumes for %d resets", resumes, kills)
 	}
 	for _, g := range []*testGW{a, b} {
 		if n := len(g.allLinks()); n != g.numLinks() {
