@@ -201,13 +201,13 @@ func labTCPRTT(t *testing.T, l *testbed.Lab, from, to string, n int) []time.Dura
 }
 
 // labRTTWithin checks that the median of a round-trip sample is within
-// bound (a fraction) of want. The lab's path cost (veths, TUN, waking idle
+// bound (a fraction) of want, plus slack for what the lab does not emulate. The lab's path cost (veths, TUN, waking idle
 // vCPUs; 0.3-0.5 ms here) is calibrated once at lab up and drifts with the
 // VM's load, so one sample of 20-40 round trips now and then lands a few
 // hundred microseconds off (CI saw 10.40 ms on a 10 ms lab). A miss is
 // measured again, up to three samples a second apart: a lab whose delay is
 // really wrong misses every time, a noisy moment does not.
-func labRTTWithin(t *testing.T, what string, want time.Duration, bound float64, sample func() []time.Duration) {
+func labRTTWithin(t *testing.T, what string, want time.Duration, bound float64, slack time.Duration, sample func() []time.Duration) {
 	t.Helper()
 	var meds []time.Duration
 	for try := 0; try < 3; try++ {
@@ -218,22 +218,27 @@ func labRTTWithin(t *testing.T, what string, want time.Duration, bound float64, 
 		med := labMedian(d)
 		meds = append(meds, med)
 		t.Logf("%s rtt: median %v mean %v over %d (set %v)", what, med, labMean(d), len(d), want)
-		if math.Abs(float64(med-want)) <= bound*float64(want) {
+		if math.Abs(float64(med-want)) <= bound*float64(want)+float64(slack) {
 			return
 		}
 	}
-	t.Errorf("%s median rtt %v in three samples, each more than %.0f%% off %v", what, meds, bound*100, want)
+	t.Errorf("%s median rtt %v in three samples, each more than %.0f%% + %v off %v", what, meds, bound*100, slack, want)
 }
 
-// TestLabRTT: ping and TCP round trips between node-1.site1 and
-// node-1.site2 are within 3 % of --rtt.
+// userWake is what a TCP round trip between two user-space ends costs beyond
+// the kernel's echo of a ping, which the lab's calibration measures: a wake-up
+// of each end (CI read TCP medians 40-70 us above ping in one run).
+const userWake = 100 * time.Microsecond
+
+// TestLabRTT: ping round trips between node-1.site1 and node-1.site2 are
+// within 3 % of --rtt, TCP round trips within 3 % plus userWake.
 func TestLabRTT(t *testing.T) {
 	labRequireRoot(t)
 	for _, rtt := range []time.Duration{5 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond} {
 		t.Run(rtt.String(), func(t *testing.T) {
 			l := labUp(t, testbed.Config{Nodes: 1, RTT: rtt, WANRate: 100e6})
 			a, b := "node-1.site1", "node-1.site2"
-			labRTTWithin(t, "ping", rtt, 0.03, func() []time.Duration {
+			labRTTWithin(t, "ping", rtt, 0.03, 0, func() []time.Duration {
 				pings, err := l.Ping(context.Background(), a, b, 40, 10*time.Millisecond)
 				if err != nil {
 					t.Fatal(err)
@@ -243,7 +248,7 @@ func TestLabRTT(t *testing.T) {
 				}
 				return pings
 			})
-			labRTTWithin(t, "tcp", rtt, 0.03, func() []time.Duration { return labTCPRTT(t, l, a, b, 40) })
+			labRTTWithin(t, "tcp", rtt, 0.03, userWake, func() []time.Duration { return labTCPRTT(t, l, a, b, 40) })
 		})
 	}
 }
@@ -610,7 +615,7 @@ func TestLabCLI(t *testing.T) {
 	if _, err := l.PingAddr(ctx, "gw.lyon", l.WANAddr("gw.rennes"), 2, 5*time.Millisecond); err != nil { // ARP warm-up
 		t.Fatal(err)
 	}
-	labRTTWithin(t, "gateway WAN-leg", 10*time.Millisecond, 0.03, func() []time.Duration {
+	labRTTWithin(t, "gateway WAN-leg", 10*time.Millisecond, 0.03, 0, func() []time.Duration {
 		gwRTT, err := l.PingAddr(ctx, "gw.lyon", l.WANAddr("gw.rennes"), 20, 10*time.Millisecond)
 		if err != nil || len(gwRTT) < 18 {
 			t.Fatalf("gateway WAN-leg ping: %v %v", gwRTT, err)

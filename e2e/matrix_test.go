@@ -33,7 +33,7 @@ func TestLabMatrixAlltoall(t *testing.T) {
 	for _, p := range [][2]string{{"lyon", "grenoble"}, {"rennes", "lille"}, {"sophia", "luxembourg"}} {
 		want := c.Pair(p[0], p[1]).RTT
 		from, to := "node-1."+p[0], "node-1."+p[1]
-		labRTTWithin(t, from+" -> "+to, want, 0.05, func() []time.Duration {
+		labRTTWithin(t, from+" -> "+to, want, 0.05, 0, func() []time.Duration {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			d, err := l.Ping(ctx, from, to, 20, 10*time.Millisecond)
