@@ -81,10 +81,11 @@ func (rd *linkReader) step(onPoller bool) waitOn {
 			// Without blocking: read what the socket holds and handle
 			// every frame that has arrived whole.
 			room := r.Room()
-			n, err := r.FillFrom(l.fill)
-			if err != nil && err != errWouldBlock {
-				return rd.fail(onPoller, readErr(err))
-			}
+			n, rerr := r.FillFrom(l.fill)
+			// Frames already whole in the buffer go first, even when the
+			// read found the end of the stream: a blocking read may have
+			// buffered them, and a peer that closes right after its last
+			// frame (RETIRE) sends that frame and its FIN together.
 			for r.FrameBuffered() {
 				h, err := r.Next()
 				if err == nil {
@@ -96,6 +97,9 @@ func (rd *linkReader) step(onPoller bool) waitOn {
 				if err != nil {
 					return rd.fail(onPoller, err)
 				}
+			}
+			if rerr != nil && rerr != errWouldBlock {
+				return rd.fail(onPoller, readErr(rerr))
 			}
 			if n > 0 && (n == room || l.sealedBuffered()) {
 				continue // the socket may hold more

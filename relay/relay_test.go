@@ -477,3 +477,36 @@ func BenchmarkStream(b *testing.B) {
 		})
 	}
 }
+
+// TestFramesBeforeEOF: frames that arrive together with the peer's FIN are
+// handled before the end of file ends the link. A large frame makes the
+// reader read on a worker with blocking reads, which buffer what follows
+// it; a small frame then sends it back to non-blocking reads, whose next
+// read finds the end of file while one more frame waits in the buffer
+// (an express link's RETIRE was lost this way when the dialer closed the
+// retired link right after writing it).
+func TestFramesBeforeEOF(t *testing.T) {
+	c1, c2 := tcpPair(t)
+	defer c2.Close()
+	ph := header.Hello{SiteID: 9, LinkCount: 1, MaxPayload: header.MaxPayload, Window: 1 << 16, Name: "peer",
+		Features: header.FeaturePad}
+	l := NewLink(c1, Config{PingInterval: time.Hour}, ph, false,
+		HandlerFunc(func(s *Stream, o *header.Open) { s.Refuse(header.CodePolicy) }))
+	go io.Copy(io.Discard, c2)
+	var in []byte
+	in = header.AppendFrame(in, header.TypePad, 0, make([]byte, 200<<10))
+	in = header.AppendFrame(in, header.TypePing, 0, make([]byte, 8))
+	in = header.AppendFrame(in, header.TypePing, 0, make([]byte, 8))
+	if _, err := c2.Write(in); err != nil {
+		t.Fatal(err)
+	}
+	c2.CloseWrite()
+	select {
+	case <-l.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("link did not end at the peer's FIN")
+	}
+	if got := l.Stats.FramesRecv.Load(); got != 3 {
+		t.Errorf("%d frames handled before the end of file, want 3 (err %v)", got, l.Err())
+	}
+}
