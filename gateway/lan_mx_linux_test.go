@@ -78,8 +78,14 @@ func TestMXReloadAdmits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// What the gateway learned from a node of the old net goes with it.
+	tr.learned.Store(inA, eps[1].Addr())
+	tr.nLearned.Add(1)
 	if _, err := a.Reload(m2); err != nil {
 		t.Fatal(err)
+	}
+	if _, ok := tr.learned.Load(inA); ok || tr.nLearned.Load() != 0 {
+		t.Errorf("the reload left %v learned (%d in all), a node it took out of site a", inA, tr.nLearned.Load())
 	}
 	if !connects(eps[2]) {
 		t.Error("a node the reload put in site a is not admitted")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -194,8 +195,12 @@ func (g *Gateway) Reload(m *sitemap.Map) (ReloadResult, error) {
 	g.smap.Store(m)
 	res.NewKey = g.setAuth(auth)
 	g.peersMu.Unlock()
-	if t, ok := g.lan.(*MXTransport); ok && t.mapChanged != nil {
-		t.mapChanged(m)
+	if t, ok := g.lan.(*MXTransport); ok {
+		if t.mapChanged != nil {
+			t.mapChanged(m)
+		}
+		id := g.site.ID
+		t.forget(func(a netip.Addr) bool { s, ok := m.Lookup(a); return ok && s.ID == id })
 	}
 	res.Reauthenticated = g.reauthenticate(m)
 	for _, p := range started {
