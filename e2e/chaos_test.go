@@ -568,3 +568,87 @@ func TestChaosWANLossReorder(t *testing.T) {
 		t.Errorf("%d bytes crossed site1->site2 between the gateways, the streams carried %.0f", payload, v[1])
 	}
 }
+
+// TestChaosIdleWANDead: gateways whose links are idle, with no stream,
+// send no keepalive of their own (HELLO feature QUIET): when the WAN then
+// goes black, the kernel's keepalive still finds the links dead within
+// the dead time (10 s after the last segment heard, a keepalive probe
+// answered up to 4 s before), not during a blackhole a job rides out
+// (TestChaosWANBlackhole, 5 s); once the path is back, they resume.
+func TestChaosIdleWANDead(t *testing.T) {
+	labRequireRoot(t)
+	_, gwBin := shimBins(t)
+	l := labUp(t, testbed.Config{Nodes: 1, RTT: 10 * time.Millisecond, WANRate: 100e6})
+	dir := t.TempDir()
+	logs := map[string]*lockedBuffer{}
+	for _, site := range []string{"site1", "site2"} {
+		b := &lockedBuffer{}
+		cmd := l.Command("gw."+site, gwBin, "--map", l.SiteMapPath(), "--site", site,
+			"--ready-file", filepath.Join(dir, site+".ready"))
+		cmd.Stdout, cmd.Stderr = b, b
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			cmd.Process.Signal(syscall.SIGTERM)
+			cmd.Wait()
+		})
+		logs[site] = b
+	}
+	waitLog := func(site, what string, within time.Duration) time.Time {
+		t.Helper()
+		for end := time.Now().Add(within); ; time.Sleep(20 * time.Millisecond) {
+			if strings.Contains(logs[site].String(), what) {
+				return time.Now()
+			}
+			if time.Now().After(end) {
+				t.Fatalf("%s: no %q within %v:\n%s", site, what, within, logs[site].String())
+			}
+		}
+	}
+	for _, site := range []string{"site1", "site2"} {
+		for end := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if _, err := os.Stat(filepath.Join(dir, site+".ready")); err == nil {
+				break
+			}
+			if time.Now().After(end) {
+				t.Fatalf("%s not ready within 30s:\n%s", site, logs[site].String())
+			}
+		}
+	}
+	time.Sleep(5 * time.Second) // primed, then idle: the links go quiet
+	restore := blackhole(t, l)
+	start := time.Now()
+	broken := map[string]time.Duration{}
+	for len(broken) < 2 {
+		for _, site := range []string{"site1", "site2"} {
+			if _, ok := broken[site]; !ok && strings.Contains(logs[site].String(), "WAN link broken") {
+				broken[site] = time.Since(start)
+			}
+		}
+		if time.Since(start) > 20*time.Second {
+			t.Fatalf("links not taken for broken 20 s after the blackhole began:\n%s\n%s", logs["site1"].String(), logs["site2"].String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for site, d := range broken {
+		t.Logf("%s: first link taken for broken %v after the blackhole began", site, d.Round(time.Millisecond))
+		for _, line := range strings.Split(logs[site].String(), "\n") {
+			if strings.Contains(line, "WAN link broken") {
+				t.Logf("  %s", line)
+			}
+		}
+		if d < 5*time.Second || d > 14*time.Second {
+			t.Errorf("%s: idle link taken for broken %v after the blackhole began, want 5-14 s (dead time 10 s)", site, d.Round(time.Millisecond))
+		}
+	}
+	restore()
+	for _, site := range []string{"site1", "site2"} {
+		waitLog(site, "WAN link resumed", 20*time.Second)
+	}
+	for site, b := range logs {
+		if strings.Contains(b.String(), "WAN link lost") {
+			t.Errorf("%s: a link was lost instead of resumed:\n%s", site, b.String())
+		}
+	}
+}

@@ -123,7 +123,7 @@ type Config struct {
 
 	DialTimeout  time.Duration // LAN connect to a destination (default 10 s)
 	OpenTimeout  time.Duration // how long an OPEN waits for a WAN link (default 2 s)
-	PingInterval time.Duration // WAN keepalive of a busy link (default 1 s); an idle one pings about every DeadAfter/3 (relay/keep.go)
+	PingInterval time.Duration // WAN keepalive of a busy link (default 1 s); an idle one with streams pings about every DeadAfter/3 (relay/keep.go), one without is left to TCP keepalive (relay/quiet.go)
 	DeadAfter    time.Duration // a link silent this long is dead; also TCP_USER_TIMEOUT (default 10 × PingInterval)
 	DrainTimeout time.Duration // SIGTERM: how long streams may finish (default 10 s)
 	// ResumeWithin is how long a broken WAN link may take to resume on a

@@ -225,7 +225,7 @@ func (g *Gateway) numLinks() int {
 func (g *Gateway) isExpress(i int) bool { return g.cfg.Express && i == g.cfg.WANConns }
 
 func (g *Gateway) features() uint8 {
-	f := header.FeatureTrunk | header.FeatureClamp | header.FeaturePad
+	f := header.FeatureTrunk | header.FeatureClamp | header.FeaturePad | header.FeatureQuiet
 	if g.cfg.ResumeWithin > 0 {
 		f |= header.FeatureResume
 	}

@@ -145,7 +145,12 @@ const (
 	// until the peer ACKs it, and a reconnecting HELLO carries the link's
 	// session (extension ExtSession) and the bytes received so far.
 	FeatureResume uint8 = 1 << 5
-	knownFeatures       = FeatureTrunk | FeatureExpress | FeatureClamp | FeatureRenew | FeaturePad | FeatureResume
+	// FeatureQuiet: the sender stops its keepalives (PING, ACK) on a link
+	// with no streams that carries nothing but keepalives, and lets its
+	// kernel's TCP keepalive watch the connection instead; it still
+	// answers every PING.
+	FeatureQuiet  uint8 = 1 << 6
+	knownFeatures       = FeatureTrunk | FeatureExpress | FeatureClamp | FeatureRenew | FeaturePad | FeatureResume | FeatureQuiet
 )
 
 // sessionLen is the size of the ExtSession value: u64 session, u64 bytes

@@ -202,8 +202,8 @@ func TestHello(t *testing.T) {
 		{SiteID: 1, LinkCount: 1, MaxPayload: MaxPayload + 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Window: 1},
-		{SiteID: 1, LinkCount: 1, Features: 64, MaxPayload: 1, Window: 1, Name: "a"}, // undefined bit
-		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Window: 1, Name: "a", Resume: true}, // resume without a session
+		{SiteID: 1, LinkCount: 1, Features: 128, MaxPayload: 1, Window: 1, Name: "a"}, // undefined bit
+		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Window: 1, Name: "a", Resume: true},  // resume without a session
 		{SiteID: 1, LinkCount: 2, Features: FeatureExpress, MaxPayload: 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, Features: FeatureTrunk | FeatureExpress, MaxPayload: 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 2, Features: FeatureTrunk | FeatureRenew, MaxPayload: 1, Window: 1, Name: "a"},

@@ -23,7 +23,9 @@ import (
 // acceptor hears its PINGs and the dialer the PONGs: each side hears the
 // other well within DeadAfter. If the dialer stops pinging (an older peer,
 // or a peer with a longer period), the acceptor pings on its own. A busy
-// link pings every PingInterval as before (its RTT samples).
+// link pings every PingInterval as before (its RTT samples). An idle
+// link with no streams whose peer has feature QUIET sends no keepalive at
+// all: the kernel's TCP keepalive watches it (quiet.go).
 
 // idlePing is the longest an idle link waits, silent, before it pings: a
 // third of DeadAfter, so a dead peer is still found after DeadAfter.
@@ -140,7 +142,13 @@ func (l *Link) keepTick(now, steady time.Time) bool {
 		}
 		return true
 	}
-	silent := now.Sub(time.Unix(0, l.lastRecv.Load()))
+	active := l.active.Load()
+	busy := active != l.keptActive
+	l.keptActive = active
+	if l.keepQuiet(now, busy) {
+		return true // the kernel watches the link (quiet.go)
+	}
+	silent := now.Sub(time.Unix(0, max(l.lastRecv.Load(), l.wokeAt)))
 	if d := now.Sub(steady); silent > l.cfg.DeadAfter && d > l.cfg.DeadAfter {
 		go l.broke(gen, fmt.Errorf("%w for %v (from %v)", errSilent, silent.Round(time.Millisecond), l.remoteAddr()))
 		return true
@@ -148,9 +156,6 @@ func (l *Link) keepTick(now, steady time.Time) bool {
 	if l.rs != nil {
 		l.tickAck(now) // in the PING's write, if there is one
 	}
-	active := l.active.Load()
-	busy := active != l.keptActive
-	l.keptActive = active
 	if !busy {
 		wait := idlePing(&l.cfg) + l.cfg.PingInterval/2 // clear of the dialer's, with timer jitter
 		if l.t.dialer {

@@ -147,6 +147,13 @@ type Link struct {
 	// alone).
 	active     atomic.Uint64
 	keptActive uint64
+	// Quiet links (quiet.go): kernelWatch, the kernel's keepalive watches
+	// the current connection and the peer has feature QUIET; quiet, the
+	// keeper left the link to it at its last tick, and wokeAt (unix ns)
+	// is when the link last stopped being quiet (the keeper's alone).
+	kernelWatch atomic.Bool
+	quiet       bool
+	wokeAt      int64
 	// holdUntil (unix ns, 0 = none): nothing is written to the socket
 	// before then (Hold).
 	holdUntil atomic.Int64
@@ -178,6 +185,7 @@ func newLink(conn net.Conn, cfg Config, peer header.Hello, t *Trunk, index int, 
 	l.lastRecv.Store(time.Now().UnixNano())
 	if conn != nil {
 		l.remote.Store(conn.RemoteAddr())
+		l.watchConn(conn)
 	}
 	if session != 0 && peer.Session != 0 && peer.Features&header.FeatureResume != 0 && t.lanes {
 		l.rs = newResumer(&l.cfg, session)

@@ -486,6 +486,7 @@ func (l *Link) Resume(conn net.Conn, peer header.Hello) error {
 	l.urgent = slices.Insert(l.urgent, l.ui, again...)
 	l.conn = conn
 	l.remote.Store(conn.RemoteAddr())
+	l.watchConn(conn)
 	l.gen++
 	rd := l.newReader(conn, l.gen)
 	l.tail = false // the old connection's

@@ -21,9 +21,15 @@ import (
 // all resuming (HELLO feature RESUME with a session per link).
 func resumingPair(t testing.TB, cfg Config, bulk int) (ta, tb *Trunk, as, bs []*Link) {
 	t.Helper()
+	return resumingPairF(t, cfg, bulk, 0)
+}
+
+// resumingPairF is resumingPair with more HELLO features on both sides.
+func resumingPairF(t testing.TB, cfg Config, bulk int, more uint8) (ta, tb *Trunk, as, bs []*Link) {
+	t.Helper()
 	ta, tb = NewTrunk(true, HandlerFunc(dialHandler)), NewTrunk(false, HandlerFunc(dialHandler))
 	count := bulk + 1
-	features := header.FeatureTrunk | header.FeatureExpress | header.FeatureResume
+	features := header.FeatureTrunk | header.FeatureExpress | header.FeatureResume | more
 	for i := range count {
 		sa, sb := rand.Uint64()|1, rand.Uint64()|1
 		ca, cb, ha, hb := handshakenS(t, &cfg, i, count, features, sa, sb)
