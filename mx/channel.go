@@ -182,6 +182,12 @@ func (ch *channel) hasWork() bool {
 // pump sends queued work while the peer's window and the send pool allow.
 func (ch *channel) pump() {
 	e := ch.ep.e
+	sent := false
+	defer func() {
+		if sent {
+			e.arm(ch.retxDue()) // once for the burst: its last frame's probe
+		}
+	}()
 	for ch.hasWork() && wire.SeqLess(ch.sndNext, ch.sndEdge) && len(ch.inflight) < e.cfg.Window {
 		buf := e.tx.get()
 		if buf == nil {
@@ -195,6 +201,7 @@ func (ch *channel) pump() {
 		}
 		ch.inflight = append(ch.inflight, f)
 		ch.transmit(f)
+		sent = true
 	}
 	if ch.hasWork() && len(ch.inflight) == 0 && ch.probeAt.IsZero() {
 		// Window closed with nothing in flight: probe until it opens.
@@ -256,7 +263,49 @@ func (ch *channel) transmit(f *txFrame) {
 	ch.ackAt = timeNever
 	f.sentAt = e.now()
 	e.xmit(ch.peer.MAC, b)
-	e.arm(f.sentAt.Add(ch.pto())) // the tail-loss probe's time, before the RTO's
+}
+
+// probeDue is when the newest frame in flight is probed: when it has had
+// two round trips to be answered and nothing follows it (zero if the probe
+// went out since the last progress, or frames wait to be sent).
+func (ch *channel) probeDue() time.Time {
+	if len(ch.inflight) == 0 {
+		return timeNever
+	}
+	newest := ch.inflight[len(ch.inflight)-1]
+	if ch.probed || ch.srtt == 0 || ch.hasWork() || newest.sacked {
+		return timeNever
+	}
+	return newest.sentAt.Add(ch.pto())
+}
+
+// rtoStart is when the oldest frame the peer holds no copy of started its
+// RTO: it restarts on every acknowledgement that makes progress (RFC 6298
+// 5.3), since a frame at the back of a full window waits for the frames
+// before it, which is queueing, not loss. Zero when every frame in flight
+// is held by the peer.
+func (ch *channel) rtoStart() time.Time {
+	for _, f := range ch.inflight {
+		if !f.sacked {
+			if ch.lastProgress.After(f.sentAt) {
+				return ch.lastProgress
+			}
+			return f.sentAt
+		}
+	}
+	return timeNever
+}
+
+// retxDue is the channel's next retransmission deadline, probe or RTO
+// (zero with nothing in flight).
+func (ch *channel) retxDue() time.Time {
+	t := ch.probeDue()
+	if start := ch.rtoStart(); !start.IsZero() {
+		if rto := start.Add(ch.curRTO()); t.IsZero() || rto.Before(t) {
+			t = rto
+		}
+	}
+	return t
 }
 
 // pto is the tail-loss probe's timeout: two smoothed round trips, at
@@ -309,6 +358,8 @@ func (ch *channel) onAck(h *wire.Header) {
 		ch.resendHoles(h, now)
 	}
 	ch.pump()
+	// Progress may have brought the deadline forward (backoff reset).
+	e.arm(ch.retxDue())
 }
 
 // rttSample updates the RTO from one round trip (RFC 6298).
@@ -540,38 +591,22 @@ func (ch *channel) tick(now time.Time) time.Time {
 			ch.fail(fmt.Errorf("%w: %v acknowledged nothing for %v", ErrTimeout, ch.peer, e.cfg.PeerTimeout))
 			return timeNever
 		}
-		var oldest *txFrame
-		for _, f := range ch.inflight {
-			if !f.sacked {
-				oldest = f
-				break
-			}
-		}
-		// The timer restarts on every acknowledgement that makes progress
-		// (RFC 6298 5.3): a frame at the back of a full window waits for
-		// the frames before it, which is queueing, not loss.
-		var start time.Time
-		if oldest != nil {
-			start = oldest.sentAt
-			if ch.lastProgress.After(start) {
-				start = ch.lastProgress
-			}
-		}
 		// Tail-loss probe: when the newest frame has had two round trips
 		// to be answered and nothing follows it, send it again once. A
 		// lost lone message (or its reply) then costs a few round trips,
 		// not an RTO inflated by this host's scheduling jitter; the probe's
 		// acknowledgement (or SACK) shows what else is missing.
-		if newest := ch.inflight[len(ch.inflight)-1]; !ch.probed && ch.srtt > 0 && !ch.hasWork() && !newest.sacked {
-			if due(newest.sentAt.Add(ch.pto())) {
-				ch.probed = true
-				newest.retx++
-				e.c.retransmits.Add(1)
-				e.c.probes.Add(1)
-				ch.transmit(newest)
-			}
-		}
-		if oldest != nil && due(start.Add(ch.curRTO())) {
+		if due(ch.probeDue()) {
+			newest := ch.inflight[len(ch.inflight)-1]
+			ch.probed = true
+			newest.retx++
+			e.c.retransmits.Add(1)
+			e.c.probes.Add(1)
+			ch.transmit(newest)
+			// A timer that fired late finds the RTO due too: the probe
+			// is this turn's retransmission, and the RTO counts from it.
+			due(now.Add(ch.curRTO()))
+		} else if start := ch.rtoStart(); !start.IsZero() && due(start.Add(ch.curRTO())) {
 			e.c.timeouts.Add(1)
 			ch.backoff++
 			// Resend a burst, not one frame: on a LAN a loss is more

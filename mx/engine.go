@@ -352,7 +352,7 @@ func (e *Engine) sendReject(to Addr, from uint16, session uint32, reason uint8) 
 
 // arm makes sure the timer fires by t.
 func (e *Engine) arm(t time.Time) {
-	if e.closed || (!e.timerAt.IsZero() && !t.Before(e.timerAt)) {
+	if e.closed || t.IsZero() || (!e.timerAt.IsZero() && !t.Before(e.timerAt)) {
 		return
 	}
 	if e.timer != nil {
