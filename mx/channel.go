@@ -185,7 +185,7 @@ func (ch *channel) pump() {
 	sent := false
 	defer func() {
 		if sent {
-			e.arm(ch.retxDue()) // once for the burst: its last frame's probe
+			e.armRetx(ch.retxDue()) // once for the burst: its last frame's probe
 		}
 	}()
 	for ch.hasWork() && wire.SeqLess(ch.sndNext, ch.sndEdge) && len(ch.inflight) < e.cfg.Window {
@@ -359,7 +359,7 @@ func (ch *channel) onAck(h *wire.Header) {
 	}
 	ch.pump()
 	// Progress may have brought the deadline forward (backoff reset).
-	e.arm(ch.retxDue())
+	e.armRetx(ch.retxDue())
 }
 
 // rttSample updates the RTO from one round trip (RFC 6298).
@@ -553,35 +553,38 @@ func (ch *channel) deliver(h *wire.Header, payload, buf []byte) bool {
 	return false
 }
 
-// tick runs the channel's timers and returns its next deadline.
-func (ch *channel) tick(now time.Time) time.Time {
+// tick runs the channel's timers and returns its next deadlines: next for
+// the engine's clock, retx (probe, RTO, peer timeout while frames are in
+// flight) for its retransmission timer.
+func (ch *channel) tick(now time.Time) (next, retx time.Time) {
 	e := ch.ep.e
-	var next time.Time
-	due := func(t time.Time) bool {
+	dueOn := func(dst *time.Time, t time.Time) bool {
 		if t.IsZero() {
 			return false
 		}
 		if !t.After(now) {
 			return true
 		}
-		if next.IsZero() || t.Before(next) {
-			next = t
+		if dst.IsZero() || t.Before(*dst) {
+			*dst = t
 		}
 		return false
 	}
+	due := func(t time.Time) bool { return dueOn(&next, t) }
+	dueRetx := func(t time.Time) bool { return dueOn(&retx, t) }
 	switch ch.state {
 	case stateConnecting:
 		if now.Sub(ch.connectStart) >= e.cfg.PeerTimeout {
 			ch.fail(fmt.Errorf("%w: no CONNECT_ACK from %v in %v", ErrTimeout, ch.peer, e.cfg.PeerTimeout))
-			return timeNever
+			return timeNever, timeNever
 		}
 		if due(ch.connectNext) {
 			ch.sendConnect(wire.TypeConnect)
 			due(ch.connectNext)
 		}
-		return next
+		return next, retx
 	case stateDead:
-		return timeNever
+		return timeNever, timeNever
 	}
 	if due(ch.ackAt) {
 		ch.sendAck(wire.TypeAck)
@@ -589,14 +592,14 @@ func (ch *channel) tick(now time.Time) time.Time {
 	if len(ch.inflight) > 0 {
 		if now.Sub(ch.lastProgress) >= e.cfg.PeerTimeout {
 			ch.fail(fmt.Errorf("%w: %v acknowledged nothing for %v", ErrTimeout, ch.peer, e.cfg.PeerTimeout))
-			return timeNever
+			return timeNever, timeNever
 		}
 		// Tail-loss probe: when the newest frame has had two round trips
 		// to be answered and nothing follows it, send it again once. A
 		// lost lone message (or its reply) then costs a few round trips,
 		// not an RTO inflated by this host's scheduling jitter; the probe's
 		// acknowledgement (or SACK) shows what else is missing.
-		if due(ch.probeDue()) {
+		if dueRetx(ch.probeDue()) {
 			newest := ch.inflight[len(ch.inflight)-1]
 			ch.probed = true
 			newest.retx++
@@ -605,8 +608,8 @@ func (ch *channel) tick(now time.Time) time.Time {
 			ch.transmit(newest)
 			// A timer that fired late finds the RTO due too: the probe
 			// is this turn's retransmission, and the RTO counts from it.
-			due(now.Add(ch.curRTO()))
-		} else if start := ch.rtoStart(); !start.IsZero() && due(start.Add(ch.curRTO())) {
+			dueRetx(now.Add(ch.curRTO()))
+		} else if start := ch.rtoStart(); !start.IsZero() && dueRetx(start.Add(ch.curRTO())) {
 			e.c.timeouts.Add(1)
 			ch.backoff++
 			// Resend a burst, not one frame: on a LAN a loss is more
@@ -624,9 +627,9 @@ func (ch *channel) tick(now time.Time) time.Time {
 				ch.transmit(f)
 				n++
 			}
-			due(now.Add(ch.curRTO()))
+			dueRetx(now.Add(ch.curRTO()))
 		}
-		due(ch.lastProgress.Add(e.cfg.PeerTimeout))
+		dueRetx(ch.lastProgress.Add(e.cfg.PeerTimeout))
 	} else if ch.hasWork() && due(ch.probeAt) {
 		// A shut window may be a slow reader, not a dead peer: probing
 		// goes on (one small frame per RTO) and never fails the channel.
@@ -642,7 +645,7 @@ func (ch *channel) tick(now time.Time) time.Time {
 	if ka := e.cfg.KeepAlive; ka > 0 && len(ch.inflight) == 0 && !ch.hasWork() {
 		if now.Sub(ch.heard) >= e.cfg.PeerTimeout {
 			ch.fail(fmt.Errorf("%w: nothing from %v for %v on an idle channel", ErrTimeout, ch.peer, e.cfg.PeerTimeout))
-			return timeNever
+			return timeNever, timeNever
 		}
 		if !now.Before(ch.heard.Add(ka)) && !now.Before(ch.keepAt) {
 			h := wire.Header{Type: wire.TypeAck, Flags: wire.FlagAckNow, Dst: ch.peer.EP, Src: ch.ep.id,
@@ -656,7 +659,7 @@ func (ch *channel) tick(now time.Time) time.Time {
 		due(ch.keepAt)
 		due(ch.heard.Add(e.cfg.PeerTimeout))
 	}
-	return next
+	return next, retx
 }
 
 // fail ends the channel: every request that depends on it ends with err,
