@@ -73,13 +73,14 @@ type channel struct {
 	probeAt         time.Time
 
 	// Receiving.
-	rcvNext uint32
-	ooo     map[uint32]*rxFrame
-	ackOwed int
-	ackAt   time.Time
-	advWin  uint16
-	rxMsgs  map[uint32]*inMsg // eager messages partly arrived
-	pulls   map[uint32]*inMsg // rendezvous receives being pulled
+	rcvNext  uint32
+	ooo      map[uint32]*rxFrame
+	ackOwed  int
+	ackAt    time.Time
+	ackTimer Timer // the delayed ACK's, stopped when a frame carries it
+	advWin   uint16
+	rxMsgs   map[uint32]*inMsg // eager messages partly arrived
+	pulls    map[uint32]*inMsg // rendezvous receives being pulled
 }
 
 type rxFrame struct {
@@ -162,8 +163,29 @@ func (ch *channel) sendAck(t wire.Type) {
 	b := e.scratch[:wire.EthSize+wire.Size]
 	h.Encode(b[wire.EthSize:])
 	e.xmit(ch.peer.MAC, b)
+	ch.acked()
+}
+
+// acked notes that a frame carried the acknowledgement: the delayed ACK's
+// timer, if any, is stopped rather than left to fire for nothing (in a
+// request-reply exchange the reply carries it, once per round trip).
+func (ch *channel) acked() {
 	ch.ackOwed = 0
 	ch.ackAt = timeNever
+	if ch.ackTimer != nil {
+		ch.ackTimer.Stop()
+		ch.ackTimer = nil
+	}
+}
+
+// onAckTimer sends the ACK no frame carried within AckDelay.
+func (ch *channel) onAckTimer() {
+	e := ch.ep.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.closed && ch.state == stateOpen && !ch.ackAt.IsZero() {
+		ch.sendAck(wire.TypeAck)
+	}
 }
 
 // windowUpdate tells the peer about buffers freed after this end had
@@ -259,8 +281,7 @@ func (ch *channel) transmit(f *txFrame) {
 	ch.advWin = ch.window()
 	b := f.buf[:f.n]
 	wire.PutAck(b[wire.EthSize:], ch.rcvNext, ch.sack(), ch.advWin)
-	ch.ackOwed = 0
-	ch.ackAt = timeNever
+	ch.acked()
 	f.sentAt = e.now()
 	e.xmit(ch.peer.MAC, b)
 }
@@ -456,7 +477,7 @@ func (ch *channel) onSequenced(h *wire.Header, payload, buf []byte, pooled bool)
 		ch.sendAck(wire.TypeAck)
 	} else if ch.ackAt.IsZero() {
 		ch.ackAt = e.now().Add(e.cfg.AckDelay)
-		e.arm(ch.ackAt)
+		ch.ackTimer = e.cfg.Clock.AfterFunc(e.cfg.AckDelay, ch.onAckTimer)
 	}
 	return kept
 }
@@ -586,9 +607,6 @@ func (ch *channel) tick(now time.Time) (next, retx time.Time) {
 	case stateDead:
 		return timeNever, timeNever
 	}
-	if due(ch.ackAt) {
-		ch.sendAck(wire.TypeAck)
-	}
 	if len(ch.inflight) > 0 {
 		if now.Sub(ch.lastProgress) >= e.cfg.PeerTimeout {
 			ch.fail(fmt.Errorf("%w: %v acknowledged nothing for %v", ErrTimeout, ch.peer, e.cfg.PeerTimeout))
@@ -671,6 +689,10 @@ func (ch *channel) fail(err error) {
 	e := ch.ep.e
 	ch.state = stateDead
 	ch.err = err
+	if ch.ackTimer != nil {
+		ch.ackTimer.Stop()
+		ch.ackTimer = nil
+	}
 	if ch.connWait != nil {
 		close(ch.connWait)
 		ch.connWait = nil
