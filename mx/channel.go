@@ -73,13 +73,14 @@ type channel struct {
 	probeAt         time.Time
 
 	// Receiving.
-	rcvNext uint32
-	ooo     map[uint32]*rxFrame
-	ackOwed int
-	ackAt   time.Time
-	advWin  uint16
-	rxMsgs  map[uint32]*inMsg // eager messages partly arrived
-	pulls   map[uint32]*inMsg // rendezvous receives being pulled
+	rcvNext  uint32
+	ooo      map[uint32]*rxFrame
+	ackOwed  int
+	ackAt    time.Time
+	ackTimer Timer // the delayed ACK's, stopped when a frame carries it
+	advWin   uint16
+	rxMsgs   map[uint32]*inMsg // eager messages partly arrived
+	pulls    map[uint32]*inMsg // rendezvous receives being pulled
 }
 
 type rxFrame struct {
@@ -162,8 +163,29 @@ func (ch *channel) sendAck(t wire.Type) {
 	b := e.scratch[:wire.EthSize+wire.Size]
 	h.Encode(b[wire.EthSize:])
 	e.xmit(ch.peer.MAC, b)
+	ch.acked()
+}
+
+// acked notes that a frame carried the acknowledgement: the delayed ACK's
+// timer, if any, is stopped rather than left to fire for nothing (in a
+// request-reply exchange the reply carries it, once per round trip).
+func (ch *channel) acked() {
 	ch.ackOwed = 0
 	ch.ackAt = timeNever
+	if ch.ackTimer != nil {
+		ch.ackTimer.Stop()
+		ch.ackTimer = nil
+	}
+}
+
+// onAckTimer sends the ACK no frame carried within AckDelay.
+func (ch *channel) onAckTimer() {
+	e := ch.ep.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.closed && ch.state == stateOpen && !ch.ackAt.IsZero() {
+		ch.sendAck(wire.TypeAck)
+	}
 }
 
 // windowUpdate tells the peer about buffers freed after this end had
@@ -182,6 +204,12 @@ func (ch *channel) hasWork() bool {
 // pump sends queued work while the peer's window and the send pool allow.
 func (ch *channel) pump() {
 	e := ch.ep.e
+	sent := false
+	defer func() {
+		if sent {
+			e.armRetx(ch.retxDue()) // once for the burst: its last frame's probe
+		}
+	}()
 	for ch.hasWork() && wire.SeqLess(ch.sndNext, ch.sndEdge) && len(ch.inflight) < e.cfg.Window {
 		buf := e.tx.get()
 		if buf == nil {
@@ -195,6 +223,7 @@ func (ch *channel) pump() {
 		}
 		ch.inflight = append(ch.inflight, f)
 		ch.transmit(f)
+		sent = true
 	}
 	if ch.hasWork() && len(ch.inflight) == 0 && ch.probeAt.IsZero() {
 		// Window closed with nothing in flight: probe until it opens.
@@ -252,11 +281,52 @@ func (ch *channel) transmit(f *txFrame) {
 	ch.advWin = ch.window()
 	b := f.buf[:f.n]
 	wire.PutAck(b[wire.EthSize:], ch.rcvNext, ch.sack(), ch.advWin)
-	ch.ackOwed = 0
-	ch.ackAt = timeNever
+	ch.acked()
 	f.sentAt = e.now()
 	e.xmit(ch.peer.MAC, b)
-	e.arm(f.sentAt.Add(ch.pto())) // the tail-loss probe's time, before the RTO's
+}
+
+// probeDue is when the newest frame in flight is probed: when it has had
+// two round trips to be answered and nothing follows it (zero if the probe
+// went out since the last progress, or frames wait to be sent).
+func (ch *channel) probeDue() time.Time {
+	if len(ch.inflight) == 0 {
+		return timeNever
+	}
+	newest := ch.inflight[len(ch.inflight)-1]
+	if ch.probed || ch.srtt == 0 || ch.hasWork() || newest.sacked {
+		return timeNever
+	}
+	return newest.sentAt.Add(ch.pto())
+}
+
+// rtoStart is when the oldest frame the peer holds no copy of started its
+// RTO: it restarts on every acknowledgement that makes progress (RFC 6298
+// 5.3), since a frame at the back of a full window waits for the frames
+// before it, which is queueing, not loss. Zero when every frame in flight
+// is held by the peer.
+func (ch *channel) rtoStart() time.Time {
+	for _, f := range ch.inflight {
+		if !f.sacked {
+			if ch.lastProgress.After(f.sentAt) {
+				return ch.lastProgress
+			}
+			return f.sentAt
+		}
+	}
+	return timeNever
+}
+
+// retxDue is the channel's next retransmission deadline, probe or RTO
+// (zero with nothing in flight).
+func (ch *channel) retxDue() time.Time {
+	t := ch.probeDue()
+	if start := ch.rtoStart(); !start.IsZero() {
+		if rto := start.Add(ch.curRTO()); t.IsZero() || rto.Before(t) {
+			t = rto
+		}
+	}
+	return t
 }
 
 // pto is the tail-loss probe's timeout: two smoothed round trips, at
@@ -309,6 +379,8 @@ func (ch *channel) onAck(h *wire.Header) {
 		ch.resendHoles(h, now)
 	}
 	ch.pump()
+	// Progress may have brought the deadline forward (backoff reset).
+	e.armRetx(ch.retxDue())
 }
 
 // rttSample updates the RTO from one round trip (RFC 6298).
@@ -405,7 +477,7 @@ func (ch *channel) onSequenced(h *wire.Header, payload, buf []byte, pooled bool)
 		ch.sendAck(wire.TypeAck)
 	} else if ch.ackAt.IsZero() {
 		ch.ackAt = e.now().Add(e.cfg.AckDelay)
-		e.arm(ch.ackAt)
+		ch.ackTimer = e.cfg.Clock.AfterFunc(e.cfg.AckDelay, ch.onAckTimer)
 	}
 	return kept
 }
@@ -502,76 +574,60 @@ func (ch *channel) deliver(h *wire.Header, payload, buf []byte) bool {
 	return false
 }
 
-// tick runs the channel's timers and returns its next deadline.
-func (ch *channel) tick(now time.Time) time.Time {
+// tick runs the channel's timers and returns its next deadlines: next for
+// the engine's clock, retx (probe, RTO, peer timeout while frames are in
+// flight) for its retransmission timer.
+func (ch *channel) tick(now time.Time) (next, retx time.Time) {
 	e := ch.ep.e
-	var next time.Time
-	due := func(t time.Time) bool {
+	dueOn := func(dst *time.Time, t time.Time) bool {
 		if t.IsZero() {
 			return false
 		}
 		if !t.After(now) {
 			return true
 		}
-		if next.IsZero() || t.Before(next) {
-			next = t
+		if dst.IsZero() || t.Before(*dst) {
+			*dst = t
 		}
 		return false
 	}
+	due := func(t time.Time) bool { return dueOn(&next, t) }
+	dueRetx := func(t time.Time) bool { return dueOn(&retx, t) }
 	switch ch.state {
 	case stateConnecting:
 		if now.Sub(ch.connectStart) >= e.cfg.PeerTimeout {
 			ch.fail(fmt.Errorf("%w: no CONNECT_ACK from %v in %v", ErrTimeout, ch.peer, e.cfg.PeerTimeout))
-			return timeNever
+			return timeNever, timeNever
 		}
 		if due(ch.connectNext) {
 			ch.sendConnect(wire.TypeConnect)
 			due(ch.connectNext)
 		}
-		return next
+		return next, retx
 	case stateDead:
-		return timeNever
-	}
-	if due(ch.ackAt) {
-		ch.sendAck(wire.TypeAck)
+		return timeNever, timeNever
 	}
 	if len(ch.inflight) > 0 {
 		if now.Sub(ch.lastProgress) >= e.cfg.PeerTimeout {
 			ch.fail(fmt.Errorf("%w: %v acknowledged nothing for %v", ErrTimeout, ch.peer, e.cfg.PeerTimeout))
-			return timeNever
-		}
-		var oldest *txFrame
-		for _, f := range ch.inflight {
-			if !f.sacked {
-				oldest = f
-				break
-			}
-		}
-		// The timer restarts on every acknowledgement that makes progress
-		// (RFC 6298 5.3): a frame at the back of a full window waits for
-		// the frames before it, which is queueing, not loss.
-		var start time.Time
-		if oldest != nil {
-			start = oldest.sentAt
-			if ch.lastProgress.After(start) {
-				start = ch.lastProgress
-			}
+			return timeNever, timeNever
 		}
 		// Tail-loss probe: when the newest frame has had two round trips
 		// to be answered and nothing follows it, send it again once. A
 		// lost lone message (or its reply) then costs a few round trips,
 		// not an RTO inflated by this host's scheduling jitter; the probe's
 		// acknowledgement (or SACK) shows what else is missing.
-		if newest := ch.inflight[len(ch.inflight)-1]; !ch.probed && ch.srtt > 0 && !ch.hasWork() && !newest.sacked {
-			if due(newest.sentAt.Add(ch.pto())) {
-				ch.probed = true
-				newest.retx++
-				e.c.retransmits.Add(1)
-				e.c.probes.Add(1)
-				ch.transmit(newest)
-			}
-		}
-		if oldest != nil && due(start.Add(ch.curRTO())) {
+		if dueRetx(ch.probeDue()) {
+			newest := ch.inflight[len(ch.inflight)-1]
+			ch.probed = true
+			newest.retx++
+			e.c.retransmits.Add(1)
+			e.c.probes.Add(1)
+			ch.transmit(newest)
+			// A timer that fired late finds the RTO due too: the probe
+			// is this turn's retransmission, and the RTO counts from it.
+			dueRetx(now.Add(ch.curRTO()))
+		} else if start := ch.rtoStart(); !start.IsZero() && dueRetx(start.Add(ch.curRTO())) {
 			e.c.timeouts.Add(1)
 			ch.backoff++
 			// Resend a burst, not one frame: on a LAN a loss is more
@@ -589,9 +645,9 @@ func (ch *channel) tick(now time.Time) time.Time {
 				ch.transmit(f)
 				n++
 			}
-			due(now.Add(ch.curRTO()))
+			dueRetx(now.Add(ch.curRTO()))
 		}
-		due(ch.lastProgress.Add(e.cfg.PeerTimeout))
+		dueRetx(ch.lastProgress.Add(e.cfg.PeerTimeout))
 	} else if ch.hasWork() && due(ch.probeAt) {
 		// A shut window may be a slow reader, not a dead peer: probing
 		// goes on (one small frame per RTO) and never fails the channel.
@@ -607,7 +663,7 @@ func (ch *channel) tick(now time.Time) time.Time {
 	if ka := e.cfg.KeepAlive; ka > 0 && len(ch.inflight) == 0 && !ch.hasWork() {
 		if now.Sub(ch.heard) >= e.cfg.PeerTimeout {
 			ch.fail(fmt.Errorf("%w: nothing from %v for %v on an idle channel", ErrTimeout, ch.peer, e.cfg.PeerTimeout))
-			return timeNever
+			return timeNever, timeNever
 		}
 		if !now.Before(ch.heard.Add(ka)) && !now.Before(ch.keepAt) {
 			h := wire.Header{Type: wire.TypeAck, Flags: wire.FlagAckNow, Dst: ch.peer.EP, Src: ch.ep.id,
@@ -621,7 +677,7 @@ func (ch *channel) tick(now time.Time) time.Time {
 		due(ch.keepAt)
 		due(ch.heard.Add(e.cfg.PeerTimeout))
 	}
-	return next
+	return next, retx
 }
 
 // fail ends the channel: every request that depends on it ends with err,
@@ -633,6 +689,10 @@ func (ch *channel) fail(err error) {
 	e := ch.ep.e
 	ch.state = stateDead
 	ch.err = err
+	if ch.ackTimer != nil {
+		ch.ackTimer.Stop()
+		ch.ackTimer = nil
+	}
 	if ch.connWait != nil {
 		close(ch.connWait)
 		ch.connWait = nil

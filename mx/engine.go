@@ -12,9 +12,14 @@
 // endpoints to a byte stream (Read, Write, CloseWrite, Abort), which is what
 // the gateway and the ranks speak.
 //
-// One mutex guards an engine's state; the receive goroutine, the single
-// timer and the API calls take it briefly and never block under it (Link.Send
-// is a non-blocking system call on a raw socket).
+// One mutex guards an engine's state; the receive goroutine, the two timers
+// and the API calls take it briefly and never block under it (Link.Send is a
+// non-blocking system call on a raw socket). One timer runs the
+// retransmissions (tail-loss probe, RTO) while frames are in flight; on
+// Linux it is a timerfd, which wakes Go's poller when it is due, where
+// Go's own timers fire up to a millisecond late on an idle host. The other
+// runs everything else (delayed ACKs, connects, window probes, keepalives)
+// on Config.Clock.
 package mx
 
 import (
@@ -64,7 +69,8 @@ type Config struct {
 	// Allow, if set, admits frames by source MAC; others are dropped and
 	// counted (Stats.Foreign) before they are decoded.
 	Allow func(MAC) bool
-	// Clock replaces the real clock in tests.
+	// Clock replaces the real clock in tests; it then runs the
+	// retransmission timer too.
 	Clock Clock
 }
 
@@ -154,6 +160,9 @@ type Engine struct {
 	rx, tx    *pool
 	timer     Timer
 	timerAt   time.Time
+	retx      retxTimer // probe and RTO, while frames are in flight
+	retxAt    time.Time // when retx fires; zero: not armed
+	retxSlack time.Duration
 	closed    bool
 	scratch   []byte // an Ethernet header + one control frame
 	lastRTT   time.Duration
@@ -163,11 +172,20 @@ type Engine struct {
 
 // New starts an engine on link. Close stops it and closes the link.
 func New(link Link, cfg Config) (*Engine, error) {
+	realTime := cfg.Clock == nil
 	if err := cfg.fill(link.MTU()); err != nil {
 		return nil, err
 	}
 	e := &Engine{cfg: cfg, link: link, mac: link.MAC(), mtu: link.MTU(),
 		eps: map[uint16]*Endpoint{}, done: make(chan struct{})}
+	if realTime {
+		if t, err := newFDTimer(e.onRetxTimer); err == nil {
+			e.retx, e.retxSlack = t, fdTimerSlack
+		}
+	}
+	if e.retx == nil {
+		e.retx = &clockTimer{clk: cfg.Clock, fire: e.onRetxTimer}
+	}
 	size := wire.EthSize + e.mtu
 	e.rx = newPool(cfg.Buffers, size)
 	e.tx = newPool(cfg.Buffers, size)
@@ -206,9 +224,11 @@ func (e *Engine) Close() error {
 	if e.timer != nil {
 		e.timer.Stop()
 	}
+	e.retx.stop()
 	e.mu.Unlock()
 	err := e.link.Close()
 	<-e.done
+	e.retx.close()
 	return err
 }
 
@@ -352,7 +372,7 @@ func (e *Engine) sendReject(to Addr, from uint16, session uint32, reason uint8) 
 
 // arm makes sure the timer fires by t.
 func (e *Engine) arm(t time.Time) {
-	if e.closed || (!e.timerAt.IsZero() && !t.Before(e.timerAt)) {
+	if e.closed || t.IsZero() || (!e.timerAt.IsZero() && !t.Before(e.timerAt)) {
 		return
 	}
 	if e.timer != nil {
@@ -366,26 +386,90 @@ func (e *Engine) arm(t time.Time) {
 	e.timer = e.cfg.Clock.AfterFunc(d, e.onTimer)
 }
 
+// armRetx makes sure the retransmission timer fires by t plus the timer's
+// slack. A timer already due by then stays as it is, even if what it was
+// armed for has been acknowledged: it fires, finds nothing due and moves
+// on to the frames then in flight.
+func (e *Engine) armRetx(t time.Time) {
+	if e.closed || t.IsZero() {
+		return
+	}
+	t = t.Add(e.retxSlack)
+	if !e.retxAt.IsZero() && !e.retxAt.After(t) {
+		return
+	}
+	e.retxAt = t
+	e.retx.set(max(t.Sub(e.now()), 0))
+}
+
 func (e *Engine) onTimer() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.timerAt = time.Time{}
+	e.runTimers()
+}
+
+func (e *Engine) onRetxTimer() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.retxAt = time.Time{}
+	e.runTimers()
+}
+
+// runTimers does what is due on every channel, whichever timer fired, and
+// re-arms both for what comes next.
+func (e *Engine) runTimers() {
 	if e.closed {
 		return
 	}
 	now := e.now()
-	e.timerAt = time.Time{}
-	var next time.Time
-	for _, ep := range e.eps {
-		for _, ch := range ep.chans {
-			if t := ch.tick(now); !t.IsZero() && (next.IsZero() || t.Before(next)) {
-				next = t
-			}
+	var next, retx time.Time
+	earliest := func(dst *time.Time, t time.Time) {
+		if !t.IsZero() && (dst.IsZero() || t.Before(*dst)) {
+			*dst = t
 		}
 	}
-	if !next.IsZero() {
-		e.arm(next)
+	for _, ep := range e.eps {
+		for _, ch := range ep.chans {
+			t, r := ch.tick(now)
+			earliest(&next, t)
+			earliest(&retx, r)
+		}
+	}
+	e.arm(next)
+	e.armRetx(retx)
+}
+
+// retxTimer is the engine's retransmission timer: one pending expiry,
+// moved by set, which calls the engine back. The engine calls it under
+// its mutex.
+type retxTimer interface {
+	set(d time.Duration) // fire once, after d, replacing any pending expiry
+	stop()
+	close() // after the last set or stop
+}
+
+// clockTimer runs the retransmission timer on Config.Clock: where no
+// timerfd exists, and in tests with a fake clock.
+type clockTimer struct {
+	clk  Clock
+	fire func()
+	t    Timer
+}
+
+func (c *clockTimer) set(d time.Duration) {
+	c.stop()
+	c.t = c.clk.AfterFunc(d, c.fire)
+}
+
+func (c *clockTimer) stop() {
+	if c.t != nil {
+		c.t.Stop()
+		c.t = nil
 	}
 }
+
+func (c *clockTimer) close() {}
 
 // pumpAll lets every channel waiting for send buffers use freed ones.
 func (e *Engine) pumpAll() {

@@ -66,10 +66,13 @@ func (realClock) Now() time.Time { return time.Now() }
 
 // AfterFunc runs f after d. Go's poller waits in whole milliseconds on
 // Linux (runtime/netpoll_epoll.go rounds a shorter wait up to 1 ms), so an
-// idle engine's sub-millisecond timers fire late; a goroutine asleep in
-// nanosleep(2) per timer was tried and cost five times the median round
-// trip, a timerfd in the poller seven times (bench/figures/mx): precise
-// timers first need the engine to arm fewer of them.
+// idle engine's sub-millisecond timers fire late. The delayed ACKs,
+// connects and keepalives that run here can be late (a late ACK is
+// overtaken by the peer's probe); the tail-loss probe and the RTO run on
+// a timerfd on Linux (fdTimer), armed with slack so that it fires rarely:
+// a nanosleep(2) goroutine per timer (e5b1593) and a timerfd armed at
+// every deadline (abd4404) had cost five and seven times the median round
+// trip (bench/figures/mx).
 func (realClock) AfterFunc(d time.Duration, f func()) Timer {
 	return time.AfterFunc(d, f)
 }
