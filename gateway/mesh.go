@@ -597,7 +597,8 @@ func (g *Gateway) checkHello(h header.Hello, p *peer, i int) error {
 		return fmt.Errorf("peer says it is gateway %d of site %s, want %d (%v)", h.Gateway, p.site.Name, p.gw, p.wan)
 	case int(h.LinkCount) != g.numLinks() || h.Features != g.features():
 		return fmt.Errorf("peer has %d links per site pair (features %#x), we have %d (features %#x): "+
-			"use the same --wan-conns and --wan-express on every gateway", h.LinkCount, h.Features, g.numLinks(), g.features())
+			"run the same mpi5k build with the same --wan-conns, --wan-express, --wan-express-renew and --wan-resume-within on every gateway",
+			h.LinkCount, h.Features, g.numLinks(), g.features())
 	case i >= 0 && int(h.LinkIndex) != i:
 		return fmt.Errorf("peer link index %d, want %d", h.LinkIndex, i)
 	}
