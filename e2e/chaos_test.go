@@ -223,6 +223,23 @@ func TestChaosGatewayKilled(t *testing.T) {
 	})
 }
 
+// startLoggedGateway starts gwBin as the gateway of site on the lab, its
+// output in the returned buffer; the test's end stops it.
+func startLoggedGateway(t *testing.T, l *testbed.Lab, gwBin, site, ready string) (*exec.Cmd, *lockedBuffer) {
+	t.Helper()
+	b := &lockedBuffer{}
+	cmd := l.Command("gw."+site, gwBin, "--map", l.SiteMapPath(), "--site", site, "--ready-file", ready)
+	cmd.Stdout, cmd.Stderr = b, b
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+	})
+	return cmd, b
+}
+
 // TestChaosGatewayRestart: a gateway run on its own (not by mpi5k run)
 // that is killed and started again rejoins the mesh: its peer logs the
 // lost link once, the restarted gateway gets its links (ready file), and a
@@ -237,16 +254,7 @@ func TestChaosGatewayRestart(t *testing.T) {
 		log *lockedBuffer
 	}
 	start := func(site, ready string) gw {
-		b := &lockedBuffer{}
-		cmd := l.Command("gw."+site, gwBin, "--map", l.SiteMapPath(), "--site", site, "--ready-file", ready)
-		cmd.Stdout, cmd.Stderr = b, b
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			cmd.Process.Signal(syscall.SIGTERM)
-			cmd.Wait()
-		})
+		cmd, b := startLoggedGateway(t, l, gwBin, site, ready)
 		return gw{cmd, b}
 	}
 	waitFile := func(p string) {
@@ -582,18 +590,7 @@ func TestChaosIdleWANDead(t *testing.T) {
 	dir := t.TempDir()
 	logs := map[string]*lockedBuffer{}
 	for _, site := range []string{"site1", "site2"} {
-		b := &lockedBuffer{}
-		cmd := l.Command("gw."+site, gwBin, "--map", l.SiteMapPath(), "--site", site,
-			"--ready-file", filepath.Join(dir, site+".ready"))
-		cmd.Stdout, cmd.Stderr = b, b
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			cmd.Process.Signal(syscall.SIGTERM)
-			cmd.Wait()
-		})
-		logs[site] = b
+		_, logs[site] = startLoggedGateway(t, l, gwBin, site, filepath.Join(dir, site+".ready"))
 	}
 	waitLog := func(site, what string, within time.Duration) time.Time {
 		t.Helper()
