@@ -157,8 +157,9 @@ type Link struct {
 	// holdUntil (unix ns, 0 = none): nothing is written to the socket
 	// before then (Hold).
 	holdUntil atomic.Int64
-	// sendWatch (WatchSend): signalled by the next frame sent, then cleared.
-	sendWatch atomic.Pointer[chan<- struct{}]
+	// sendWatch (WatchSend): each slot is signalled by the next frame
+	// sent, then cleared.
+	sendWatch [SendWatchSlots]atomic.Pointer[chan<- struct{}]
 
 	// Renewal (HELLO feature RENEW): the trunk has put succ in this link's
 	// place. The writer sends RETIRE once its queues are empty, and from

@@ -453,21 +453,29 @@ func (l *Link) writeLoop() {
 // held link never looks dead to its peer.
 const MaxHold = time.Second
 
-// WatchSend arms a one-shot signal: the next DATA or PAD frame the link
-// sends after the call makes a non-blocking send on c. A sampler that has
-// seen the link quiet (nothing sent, nothing in flight) can then sleep until
-// it carries bytes again instead of polling it; keepalives and other control
-// frames do not wake it. A later call replaces the watch.
-func (l *Link) WatchSend(c chan<- struct{}) { l.sendWatch.Store(&c) }
+// SendWatchSlots is how many watches (WatchSend) a link keeps at once, one
+// per watcher: the gateway's PROBE_RTT guard and its WAN sampler.
+const SendWatchSlots = 2
+
+// WatchSend arms a one-shot signal in slot: the next DATA or PAD frame the
+// link sends after the call makes a non-blocking send on c. A sampler that
+// has seen the link quiet (nothing sent, nothing in flight) can then sleep
+// until it carries bytes again instead of polling it; keepalives and other
+// control frames do not wake it. A later call for the same slot replaces
+// its watch; the slots are independent.
+func (l *Link) WatchSend(slot int, c chan<- struct{}) { l.sendWatch[slot].Store(&c) }
 
 func (l *Link) notifySent() {
-	if l.sendWatch.Load() == nil {
-		return
-	}
-	if c := l.sendWatch.Swap(nil); c != nil {
-		select {
-		case *c <- struct{}{}:
-		default:
+	for i := range l.sendWatch {
+		w := &l.sendWatch[i]
+		if w.Load() == nil {
+			continue
+		}
+		if c := w.Swap(nil); c != nil {
+			select {
+			case *c <- struct{}{}:
+			default:
+			}
 		}
 	}
 }

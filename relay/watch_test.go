@@ -6,8 +6,8 @@ import (
 )
 
 // TestWatchSend: a watch fires once, on the first frame sent after it was
-// armed (inline path and writer alike), and a later watch replaces an
-// earlier one.
+// armed (inline path and writer alike), a later watch replaces an earlier
+// one in its slot, and the slots fire independently.
 func TestWatchSend(t *testing.T) {
 	// No keepalives during the test: they are frames too.
 	a, app, _, data := sumStream(t, Config{Chunk: 16 << 10, PingInterval: time.Hour}, 256<<10)
@@ -40,7 +40,7 @@ func TestWatchSend(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 
 	c := make(chan struct{}, 1)
-	a.WatchSend(c)
+	a.WatchSend(0, c)
 	time.Sleep(20 * time.Millisecond)
 	if fired(c) {
 		t.Fatal("the watch fired while the link sent nothing")
@@ -54,10 +54,19 @@ func TestWatchSend(t *testing.T) {
 		t.Fatal("the watch fired twice")
 	}
 
+	// The slots are independent: both fire on one frame.
+	s0, s1 := make(chan struct{}, 1), make(chan struct{}, 1)
+	a.WatchSend(0, s0)
+	a.WatchSend(1, s1)
+	write(120, 130)
+	if f0, f1 := fired(s0), fired(s1); !f0 || !f1 {
+		t.Fatalf("one frame fired slot 0 %v and slot 1 %v, want both", f0, f1)
+	}
+
 	old, c2 := make(chan struct{}, 1), make(chan struct{}, 1)
-	a.WatchSend(old)
-	a.WatchSend(c2)
-	write(120, len(data)) // bulk: the writer
+	a.WatchSend(0, old)
+	a.WatchSend(0, c2)
+	write(130, len(data)) // bulk: the writer
 	if o, n := fired(old), fired(c2); o || !n {
 		t.Fatalf("replaced watch fired %v, its replacement %v; want false, true", o, n)
 	}
@@ -79,7 +88,7 @@ func TestWatchSendIgnoresKeepalives(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	c := make(chan struct{}, 1)
-	a.WatchSend(c)
+	a.WatchSend(0, c)
 	frames := a.Stats.FramesSent.Load()
 	time.Sleep(200 * time.Millisecond)
 	if n := a.Stats.FramesSent.Load() - frames; n < 5 {

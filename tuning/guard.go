@@ -71,6 +71,10 @@ type guardLink struct {
 	held         time.Duration
 }
 
+// guardWatch is the guard's slot among a link's send watches
+// (relay.Link.WatchSend); the gateway's WAN sampler has the other.
+const guardWatch = 0
+
 // guardIdleEvery is the sampling period while no bulk BBR link is busy: a
 // quiet link's BBR state cannot change until it sends, and its next frame
 // wakes the guard (relay.Link.WatchSend), so the slow period only tracks
@@ -148,7 +152,7 @@ func (pg *ProbeGuard) Run(ctx context.Context, links func() []*relay.Link) {
 		if !busy {
 			for _, l := range ls {
 				if !l.Express() {
-					l.WatchSend(pg.kick)
+					l.WatchSend(guardWatch, pg.kick)
 				}
 			}
 			// A frame sent between the sample and the watch.
