@@ -456,7 +456,7 @@ const renewGap = time.Second
 // larger than it costs extra round trips; a fresh connection starts in
 // slow start and grows to twice the largest message within a few. Each
 // side judges the window it sends with: the dialer dials, the acceptor
-// asks it to with RENEW. Called every wanSampleEvery, right after the
+// asks it to with RENEW. Called at each WAN sample (sampleWAN), right after the
 // sampler has read every link's TCP_INFO, whose samples it uses.
 func (g *Gateway) checkExpress() {
 	if !g.cfg.Express || !g.cfg.Renew {

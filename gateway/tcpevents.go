@@ -3,6 +3,7 @@ package gateway
 import (
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mpi5k/mpi5k/relay"
@@ -27,30 +28,63 @@ type wanEvents struct {
 	raw  tcpinfo.Raw
 	in   tcpinfo.Info
 	bbr  tcpinfo.BBR
+	// wakes counts the sampler's rounds (tests).
+	wakes atomic.Uint64
 }
 
-// sampleWAN samples every WAN link until the gateway stops.
+// wanSampleIdle is the sampling period once wanIdleAfter samples in a row
+// found no link changed: a link that sends nothing has no event to tell
+// apart, and on an idle gateway each wake-up costs more than its sample
+// (a hub with 254 idle peers spent most of its idle CPU on timers). The
+// first DATA or PAD frame any link sends wakes the sampler at once
+// (relay.Link.WatchSend), so a burst after a pause is sampled from its
+// start.
+const (
+	wanSampleIdle = time.Second
+	wanIdleAfter  = 10
+)
+
+// samplerWatch is the WAN sampler's slot among a link's send watches; the
+// PROBE_RTT guard (package tuning) has the other.
+const samplerWatch = 1
+
+// sampleWAN samples every WAN link until the gateway stops, then marks
+// g.wg done: every wanSampleEvery, on the process's timer grid
+// (relay.OnGrid), or every wanSampleIdle while nothing changes.
 func (g *Gateway) sampleWAN() {
-	g.every(wanSampleEvery, func() {
-		g.m.ev.sample(g.allLinks())
-		g.checkExpress()
-	})
-}
-
-// every runs f every d, on the process's timer grid (relay.OnGrid), until
-// the gateway stops, then marks g.wg done.
-func (g *Gateway) every(d time.Duration, f func()) {
 	defer g.wg.Done()
-	tm := time.NewTimer(relay.OnGrid(d))
+	wake := make(chan struct{}, 1)
+	tm := time.NewTimer(relay.OnGrid(wanSampleEvery))
 	defer tm.Stop()
+	still := 0 // samples in a row that found no link changed
 	for {
 		select {
 		case <-g.ctx.Done():
 			return
 		case <-tm.C:
-			f()
-			tm.Reset(relay.OnGrid(d))
+		case <-wake:
 		}
+		g.m.ev.wakes.Add(1)
+		links := g.allLinks()
+		if g.m.ev.sample(links) > 0 {
+			still = 0
+		} else {
+			still++
+		}
+		g.checkExpress()
+		d := wanSampleEvery
+		if still >= wanIdleAfter {
+			for _, l := range links {
+				l.WatchSend(samplerWatch, wake)
+			}
+			// A frame sent between the sample and the watches.
+			if g.m.ev.sample(links) > 0 {
+				still = 0
+			} else {
+				d = wanSampleIdle
+			}
+		}
+		tm.Reset(relay.OnGrid(d))
 	}
 }
 
@@ -62,7 +96,10 @@ type linkTrack struct {
 	conn   net.Conn // the socket sampled: a resumed link has a new one
 }
 
-func (w *wanEvents) sample(links []*relay.Link) {
+// sample samples links and returns how many it read: a link that has
+// carried no frame since its last sample, with nothing in flight then, is
+// skipped.
+func (w *wanEvents) sample(links []*relay.Link) (n int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.t == nil {
@@ -104,6 +141,7 @@ func (w *wanEvents) sample(links []*relay.Link) {
 		if fresh {
 			w.t[l] = tr
 		}
+		n++
 		tr.frames = frames
 		now := time.Now()
 		tr.Update(now, &w.in, nil)
@@ -111,6 +149,7 @@ func (w *wanEvents) sample(links []*relay.Link) {
 			tr.UpdateBBR(now, &w.bbr)
 		}
 	}
+	return n
 }
 
 // last returns the latest TCP_INFO sample of l, if it has one.

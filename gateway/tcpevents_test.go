@@ -113,3 +113,35 @@ func TestWANBBRMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestWANSamplerIdles: once no link has changed for wanIdleAfter samples,
+// the sampler wakes about once per wanSampleIdle instead of every
+// wanSampleEvery, and the next frame a link sends wakes it at once.
+func TestWANSamplerIdles(t *testing.T) {
+	_, a, _ := startPair(t, nil)
+	// Links up and primed; keepalives every 5 s here, so the gateway idles.
+	time.Sleep(wanIdleAfter*wanSampleEvery + 500*time.Millisecond)
+	w0 := a.m.ev.wakes.Load()
+	time.Sleep(1500 * time.Millisecond)
+	if n := a.m.ev.wakes.Load() - w0; n > 6 {
+		t.Fatalf("the sampler woke %d times in 1.5 s on an idle gateway, want at most 6 (%v idle, %v busy)",
+			n, wanSampleIdle, wanSampleEvery)
+	}
+	c, err := lanOpen(a.LANAddr(), nodeA, testnet.Echo(t, nodeB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	w1 := a.m.ev.wakes.Load()
+	start := time.Now()
+	if _, err := c.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	for a.m.ev.wakes.Load() == w1 {
+		if time.Since(start) > wanSampleIdle/2 {
+			t.Fatalf("no sample %v after a link sent, with the sampler idle", time.Since(start))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("woken %v after the first frame", time.Since(start).Round(time.Millisecond))
+}
