@@ -15,6 +15,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -41,13 +42,24 @@ var (
 
 func freePort(t testing.TB, a netip.Addr) uint16 {
 	t.Helper()
-	ln, err := net.Listen("tcp", netip.AddrPortFrom(a, 0).String())
-	if err != nil {
-		t.Fatal(err)
+	for {
+		ln, err := net.Listen("tcp", netip.AddrPortFrom(a, 0).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := uint16(ln.Addr().(*net.TCPAddr).Port)
+		ln.Close()
+		// The kernel may hand a port just closed out again: a map whose
+		// LAN and WAN addresses came from two calls then named one port
+		// twice (CI saw "lan and wan are the same listener").
+		if _, dup := portsHandedOut.LoadOrStore(netip.AddrPortFrom(a, p), true); !dup {
+			return p
+		}
 	}
-	defer ln.Close()
-	return uint16(ln.Addr().(*net.TCPAddr).Port)
 }
+
+// portsHandedOut holds every address freePort returned in this process.
+var portsHandedOut sync.Map
 
 func testMap(t testing.TB) *sitemap.Map {
 	m, err := sitemap.NewBuilder().
