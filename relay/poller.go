@@ -219,14 +219,6 @@ const schedEvery = 5 * time.Millisecond
 // first) would leave its owner waiting; the sweep hands it back.
 const sweepEvery = 100 * time.Millisecond
 
-// sweepIdleEvery is the sweep's period while the thread idles in Go's
-// poller: nothing steps then, and a sweep every sweepEvery was most of the
-// wake-ups left on an idle gateway whose links are quiet. A socket closed
-// under the poller meanwhile is a rare race (its owner cancels first), and
-// handing it back a second later instead of 100 ms costs nothing but
-// that wait.
-const sweepIdleEvery = time.Second
-
 // sweepTicks is how many busy ticks apart the sweep runs.
 const sweepTicks = int(sweepEvery / schedEvery)
 
@@ -240,9 +232,8 @@ const sweepTicks = int(sweepEvery / schedEvery)
 // idle gateway, 0.6 % of a core. So once no step has run for a while the
 // thread stops the timer and waits for the epoll set to become readable
 // in Go's poller, holding no P, and sysmon sleeps; the sweep runs on the
-// wait's deadline (sweepIdleEvery). The first event after that costs one
-// more thread wake-up (Go's poller hands the locked goroutine to its
-// thread), and
+// wait's deadline. The first event after that costs one more thread
+// wake-up (Go's poller hands the locked goroutine to its thread), and
 // sysmon, woken from its sleep, polls every 20 us again for a millisecond
 // and backs off over the next 10: a ping-pong with 20 ms between round
 // trips that idled at the first quiet tick cost the pair 2.3 ms of CPU
@@ -293,9 +284,9 @@ func (p *poller) idle(on bool) {
 
 // waitIdle waits in Go's network poller until the epoll set has events,
 // and collects them without blocking; os.ErrDeadlineExceeded after
-// sweepIdleEvery without any.
+// sweepEvery without any.
 func (p *poller) waitIdle(evs []unix.EpollEvent) (n int, err error) {
-	p.epf.SetReadDeadline(time.Now().Add(OnGrid(sweepIdleEvery)))
+	p.epf.SetReadDeadline(time.Now().Add(OnGrid(sweepEvery)))
 	rerr := p.eprc.Read(func(fd uintptr) bool {
 		n, err = unix.EpollWait(int(fd), evs, 0)
 		return n > 0 || (err != nil && err != unix.EINTR)
