@@ -186,11 +186,7 @@ func (g *Gateway) allUp() bool {
 	if g.priming > 0 {
 		return false
 	}
-	bySite := map[uint8][]*peer{}
-	for k, p := range g.peers {
-		bySite[k.site] = append(bySite[k.site], p)
-	}
-	for _, ps := range bySite {
+	for _, ps := range g.sitesLocked() {
 		if siteUpLocked(ps) != nil {
 			return false
 		}

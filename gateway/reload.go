@@ -282,10 +282,7 @@ func contains(xs []string, x string) bool {
 func (g *Gateway) upFor(names []string) error {
 	g.peersMu.Lock()
 	defer g.peersMu.Unlock()
-	byName := map[string][]*peer{}
-	for _, p := range g.peers {
-		byName[p.site.Name] = append(byName[p.site.Name], p)
-	}
+	byName := g.sitesLocked()
 	for _, n := range names {
 		if n == g.site.Name || n == "" {
 			continue
@@ -299,6 +296,16 @@ func (g *Gateway) upFor(names []string) error {
 		}
 	}
 	return nil
+}
+
+// sitesLocked groups the peers by site name: each site's gateway hosts
+// (caller holds peersMu).
+func (g *Gateway) sitesLocked() map[string][]*peer {
+	byName := map[string][]*peer{}
+	for _, p := range g.peers {
+		byName[p.site.Name] = append(byName[p.site.Name], p)
+	}
+	return byName
 }
 
 // siteUpLocked: some gateway of a site (its peers ps) has every link up,
