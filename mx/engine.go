@@ -158,7 +158,7 @@ type Engine struct {
 	mu        sync.Mutex
 	eps       map[uint16]*Endpoint
 	rx, tx    *pool
-	timer     Timer
+	timer     clockTimer // everything but retransmissions, on Config.Clock
 	timerAt   time.Time
 	retx      retxTimer // probe and RTO, while frames are in flight
 	retxAt    time.Time // when retx fires; zero: not armed
@@ -178,6 +178,7 @@ func New(link Link, cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, link: link, mac: link.MAC(), mtu: link.MTU(),
 		eps: map[uint16]*Endpoint{}, done: make(chan struct{})}
+	e.timer = clockTimer{clk: cfg.Clock, fire: e.onTimer}
 	if realTime {
 		if t, err := newFDTimer(e.onRetxTimer); err == nil {
 			e.retx, e.retxSlack = t, fdTimerSlack
@@ -221,9 +222,7 @@ func (e *Engine) Close() error {
 	for _, ep := range e.eps {
 		ep.closeLocked(false)
 	}
-	if e.timer != nil {
-		e.timer.Stop()
-	}
+	e.timer.stop()
 	e.retx.stop()
 	e.mu.Unlock()
 	err := e.link.Close()
@@ -375,15 +374,8 @@ func (e *Engine) arm(t time.Time) {
 	if e.closed || t.IsZero() || (!e.timerAt.IsZero() && !t.Before(e.timerAt)) {
 		return
 	}
-	if e.timer != nil {
-		e.timer.Stop()
-	}
 	e.timerAt = t
-	d := t.Sub(e.now())
-	if d < 0 {
-		d = 0
-	}
-	e.timer = e.cfg.Clock.AfterFunc(d, e.onTimer)
+	e.timer.set(max(t.Sub(e.now()), 0))
 }
 
 // armRetx makes sure the retransmission timer fires by t plus the timer's
@@ -449,8 +441,9 @@ type retxTimer interface {
 	close() // after the last set or stop
 }
 
-// clockTimer runs the retransmission timer on Config.Clock: where no
-// timerfd exists, and in tests with a fake clock.
+// clockTimer is a timer on Config.Clock: the engine's general timer, and
+// its retransmission timer where no timerfd exists and in tests with a
+// fake clock.
 type clockTimer struct {
 	clk  Clock
 	fire func()
