@@ -48,21 +48,18 @@ type MXTransport struct {
 // maxLearned bounds learned: a site's hosts, with room to spare.
 const maxLearned = 1 << 16
 
-// forget drops the learned endpoints of the nodes keep rejects, and
-// returns how many: after a reload takes a host out of the site, Dial
-// must not reach its daemon through what an earlier stream taught.
-func (t *MXTransport) forget(keep func(netip.Addr) bool) int {
-	n := 0
+// forget drops the learned endpoints of the nodes keep rejects: after a
+// reload takes a host out of the site, Dial must not reach its daemon
+// through what an earlier stream taught.
+func (t *MXTransport) forget(keep func(netip.Addr) bool) {
 	t.learned.Range(func(k, _ any) bool {
 		if a := k.(netip.Addr); !keep(a) {
 			if _, had := t.learned.LoadAndDelete(a); had {
 				t.nLearned.Add(-1)
-				n++
 			}
 		}
 		return true
 	})
-	return n
 }
 
 type mxLANConn struct {
