@@ -76,8 +76,7 @@ type channel struct {
 	rcvNext  uint32
 	ooo      map[uint32]*rxFrame
 	ackOwed  int
-	ackAt    time.Time
-	ackTimer Timer // the delayed ACK's, stopped when a frame carries it
+	ackTimer Timer // a delayed ACK is due: its timer, stopped when a frame carries it
 	advWin   uint16
 	rxMsgs   map[uint32]*inMsg // eager messages partly arrived
 	pulls    map[uint32]*inMsg // rendezvous receives being pulled
@@ -171,7 +170,10 @@ func (ch *channel) sendAck(t wire.Type) {
 // request-reply exchange the reply carries it, once per round trip).
 func (ch *channel) acked() {
 	ch.ackOwed = 0
-	ch.ackAt = timeNever
+	ch.stopAckTimer()
+}
+
+func (ch *channel) stopAckTimer() {
 	if ch.ackTimer != nil {
 		ch.ackTimer.Stop()
 		ch.ackTimer = nil
@@ -183,7 +185,7 @@ func (ch *channel) onAckTimer() {
 	e := ch.ep.e
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if !e.closed && ch.state == stateOpen && !ch.ackAt.IsZero() {
+	if !e.closed && ch.state == stateOpen && ch.ackTimer != nil {
 		ch.sendAck(wire.TypeAck)
 	}
 }
@@ -475,8 +477,7 @@ func (ch *channel) onSequenced(h *wire.Header, payload, buf []byte, pooled bool)
 	ch.ackOwed++
 	if ch.ackOwed >= ackEvery || h.Flags&wire.FlagAckNow != 0 || len(ch.ooo) > 0 {
 		ch.sendAck(wire.TypeAck)
-	} else if ch.ackAt.IsZero() {
-		ch.ackAt = e.now().Add(e.cfg.AckDelay)
+	} else if ch.ackTimer == nil {
 		ch.ackTimer = e.cfg.Clock.AfterFunc(e.cfg.AckDelay, ch.onAckTimer)
 	}
 	return kept
@@ -689,10 +690,7 @@ func (ch *channel) fail(err error) {
 	e := ch.ep.e
 	ch.state = stateDead
 	ch.err = err
-	if ch.ackTimer != nil {
-		ch.ackTimer.Stop()
-		ch.ackTimer = nil
-	}
+	ch.stopAckTimer()
 	if ch.connWait != nil {
 		close(ch.connWait)
 		ch.connWait = nil
