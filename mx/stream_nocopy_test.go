@@ -4,7 +4,6 @@ import (
 	"context"
 	"hash/crc32"
 	"strings"
-	"sync"
 	"testing"
 )
 
@@ -24,22 +23,8 @@ func TestStreamRecvAheadNoCopy(t *testing.T) {
 			_, _, _, a, b := pair(t, RandomFault(13, c.loss, 0.01, 0.05), Config{})
 			d, s := streamPair(t, a, b, StreamConfig{RecvAhead: c.ahead})
 			const n = 3<<20 + 17
-			var wg sync.WaitGroup
-			var sums [2]uint32
-			var errs [2]error
-			wg.Add(2)
 			ctx := ctx10(t)
-			go func() { defer wg.Done(); sums[0], errs[0] = pumpNoCopy(ctx, d, n, 3) }()
-			go func() { defer wg.Done(); sums[1], errs[1] = pump(s, n, 4) }()
-			gotS, nS, errS := drain(s)
-			gotD, nD, errD := drain(d)
-			wg.Wait()
-			if errs[0] != nil || errs[1] != nil || errS != nil || errD != nil {
-				t.Fatalf("write %v %v, read %v %v", errs[0], errs[1], errS, errD)
-			}
-			if nS != n || nD != n || gotS != sums[0] || gotD != sums[1] {
-				t.Fatalf("got %d and %d bytes, checksums %x/%x want %x/%x", nS, nD, gotS, gotD, sums[0], sums[1])
-			}
+			streamBothWays(t, d, s, n, func() (uint32, error) { return pumpNoCopy(ctx, d, n, 3) }, func() (uint32, error) { return pump(s, n, 4) })
 			d.Close()
 			s.Close()
 			<-d.loopDone

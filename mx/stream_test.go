@@ -61,24 +61,31 @@ func TestStreamBothWaysUnderLoss(t *testing.T) {
 			_, _, _, a, b := pair(t, RandomFault(11, c.loss, 0.01, 0.05), Config{})
 			d, s := streamPair(t, a, b, StreamConfig{})
 			const n = 3<<20 + 17
-			var wg sync.WaitGroup
-			var sums [2]uint32
-			var errs [2]error
-			wg.Add(2)
-			go func() { defer wg.Done(); sums[0], errs[0] = pump(d, n, 1) }()
-			go func() { defer wg.Done(); sums[1], errs[1] = pump(s, n, 2) }()
-			gotS, nS, errS := drain(s)
-			gotD, nD, errD := drain(d)
-			wg.Wait()
-			if errs[0] != nil || errs[1] != nil || errS != nil || errD != nil {
-				t.Fatalf("write %v %v, read %v %v", errs[0], errs[1], errS, errD)
-			}
-			if nS != n || nD != n || gotS != sums[0] || gotD != sums[1] {
-				t.Fatalf("got %d and %d bytes, checksums %x/%x want %x/%x", nS, nD, gotS, gotD, sums[0], sums[1])
-			}
+			streamBothWays(t, d, s, n, func() (uint32, error) { return pump(d, n, 1) }, func() (uint32, error) { return pump(s, n, 2) })
 			d.Close()
 			s.Close()
 		})
+	}
+}
+
+// streamBothWays sends n bytes each way at once, d's with sendD and s's with
+// sendS (each returning its checksum), and checks that both arrive whole.
+func streamBothWays(t *testing.T, d, s *Stream, n int, sendD, sendS func() (uint32, error)) {
+	t.Helper()
+	var wg sync.WaitGroup
+	var sums [2]uint32
+	var errs [2]error
+	wg.Add(2)
+	go func() { defer wg.Done(); sums[0], errs[0] = sendD() }()
+	go func() { defer wg.Done(); sums[1], errs[1] = sendS() }()
+	gotS, nS, errS := drain(s)
+	gotD, nD, errD := drain(d)
+	wg.Wait()
+	if errs[0] != nil || errs[1] != nil || errS != nil || errD != nil {
+		t.Fatalf("write %v %v, read %v %v", errs[0], errs[1], errS, errD)
+	}
+	if nS != n || nD != n || gotS != sums[0] || gotD != sums[1] {
+		t.Fatalf("got %d and %d bytes, checksums %x/%x want %x/%x", nS, nD, gotS, gotD, sums[0], sums[1])
 	}
 }
 
