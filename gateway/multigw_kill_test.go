@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -96,18 +95,7 @@ func pacedStream(c *net.TCPConn, id uint64, size int, gap time.Duration) error {
 		sent += k
 		time.Sleep(gap)
 	}
-	if err := c.CloseWrite(); err != nil {
-		return err
-	}
-	c.SetReadDeadline(time.Now().Add(60 * time.Second))
-	got, err := io.ReadAll(c)
-	if err != nil {
-		return fmt.Errorf("reading the checksum of %d bytes: %w", size, err)
-	}
-	if !bytes.Equal(got, h.Sum(nil)) {
-		return fmt.Errorf("checksum mismatch for %d bytes: got %x", size, got)
-	}
-	return nil
+	return testnet.CloseAndCheck(c, h.Sum(nil), size, 60*time.Second)
 }
 
 // isReset: the error a rank sees when its stream was cut by a gateway

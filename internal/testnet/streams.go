@@ -62,15 +62,22 @@ func SendAndCheck(c *net.TCPConn, r *rand.Rand, size int) error {
 		}
 		left -= k
 	}
+	return CloseAndCheck(c, h.Sum(nil), size, 90*time.Second)
+}
+
+// CloseAndCheck half-closes c after a sender wrote its size bytes, whose
+// SHA-256 is sum, and checks the checksum a SumServer sends back within
+// wait.
+func CloseAndCheck(c *net.TCPConn, sum []byte, size int, wait time.Duration) error {
 	if err := c.CloseWrite(); err != nil {
 		return err
 	}
-	c.SetReadDeadline(time.Now().Add(90 * time.Second))
+	c.SetReadDeadline(time.Now().Add(wait))
 	got, err := io.ReadAll(c)
 	if err != nil {
 		return fmt.Errorf("reading the checksum of %d bytes: %w", size, err)
 	}
-	if !bytes.Equal(got, h.Sum(nil)) {
+	if !bytes.Equal(got, sum) {
 		return fmt.Errorf("checksum mismatch for %d bytes: got %x", size, got)
 	}
 	return nil
