@@ -50,12 +50,7 @@ func (s *Stream) inStepPiped(pc PipelinedConn) waitOn {
 			if !eof {
 				return onSignal
 			}
-			pc.CloseWrite()
-			s.mu.Lock()
-			s.recvDone = true
-			s.mu.Unlock()
-			s.maybeFinish()
-			return finished
+			return s.inEnd(pc)
 		}
 		bufs := append(s.inBufs[:0], s.recvq...)
 		clear(s.recvq)

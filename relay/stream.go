@@ -677,6 +677,17 @@ func (s *Stream) forward(p *[]byte, k int, err error, t0, now time.Time, mode se
 	return true
 }
 
+// inEnd ends the in-stage once the peer's end of stream and every byte
+// before it are delivered: the application reads end of file.
+func (s *Stream) inEnd(conn Conn) waitOn {
+	conn.CloseWrite()
+	s.mu.Lock()
+	s.recvDone = true
+	s.mu.Unlock()
+	s.maybeFinish()
+	return finished
+}
+
 // inStep is the in-stage (stage.go): it delivers received payloads to
 // the application, several per writev, and returns their credit to the
 // peer once written. It runs on a goroutine only (its writes block while
@@ -704,12 +715,7 @@ func (s *Stream) inStep(bool) waitOn {
 		s.recvq = s.recvq[:0]
 		if len(bufs) == 0 { // EOF with everything delivered
 			s.mu.Unlock()
-			conn.CloseWrite()
-			s.mu.Lock()
-			s.recvDone = true
-			s.mu.Unlock()
-			s.maybeFinish()
-			return finished
+			return s.inEnd(conn)
 		}
 		s.delivering = true
 		s.mu.Unlock()
