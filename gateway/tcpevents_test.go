@@ -119,13 +119,34 @@ func TestWANBBRMetrics(t *testing.T) {
 // wanSampleEvery, and the next frame a link sends wakes it at once.
 func TestWANSamplerIdles(t *testing.T) {
 	_, a, _ := startPair(t, nil)
-	// Links up and primed; keepalives every 5 s here, so the gateway idles.
-	time.Sleep(wanIdleAfter*wanSampleEvery + 500*time.Millisecond)
-	w0 := a.m.ev.wakes.Load()
-	time.Sleep(1500 * time.Millisecond)
-	if n := a.m.ev.wakes.Load() - w0; n > 6 {
-		t.Fatalf("the sampler woke %d times in 1.5 s on an idle gateway, want at most 6 (%v idle, %v busy)",
-			n, wanSampleIdle, wanSampleEvery)
+	// Links up; with no streams they go quiet but for a keepalive every
+	// few seconds here, and each frame rightly brings the sampler back for
+	// wanIdleAfter samples. So the window counted is 1.5 s in which no link
+	// carried a frame, starting wanIdleAfter samples after the last one.
+	frames := func() (n uint64) {
+		for _, l := range a.allLinks() {
+			n += l.Stats.FramesSent.Load() + l.Stats.FramesRecv.Load()
+		}
+		return n
+	}
+	settle := wanIdleAfter*wanSampleEvery + 200*time.Millisecond
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		f0 := frames()
+		time.Sleep(settle)
+		w0 := a.m.ev.wakes.Load()
+		time.Sleep(1500 * time.Millisecond)
+		n := a.m.ev.wakes.Load() - w0
+		if frames() == f0 {
+			if n > 6 {
+				t.Fatalf("the sampler woke %d times in 1.5 s on an idle gateway whose links carried nothing for %v before, want at most 6 (%v idle, %v busy)",
+					n, settle+1500*time.Millisecond, wanSampleIdle, wanSampleEvery)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the links never went 2.7 s without a frame in 30 s: the gateway never idled")
+		}
 	}
 	c, err := lanOpen(a.LANAddr(), nodeA, testnet.Echo(t, nodeB))
 	if err != nil {
