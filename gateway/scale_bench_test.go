@@ -514,6 +514,10 @@ func scaleClientChild(spec string) int {
 	if e := firstErr.Load(); e != nil {
 		msg = e.(string)
 	}
-	os.WriteFile(f[3], []byte(msg), 0o644)
+	// Renamed into place: the parent polls for the file and must never
+	// read it between its creation and its write.
+	if err := os.WriteFile(f[3]+".tmp", []byte(msg), 0o644); err == nil {
+		os.Rename(f[3]+".tmp", f[3])
+	}
 	select {} // hold the streams until killed
 }
