@@ -28,8 +28,10 @@ type wanEvents struct {
 	raw  tcpinfo.Raw
 	in   tcpinfo.Info
 	bbr  tcpinfo.BBR
-	// wakes counts the sampler's rounds (tests).
+	// wakes counts the sampler's rounds, and idle says it waits
+	// wanSampleIdle (tests).
 	wakes atomic.Uint64
+	idle  atomic.Bool
 }
 
 // wanSampleIdle is the sampling period once wanIdleAfter samples in a row
@@ -84,6 +86,7 @@ func (g *Gateway) sampleWAN() {
 				d = wanSampleIdle
 			}
 		}
+		g.m.ev.idle.Store(d == wanSampleIdle)
 		tm.Reset(relay.OnGrid(d))
 	}
 }
