@@ -277,14 +277,26 @@ func startFlipProxy(t *testing.T, dst netip.AddrPort, from netip.Addr, at int64)
 				c.Close()
 				continue
 			}
-			go func() { io.Copy(c, u); c.Close() }()
-			go func() { p.pump(u, c); u.Close() }()
+			// A reset on one side resets the other: an orderly close
+			// there would read as the peer gateway ending the link (and
+			// could drop the alert still unread on this side).
+			go func() { _, err := io.Copy(c, u); closeLike(c, err) }()
+			go func() { closeLike(u, p.pump(u, c)) }()
 		}
 	}()
 	return p, ln.Addr().(*net.TCPAddr).AddrPort()
 }
 
-func (p *flipProxy) pump(dst, src net.Conn) {
+// closeLike closes c after its copy ended with err: with a reset unless
+// the copy ended at the source's end of file.
+func closeLike(c net.Conn, err error) {
+	if err != nil {
+		c.(*net.TCPConn).SetLinger(0)
+	}
+	c.Close()
+}
+
+func (p *flipProxy) pump(dst, src net.Conn) error {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
@@ -295,11 +307,14 @@ func (p *flipProxy) pump(dst, src net.Conn) {
 		}
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
+				return werr
 			}
 		}
+		if err == io.EOF {
+			return nil
+		}
 		if err != nil {
-			return
+			return err
 		}
 	}
 }

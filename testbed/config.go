@@ -54,6 +54,12 @@ type Config struct {
 	Loss            float64 // random loss probability per packet and direction, 0..1
 	Queue           int     // WAN drop-tail queue in bytes, 0 = 1 BDP
 	MTU             int     // default 1500
+	// CrossMTU is the MTU of the traffic hosts' links (0: MTU), up to 9000.
+	// Competing flows (lab cross) in jumbo frames cost the user-space WAN
+	// emulator a sixth of the packets, so on a small machine it carries
+	// them beside a job without stalling, while nodes and gateways keep
+	// MTU. The sites' bridges and the emulator then take frames this size.
+	CrossMTU int
 	GatewayNICs     int     // 1 (LAN leg only, default) or 2 (LAN + WAN leg)
 	// HostCC is the default TCP congestion control of every lab host's
 	// namespace ("" keeps the machine's). The ranks' direct connections use
@@ -154,6 +160,12 @@ func (c *Config) Normalize() error {
 	if c.MTU < 576 || c.MTU > 9000 {
 		return fmt.Errorf("mtu: %d out of range 576..9000", c.MTU)
 	}
+	if c.CrossMTU == 0 {
+		c.CrossMTU = c.MTU
+	}
+	if c.CrossMTU < c.MTU || c.CrossMTU > 9000 {
+		return fmt.Errorf("cross-mtu: %d out of range %d (the MTU)..9000", c.CrossMTU, c.MTU)
+	}
 	if c.GatewayNICs == 0 {
 		c.GatewayNICs = 1
 	}
@@ -167,12 +179,18 @@ func (c *Config) Normalize() error {
 		return fmt.Errorf("host-cc: bad congestion control name %q", c.HostCC)
 	}
 	if c.Queue == 0 {
-		c.Queue = BDPQueue(c.WANRate, c.RTT, c.MTU)
+		c.Queue = BDPQueue(c.WANRate, c.RTT, c.LinkMTU())
 	}
-	if c.Queue < 2*c.MTU {
-		return fmt.Errorf("queue: %d bytes cannot hold two %d-byte packets", c.Queue, c.MTU)
+	if c.Queue < 2*c.LinkMTU() {
+		return fmt.Errorf("queue: %d bytes cannot hold two %d-byte packets", c.Queue, c.LinkMTU())
 	}
 	return c.normalizePairs()
+}
+
+// LinkMTU is the largest packet the lab's routers and WAN emulator carry:
+// CrossMTU when set, else MTU (a state saved before CrossMTU has none).
+func (c *Config) LinkMTU() int {
+	return max(c.MTU, c.CrossMTU)
 }
 
 // DefaultReorderDelay is how long a reordered packet is held back when no

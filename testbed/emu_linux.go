@@ -694,7 +694,7 @@ func RunEmulator(name string) error {
 		if err != nil {
 			return err
 		}
-		if err := rh.LinkSetMTU(lk, c.MTU); err != nil {
+		if err := rh.LinkSetMTU(lk, c.LinkMTU()); err != nil {
 			return err
 		}
 		// The default 500-packet queue overflows while the reader thread
@@ -718,7 +718,7 @@ func RunEmulator(name string) error {
 			return err
 		}
 		// Frames arrive with their Ethernet header.
-		if err := rh.LinkSetMTU(lk, c.MTU+14); err != nil {
+		if err := rh.LinkSetMTU(lk, c.LinkMTU()+14); err != nil {
 			return err
 		}
 		if err := rh.LinkSetTxQLen(lk, 10000); err != nil {
@@ -784,7 +784,7 @@ func RunEmulator(name string) error {
 			if i == j {
 				continue
 			}
-			lk, err := newLink(c.Sites[i-1], c.Sites[j-1], fds[[2]int{i, j}], fds[[2]int{j, i}], params[[2]int{i, j}], c.MTU, clk, seed+uint64(i*64+j))
+			lk, err := newLink(c.Sites[i-1], c.Sites[j-1], fds[[2]int{i, j}], fds[[2]int{j, i}], params[[2]int{i, j}], c.LinkMTU(), clk, seed+uint64(i*64+j))
 			if err != nil {
 				return err
 			}
@@ -800,7 +800,7 @@ func RunEmulator(name string) error {
 		p := &emuParams{queue: 16 << 20}
 		p.oneway.Store(int64(c.LANReorderDelay))
 		site := c.Sites[k-1]
-		lk, err := newLink(site, site+"-lan", fd, fd, p, c.MTU+14, clk, seed+uint64(k)<<32)
+		lk, err := newLink(site, site+"-lan", fd, fd, p, c.LinkMTU()+14, clk, seed+uint64(k)<<32)
 		if err != nil {
 			return err
 		}

@@ -302,10 +302,10 @@ func (c *Config) normalizePairs() error {
 			return err
 		}
 		if p.Queue == 0 {
-			p.Queue = BDPQueue(p.Rate, p.RTT, c.MTU)
+			p.Queue = BDPQueue(p.Rate, p.RTT, c.LinkMTU())
 		}
-		if p.Queue < 2*c.MTU {
-			return fmt.Errorf("pairs: %s-%s queue of %d bytes cannot hold two %d-byte packets", p.A, p.B, p.Queue, c.MTU)
+		if p.Queue < 2*c.LinkMTU() {
+			return fmt.Errorf("pairs: %s-%s queue of %d bytes cannot hold two %d-byte packets", p.A, p.B, p.Queue, c.LinkMTU())
 		}
 	}
 	return nil

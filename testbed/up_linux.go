@@ -150,7 +150,7 @@ func (l *Lab) build(ctx context.Context) error {
 	bridges := map[int]int{}
 	for i := range c.Sites {
 		k := i + 1
-		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: bridgeName(k), MTU: c.MTU}}
+		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: bridgeName(k), MTU: c.LinkMTU()}}
 		if err := rh.LinkAdd(br); err != nil {
 			return fmt.Errorf("bridge %s: %w", br.Name, err)
 		}
@@ -172,6 +172,21 @@ func (l *Lab) build(ctx context.Context) error {
 		}
 		if err := l.buildHost(rh, &l.hosts[i], bridges[l.hosts[i].SiteIdx]); err != nil {
 			return fmt.Errorf("host %s: %w", l.hosts[i].Name, err)
+		}
+	}
+	if c.LinkMTU() > c.MTU {
+		// A bridge takes the smallest MTU of its ports as they join, unless
+		// its MTU is set after: the routers' bridges carry the traffic
+		// hosts' jumbo frames, or the far one would send the senders an
+		// ICMP "fragmentation needed" and their path MTU would be MTU.
+		for k := range bridges {
+			lk, err := rh.LinkByName(bridgeName(k))
+			if err == nil {
+				err = rh.LinkSetMTU(lk, c.LinkMTU())
+			}
+			if err != nil {
+				return fmt.Errorf("bridge %s: MTU %d: %w", bridgeName(k), c.LinkMTU(), err)
+			}
 		}
 	}
 	if err := l.buildRouting(rh); err != nil {
@@ -225,8 +240,12 @@ func (l *Lab) buildHost(rh *netlink.Handle, h *hostPlan, bridgeIdx int) error {
 	}
 	// Both veth ends are created from the router namespace: nothing ever
 	// appears in the machine's own namespace.
-	v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: h.RtrPort, MTU: c.MTU, MasterIndex: bridgeIdx},
-		PeerName: "eth0", PeerNamespace: netlink.NsFd(int(hns)), PeerMTU: uint32(c.MTU)}
+	mtu := c.MTU
+	if h.Kind == kindExtra {
+		mtu = c.LinkMTU()
+	}
+	v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: h.RtrPort, MTU: mtu, MasterIndex: bridgeIdx},
+		PeerName: "eth0", PeerNamespace: netlink.NsFd(int(hns)), PeerMTU: uint32(mtu)}
 	if err := rh.LinkAdd(v); err != nil {
 		return fmt.Errorf("veth %s: %w", h.RtrPort, err)
 	}
@@ -240,10 +259,10 @@ func (l *Lab) buildHost(rh *netlink.Handle, h *hostPlan, bridgeIdx int) error {
 		return err
 	}
 	if c.LANRate > 0 {
-		if err := addTBF(hh, "eth0", c.LANRate, c.MTU); err != nil {
+		if err := addTBF(hh, "eth0", c.LANRate, mtu); err != nil {
 			return err
 		}
-		if err := addTBF(rh, h.RtrPort, c.LANRate, c.MTU); err != nil {
+		if err := addTBF(rh, h.RtrPort, c.LANRate, mtu); err != nil {
 			return err
 		}
 	}

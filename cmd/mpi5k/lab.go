@@ -25,7 +25,7 @@ const labUsage = `usage: mpi5k lab <subcommand> [--name L] [flags]
 
   up      build a lab:  --sites 2|lyon,rennes --nodes 2 --rtt 20ms --wan-rate 200mbit
           [--lan-rate 1gbit] [--loss 0.1%] [--jitter 1ms] [--reorder 1% [--reorder-delay 5ms]]
-          [--seed N] [--queue 1bdp|BYTES] [--mtu 1500] [--lan-loss 1%|SITE=1%,...]
+          [--seed N] [--queue 1bdp|BYTES] [--mtu 1500] [--cross-mtu 9000] [--lan-loss 1%|SITE=1%,...]
           [--lan-reorder 1%|SITE=1%,... [--lan-reorder-delay 5ms]]
           [--gateway-nics 1|2] [--matrix FILE (per-pair rtt/rate/loss; sets the sites)]
   exec    run a command inside a lab host:  mpi5k lab exec HOST -- CMD ARGS...
@@ -175,6 +175,7 @@ func labUp(args []string) error {
 	seed := fs.Uint64("seed", 0, "seed of the emulator's random loss, jitter and reordering: the same seed repeats the same choices (0 picks one and prints it)")
 	queue := fs.String("queue", "1bdp", "WAN queue: 1bdp or a size in bytes (256k, 1m)")
 	mtu := fs.Int("mtu", 1500, "MTU of every lab link")
+	crossMTU := fs.Int("cross-mtu", 0, "MTU of the traffic hosts (lab cross), up to 9000 (0: --mtu): competing flows in jumbo frames cost the user-space WAN emulator a sixth of the packets, so a small machine carries them beside a job; nodes and gateways keep --mtu")
 	gwNICs := fs.Int("gateway-nics", 1, "gateway interfaces: 1 (LAN) or 2 (LAN + WAN leg)")
 	hostCC := fs.String("host-cc", "system", "default TCP congestion control of the lab's hosts, e.g. reno (loss-based, as a classic cluster node); system keeps the machine's")
 	matrix := fs.String("matrix", "", "distance matrix file: per-pair rtt, rate, loss, jitter, queue (testbed/README.md); its sites replace --sites, its pairs override the flags")
@@ -183,7 +184,7 @@ func labUp(args []string) error {
 	}
 	// Every mistake in these flags is a usage error.
 	c, err := func() (testbed.Config, error) {
-		c := testbed.Config{Name: *name, Nodes: *nodes, RTT: *rtt, Jitter: *jitter, MTU: *mtu, GatewayNICs: *gwNICs, HostCC: *hostCC,
+		c := testbed.Config{Name: *name, Nodes: *nodes, RTT: *rtt, Jitter: *jitter, MTU: *mtu, CrossMTU: *crossMTU, GatewayNICs: *gwNICs, HostCC: *hostCC,
 			ReorderDelay: *reorderDelay, Seed: *seed}
 		var err error
 		if *matrix != "" && fs.Changed("sites") {
@@ -229,7 +230,7 @@ func labUp(args []string) error {
 			return c, err
 		}
 		c.LANReorderDelay = *lanReorderDelay
-		if c.Queue, err = testbed.ParseQueue(*queue, c.WANRate, c.RTT, c.MTU); err != nil {
+		if c.Queue, err = testbed.ParseQueue(*queue, c.WANRate, c.RTT, max(c.MTU, c.CrossMTU)); err != nil {
 			return c, err
 		}
 		if *matrix != "" {
