@@ -560,14 +560,14 @@ func TestLabCLI(t *testing.T) {
 		return string(out)
 	}
 	// Bad flag values are refused with the flag's name.
-	for _, bad := range [][]string{{"--rtt", "fast"}, {"--wan-rate", "lots"}, {"--loss", "5x"}, {"--queue", "big"}, {"--sites", "1"}, {"--gateway-nics", "3"}} {
+	for _, bad := range [][]string{{"--rtt", "fast"}, {"--wan-rate", "lots"}, {"--loss", "5x"}, {"--queue", "big"}, {"--sites", "1"}, {"--gateway-nics", "3"}, {"--cross-mtu", "1000"}} {
 		out, err := exec.Command(bin, append([]string{"lab", "up", "--name", name}, bad...)...).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), bad[0]) {
 			t.Errorf("lab up %v: want an error naming %s, got %v: %s", bad, bad[0], err, out)
 		}
 	}
 	run("up", "--name", name, "--sites", "lyon,rennes", "--nodes", "2", "--rtt", "10ms", "--wan-rate", "100mbit",
-		"--lan-rate", "1gbit", "--loss", "0%", "--jitter", "0ms", "--queue", "1bdp", "--mtu", "1500", "--gateway-nics", "2")
+		"--lan-rate", "1gbit", "--loss", "0%", "--jitter", "0ms", "--queue", "1bdp", "--mtu", "1500", "--cross-mtu", "9000", "--gateway-nics", "2")
 	t.Cleanup(func() {
 		if out, err := exec.Command(bin, "lab", "down", "--name", name).CombinedOutput(); err != nil {
 			t.Errorf("lab down: %v %s", err, out)
@@ -632,7 +632,8 @@ func TestLabCLI(t *testing.T) {
 		t.Errorf("gateway WAN-leg ping not seen on the lyon->rennes link: %+v", lr)
 	}
 
-	// Cross traffic: 2 flows lyon -> rennes, visible in stats, then stopped.
+	// Cross traffic: 2 flows lyon -> rennes, visible in stats, then
+	// stopped; in jumbo frames (--cross-mtu), while the nodes keep 1500.
 	run("cross", "--name", name, "--from", "lyon", "--to", "rennes", "--flows", "2", "--duration", "30s")
 	time.Sleep(3 * time.Second)
 	var js testbed.Stats
@@ -643,6 +644,9 @@ func TestLabCLI(t *testing.T) {
 	for _, f := range js.Link("lyon", "rennes").Flows {
 		if f.Proto == "tcp" && strings.HasPrefix(f.Src, l.Addr("x-1.lyon").String()+":") && f.Bytes > 1<<20 {
 			flows++
+			if per := f.Bytes / max(f.Packets, 1); per < 4000 {
+				t.Errorf("cross flow %s: %d bytes a packet with --cross-mtu 9000, want jumbo frames", f.Src, per)
+			}
 		}
 	}
 	if flows != 2 {
