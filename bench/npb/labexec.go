@@ -38,9 +38,13 @@ func (e *LabExecutor) Describe() string {
 	if c.WANRate > 0 {
 		rate = fmt.Sprintf("%g Mbit/s", float64(c.WANRate)/1e6)
 	}
+	cross := ""
+	if c.LinkMTU() > c.MTU {
+		cross = fmt.Sprintf(" in %d-byte frames", c.LinkMTU())
+	}
 	return fmt.Sprintf("lab %s: %d sites x %d nodes, RTT %v, WAN %s per direction, queue %d B, loss %g, MTU %d, "+
-		"host TCP %s, competing traffic %d iperf3 flow(s) per direction", e.Lab.Name(), len(c.Sites), c.Nodes, c.RTT, rate,
-		c.Queue, c.Loss, c.MTU, c.HostTCP(), e.crossFlows())
+		"host TCP %s, competing traffic %d iperf3 flow(s) per direction%s", e.Lab.Name(), len(c.Sites), c.Nodes, c.RTT, rate,
+		c.Queue, c.Loss, c.MTU, c.HostTCP(), e.crossFlows(), cross)
 }
 
 func (e *LabExecutor) crossFlows() int {
