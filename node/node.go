@@ -398,8 +398,8 @@ type ctlConn struct {
 }
 
 // control carries a rank's control connection, whose first frame is h:
-// each frame goes to its gateways (controlTargets), one answer to the
-// rank.
+// each frame goes to its gateways and one answer back to the rank
+// (exchange).
 func (d *Daemon) control(ctx context.Context, c *net.TCPConn, src netip.AddrPort, h header.Header, body []byte) {
 	cc := &ctlConn{d: d, src: src, s: make([]*mx.Stream, len(d.cfg.Gateways)), gone: make([]bool, len(d.cfg.Gateways))}
 	defer context.AfterFunc(ctx, func() { cc.abort(); reset(c) })()

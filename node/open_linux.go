@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"sync"
@@ -55,37 +56,12 @@ func Open(cfg *Config, lanIf string, m *sitemap.Map, site string) (close func(),
 		}
 		return nil, fmt.Errorf("--lan-if %q has no address in a site of the map", lanIf)
 	}
-	gws := s.Gateways
-	if len(gws) == 0 {
-		gws = []sitemap.Gateway{{LAN: s.LAN, WAN: s.WAN}}
+	if cfg.Gateways, err = resolveGateways(s, func(gw netip.AddrPort) (mx.MAC, error) { return gatewayMAC(ifi, gw) }, cfg.Log); err != nil {
+		return nil, err
 	}
-	// All at once: a gateway host that is down costs its 3 s once.
-	macs := make([]mx.MAC, len(gws))
-	errs := make([]error, len(gws))
-	var wg sync.WaitGroup
-	for i, g := range gws {
-		wg.Add(1)
-		go func() { defer wg.Done(); macs[i], errs[i] = gatewayMAC(ifi, g.LAN) }()
-	}
-	wg.Wait()
-	cfg.Gateways = cfg.Gateways[:0]
 	allowed := map[mx.MAC]bool{}
-	for i, g := range gws {
-		if errs[i] != nil {
-			if len(gws) > 1 && cfg.Log != nil {
-				cfg.Log.Warn("gateway left out: its MAC address does not resolve; the others carry the node's streams",
-					"site", s.Name, "gateway", g.LAN.String(), "err", errs[i])
-			}
-			continue
-		}
-		cfg.Gateways = append(cfg.Gateways, Gateway{LAN: g.LAN, MX: mx.Addr{MAC: macs[i], EP: gateway.MXEndpoint}})
-		allowed[macs[i]] = true
-	}
-	if len(cfg.Gateways) == 0 {
-		if len(gws) == 1 {
-			return nil, errs[0]
-		}
-		return nil, fmt.Errorf("none of site %s's %d gateways resolves: %w", s.Name, len(gws), errors.Join(errs...))
+	for _, g := range cfg.Gateways {
+		allowed[g.MX.MAC] = true
 	}
 	link, err := afpacket.Open(lanIf)
 	if err != nil {
@@ -107,6 +83,44 @@ func Open(cfg *Config, lanIf string, m *sitemap.Map, site string) (close func(),
 	}
 	cfg.EP = ep
 	return func() { e.Close() }, nil
+}
+
+// resolveGateways finds the MAC of each gateway of site s with mac, all
+// at once, so that a gateway host that is down costs its wait once. A
+// gateway whose MAC does not resolve is left out, with a warning naming
+// it, while another one resolves; when none does, the error says why
+// each did not.
+func resolveGateways(s *sitemap.Site, mac func(netip.AddrPort) (mx.MAC, error), log *slog.Logger) ([]Gateway, error) {
+	gws := s.Gateways
+	if len(gws) == 0 {
+		gws = []sitemap.Gateway{{LAN: s.LAN, WAN: s.WAN}}
+	}
+	macs := make([]mx.MAC, len(gws))
+	errs := make([]error, len(gws))
+	var wg sync.WaitGroup
+	for i, g := range gws {
+		wg.Add(1)
+		go func() { defer wg.Done(); macs[i], errs[i] = mac(g.LAN) }()
+	}
+	wg.Wait()
+	var out []Gateway
+	for i, g := range gws {
+		if errs[i] != nil {
+			if len(gws) > 1 && log != nil {
+				log.Warn("gateway left out: its MAC address does not resolve; the site's other gateways carry the node's streams",
+					"site", s.Name, "gateway", g.LAN.String(), "err", errs[i])
+			}
+			continue
+		}
+		out = append(out, Gateway{LAN: g.LAN, MX: mx.Addr{MAC: macs[i], EP: gateway.MXEndpoint}})
+	}
+	switch {
+	case len(out) > 0:
+		return out, nil
+	case len(gws) == 1:
+		return nil, errs[0]
+	}
+	return nil, fmt.Errorf("none of site %s's %d gateways resolves: %w", s.Name, len(gws), errors.Join(errs...))
 }
 
 // gatewayMAC finds gw's MAC in the neighbour table of ifi, prompting the
