@@ -314,3 +314,121 @@ func TestMXLANWrongGateway(t *testing.T) {
 	}
 	good.Close()
 }
+
+// TestMXTwoGateways: site a has two gateway hosts, each with an MX engine
+// of its own on the site's Ethernet. A node's streams to either gateway
+// cross the WAN and come back whole, and streams from site b to the
+// node arrive through both of a's gateways, each naming its own LAN
+// address as the stream's source.
+func TestMXTwoGateways(t *testing.T) {
+	m := multiMap(t, 2)
+	hub := mx.NewMemHub(1500)
+	open := func(mac mx.MAC) *mx.Endpoint {
+		e, err := mx.New(hub.Attach(mac), mx.Config{PeerTimeout: MXPeerTimeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		ep, err := e.Open(MXEndpoint)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ep
+	}
+	node := open(mx.MAC{2, 0, 0, 0, 1, 2})
+	a, _ := m.Site("a")
+	b, _ := m.Site("b")
+	var as []*testGW
+	var trs []*MXTransport
+	for i, gw := range a.Gateways {
+		tr := &MXTransport{EP: open(mx.MAC{2, 0, 0, 0, 1, byte(10 + i)}),
+			Resolve: func(netip.Addr) (mx.Addr, error) { return node.Addr(), nil }}
+		trs = append(trs, tr)
+		as = append(as, startGW(t, m, "a", func(c *Config) {
+			c.ListenLAN, c.ListenWAN, c.Transport, c.AllowPorts = gw.LAN, gw.WAN, tr, PortSet{{1, 65535}}
+		}))
+	}
+	var bs []*testGW
+	for _, gw := range b.Gateways {
+		bs = append(bs, startGW(t, m, "b", func(c *Config) { c.ListenLAN, c.ListenWAN = gw.LAN, gw.WAN }))
+	}
+	for _, g := range append(as, bs...) {
+		select {
+		case <-g.Ready():
+		case <-time.After(10 * time.Second):
+			t.Fatal("mesh did not come up")
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	// Node to site b, through each of a's gateways.
+	dst := testnet.Echo(t, nodeB)
+	for i, tr := range trs {
+		r := rand.New(rand.NewPCG(uint64(i), 9))
+		s, err := mxOpen(ctx, node, tr.EP.Addr(), a.Gateways[i].LAN, netip.AddrPortFrom(nodeA, uint16(41000+i)), dst)
+		if err != nil {
+			t.Fatalf("stream to gateway %d: %v", i, err)
+		}
+		if err := echoAndCheck(s, r, 256<<10); err != nil {
+			t.Errorf("stream through gateway %d of site a: %v", i, err)
+		}
+		s.Close()
+	}
+
+	// Site b to the node: the node's endpoint accepts, echoes, and
+	// reports which gateway (MAC) opened each stream and the source it
+	// named.
+	type from struct {
+		peer mx.Addr
+		src  netip.Addr
+	}
+	seen := make(chan from, 64)
+	ln, err := mx.Listen(node, mx.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			s, err := ln.Accept(ctx)
+			if err != nil {
+				return
+			}
+			src, _, _ := header.ParseEndpointPair(s.Meta)
+			seen <- from{s.Peer(), src.Addr()}
+			go func() { io.Copy(s, s); s.Close() }()
+		}
+	}()
+	const streams = 12
+	toNode := netip.AddrPortFrom(nodeA, 7000)
+	for i := range streams {
+		c, err := lanOpen(b.Gateways[i%2].LAN, nodeB, toNode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := []byte(fmt.Sprintf("stream %d", i))
+		c.Write(msg)
+		c.CloseWrite()
+		c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		back, err := io.ReadAll(c)
+		c.Close()
+		if err != nil || !bytes.Equal(back, msg) {
+			t.Fatalf("stream %d from site b: %q, %v", i, back, err)
+		}
+	}
+	by := map[mx.Addr]int{}
+	for range streams {
+		f := <-seen
+		by[f.peer]++
+		for i, tr := range trs {
+			if f.peer == tr.EP.Addr() && f.src != a.Gateways[i].LAN.Addr() {
+				t.Errorf("stream from gateway %d names source %v, want its LAN address %v", i, f.src, a.Gateways[i].LAN.Addr())
+			}
+		}
+	}
+	for i, tr := range trs {
+		if by[tr.EP.Addr()] == 0 {
+			t.Errorf("gateway %d of site a opened none of %d streams to the node (%v)", i, streams, by)
+		}
+	}
+}

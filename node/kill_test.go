@@ -73,7 +73,7 @@ func TestKilledDaemonChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	d, err := New(Config{Addr: nodeAddr, Listen: netip.MustParseAddrPort(os.Getenv("MPI5K_NODE_CHILD_LISTEN")),
-		GatewayLAN: gwLAN, EP: ep, Gateway: mx.Addr{MAC: udpMAC(gw), EP: gateway.MXEndpoint}})
+		Gateways: []Gateway{{LAN: gwLAN, MX: mx.Addr{MAC: udpMAC(gw), EP: gateway.MXEndpoint}}}, EP: ep})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,11 +2,20 @@
 // node`, docs/architecture.md): it owns the node's one MX engine and
 // carries the ranks' inter-site connections between loopback TCP, where
 // the shim hands them over exactly as it hands them to a TCP gateway, and
-// MX streams to the site gateway (gateway.MXTransport).
+// MX streams to the site's gateways (gateway.MXTransport).
 //
-// Toward the gateway, a rank's connection becomes one stream whose open
+// A site may have several gateway hosts (the site map's gateway records).
+// The daemon then spreads the ranks' new connections over them as the
+// shim does over TCP gateways: round robin from a random start, a gateway
+// whose dial failed last for a few seconds, the next one tried within the
+// dial timeout. It accepts streams from every one of them, and a
+// PEER_QUERY goes to the gateway that carries the connection it asks
+// about; a LISTEN goes to all of them, since the far site's gateway may
+// pick any of them for a stream to the port.
+//
+// Toward a gateway, a rank's connection becomes one stream whose open
 // metadata names the rank's end as the gateway would see it over TCP (the
-// node's LAN address and the rank socket's port) and the gateway's LAN
+// node's LAN address and the rank socket's port) and that gateway's LAN
 // address; the first frame (OPEN, or PEER_QUERY/LISTEN of a control
 // connection) is checked and forwarded with the rank's end rewritten from
 // loopback to that address. From the gateway, a stream for a rank of this
@@ -21,8 +30,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -34,27 +45,37 @@ import (
 	"github.com/mpi5k/mpi5k/mx"
 )
 
+// Gateway is one gateway host of the node's site, as the daemon reaches it.
+type Gateway struct {
+	// LAN is the gateway's LAN address in the site map (lan=), which the
+	// metadata of every stream to it names.
+	LAN netip.AddrPort
+	// MX is the gateway's MX endpoint.
+	MX mx.Addr
+}
+
 // Config is one daemon's setting.
 type Config struct {
-	// Addr is the node's address on the site LAN: the source the gateway
-	// sees for the node's ranks.
+	// Addr is the node's address on the site LAN: the source the gateways
+	// see for the node's ranks.
 	Addr netip.Addr
 	// Listen is the loopback address the shim connects to (MPI5K_NODE);
 	// connections to ranks are made from its address too.
 	Listen netip.AddrPort
-	// GatewayLAN is the site gateway's LAN address (the site map's lan=),
-	// which every stream's metadata names.
-	GatewayLAN netip.AddrPort
-	// EP is the node's MX endpoint; Gateway the gateway's.
-	EP      *mx.Endpoint
-	Gateway mx.Addr
-	Stream  mx.StreamConfig
+	// Gateways are the site's gateway hosts the daemon reaches, at least
+	// one: new connections spread over them, and streams from any of them
+	// are accepted (from no other endpoint).
+	Gateways []Gateway
+	// EP is the node's MX endpoint.
+	EP     *mx.Endpoint
+	Stream mx.StreamConfig
 	// MaxConns bounds the connections carried at once, both directions
 	// together (default 4096); more are reset.
 	MaxConns int
 	// FirstFrame bounds the wait for a rank's first frame (default 10 s).
 	FirstFrame time.Duration
-	// DialTimeout bounds a connect to a rank's port (default 5 s).
+	// DialTimeout bounds a connect to a rank's port, and the stream open
+	// of a rank's connection over all the gateways tried (default 5 s).
 	DialTimeout time.Duration
 	Log         *slog.Logger
 }
@@ -81,14 +102,28 @@ type Daemon struct {
 	conns atomic.Int64
 
 	// in maps the daemon's end of a connection it made to a rank to the
-	// stream's ends in the gateway's terms, for PEER_QUERY.
+	// stream's ends in its gateway's terms, and that gateway, for
+	// PEER_QUERY.
 	inMu sync.Mutex
 	in   map[netip.AddrPort]inbound
+
+	// gwNext is the round robin over cfg.Gateways; gwFailed[i] is when a
+	// dial to gateway i last failed (unix ns), which puts it last for
+	// gwRetryAfter.
+	gwNext   atomic.Uint32
+	gwFailed []atomic.Int64
 
 	wg sync.WaitGroup
 }
 
-type inbound struct{ from, to netip.AddrPort }
+type inbound struct {
+	from, to netip.AddrPort
+	gw       int // index in cfg.Gateways of the gateway that opened the stream
+}
+
+// gwRetryAfter is how long a gateway whose dial failed goes last for new
+// connections: the shim's time for a TCP gateway.
+const gwRetryAfter = 5 * time.Second
 
 // New checks cfg and opens the loopback listener.
 func New(cfg Config) (*Daemon, error) {
@@ -98,16 +133,25 @@ func New(cfg Config) (*Daemon, error) {
 		return nil, errors.New("no node address (the node's address on the site LAN)")
 	case !cfg.Listen.Addr().IsLoopback():
 		return nil, fmt.Errorf("listen address %v: want a loopback address (only this node's ranks may connect)", cfg.Listen)
-	case !cfg.GatewayLAN.IsValid():
-		return nil, errors.New("no gateway LAN address")
+	case len(cfg.Gateways) == 0:
+		return nil, errors.New("no gateway")
 	case cfg.EP == nil:
 		return nil, errors.New("no MX endpoint")
+	}
+	for _, g := range cfg.Gateways {
+		if !g.LAN.IsValid() {
+			return nil, fmt.Errorf("gateway %v: no LAN address", g.MX)
+		}
 	}
 	ln, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(cfg.Listen))
 	if err != nil {
 		return nil, fmt.Errorf("listen %v: %w", cfg.Listen, err)
 	}
-	return &Daemon{cfg: cfg, ln: ln, in: map[netip.AddrPort]inbound{}}, nil
+	d := &Daemon{cfg: cfg, ln: ln, in: map[netip.AddrPort]inbound{}, gwFailed: make([]atomic.Int64, len(cfg.Gateways))}
+	// A random start spreads the daemons of a site that each carry few
+	// connections.
+	d.gwNext.Store(rand.Uint32())
+	return d, nil
 }
 
 // Addr is the loopback address the daemon listens on.
@@ -202,8 +246,8 @@ func (d *Daemon) nodeView(remote netip.AddrPort) netip.AddrPort {
 	return remote
 }
 
-// fromRank reads a rank's first frame and carries the connection to the
-// gateway.
+// fromRank reads a rank's first frame and carries the connection to a
+// gateway (OPEN) or to the gateways (a control connection).
 func (d *Daemon) fromRank(ctx context.Context, c *net.TCPConn) {
 	c.SetNoDelay(true)
 	c.SetLinger(0) // until a graceful close: see closeGracefully
@@ -218,45 +262,38 @@ func (d *Daemon) fromRank(ctx context.Context, c *net.TCPConn) {
 	}
 	c.SetReadDeadline(time.Time{})
 	src := d.nodeView(remote)
-	var first []byte
 	switch h.Type {
 	case header.TypeOpen:
-		o, err := header.ParseOpen(body)
-		if err == nil && unmap(o.Src) != remote {
-			err = fmt.Errorf("OPEN source %v differs from the connection's source %v", o.Src, remote)
-		}
-		if err != nil {
-			d.cfg.Log.Info("rank connection refused: bad OPEN", "remote", remote.String(), "err", err)
-			reset(c)
-			return
-		}
-		o.Src = src
-		body, err := header.AppendOpen(nil, &o)
-		if err != nil {
-			reset(c)
-			return
-		}
-		first = header.AppendFrame(nil, header.TypeOpen, h.Stream, body)
 	case header.TypePeerQuery, header.TypeListen:
-		first = d.controlFrame(h, body)
+		d.control(ctx, c, src, h, body)
+		return
 	default:
 		d.cfg.Log.Info("rank connection refused: first frame must be OPEN, PEER_QUERY or LISTEN", "remote", remote.String(), "type", h.Type.String())
 		reset(c)
 		return
 	}
-	m, err := header.AppendEndpointPair(nil, src, d.cfg.GatewayLAN)
+	o, err := header.ParseOpen(body)
+	if err == nil && unmap(o.Src) != remote {
+		err = fmt.Errorf("OPEN source %v differs from the connection's source %v", o.Src, remote)
+	}
 	if err != nil {
+		d.cfg.Log.Info("rank connection refused: bad OPEN", "remote", remote.String(), "err", err)
 		reset(c)
 		return
 	}
-	dctx, cancel := context.WithTimeout(ctx, d.cfg.DialTimeout)
-	s, err := mx.Dial(dctx, d.cfg.EP, d.cfg.Gateway, m, d.cfg.Stream)
-	cancel()
-	if err != nil {
-		d.cfg.Log.Warn("gateway unreachable over MX", "gateway", d.cfg.Gateway.String(), "remote", remote.String(), "err", err)
+	o.Src = src
+	if body, err = header.AppendOpen(nil, &o); err != nil {
 		reset(c)
 		return
 	}
+	first := header.AppendFrame(nil, header.TypeOpen, h.Stream, body)
+	s, gw, err := d.dial(ctx, src)
+	if err != nil {
+		d.cfg.Log.Warn("no gateway reachable over MX", "remote", remote.String(), "err", err)
+		reset(c)
+		return
+	}
+	d.cfg.Log.Debug("stream to the gateway", "gateway", d.cfg.Gateways[gw].LAN.String(), "src", src.String(), "dst", o.Dst.String())
 	if _, err := s.Write(first); err != nil {
 		s.Abort()
 		reset(c)
@@ -264,74 +301,346 @@ func (d *Daemon) fromRank(ctx context.Context, c *net.TCPConn) {
 	}
 	// The daemon's end ends every connection it carries.
 	defer context.AfterFunc(ctx, func() { s.Abort(); reset(c) })()
-	if h.Type == header.TypeOpen {
-		splice(c, s)
-		return
-	}
-	d.control(c, s)
+	splice(c, s)
 }
 
-// controlFrame re-encodes one frame of a control connection for the
-// gateway: a PEER_QUERY about a connection the daemon made names the
-// stream's ends instead of the loopback ones the rank saw.
-func (d *Daemon) controlFrame(h header.Header, body []byte) []byte {
+// gatewayOrder is the order in which a new connection tries the site's
+// gateways: round robin, with those whose dial failed in the last
+// gwRetryAfter moved to the end.
+func (d *Daemon) gatewayOrder() []int {
+	n := len(d.cfg.Gateways)
+	start := int(d.gwNext.Add(1) % uint32(n))
+	now := time.Now().UnixNano()
+	order := make([]int, 0, n)
+	var failed []int
+	for k := range n {
+		i := (start + k) % n
+		if now-d.gwFailed[i].Load() < int64(gwRetryAfter) {
+			failed = append(failed, i)
+			continue
+		}
+		order = append(order, i)
+	}
+	return append(order, failed...)
+}
+
+// dial opens a stream from the rank's end src to one of the site's
+// gateways, in gatewayOrder, trying the next when one fails, all within
+// DialTimeout: each attempt gets an equal share of what is left, so a
+// gateway that does not answer leaves time for the others. It returns
+// the stream and its gateway's index, or the last error.
+func (d *Daemon) dial(ctx context.Context, src netip.AddrPort) (*mx.Stream, int, error) {
+	order := d.gatewayOrder()
+	deadline := time.Now().Add(d.cfg.DialTimeout)
+	var err error
+	for k, i := range order {
+		left := time.Until(deadline)
+		if left <= 0 {
+			break
+		}
+		var s *mx.Stream
+		if s, err = d.dialOne(ctx, i, src, left/time.Duration(len(order)-k)); err == nil {
+			d.gwFailed[i].Store(0)
+			return s, i, nil
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		d.failed(i, err)
+	}
+	return nil, -1, err
+}
+
+// dialOne opens a stream from src to gateway i within timeout.
+func (d *Daemon) dialOne(ctx context.Context, i int, src netip.AddrPort, timeout time.Duration) (*mx.Stream, error) {
+	g := d.cfg.Gateways[i]
+	m, err := header.AppendEndpointPair(nil, src, g.LAN)
+	if err != nil {
+		return nil, err
+	}
+	dctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	s, err := mx.Dial(dctx, d.cfg.EP, g.MX, m, d.cfg.Stream)
+	if err != nil {
+		return nil, fmt.Errorf("gateway %v (MX %v): %w", g.LAN, g.MX, err)
+	}
+	return s, nil
+}
+
+// failed puts gateway i last for new connections for gwRetryAfter.
+func (d *Daemon) failed(i int, err error) {
+	d.gwFailed[i].Store(time.Now().UnixNano())
+	if len(d.cfg.Gateways) > 1 {
+		d.cfg.Log.Info("gateway unreachable over MX; new connections try the others first", "gateway", d.cfg.Gateways[i].LAN.String(), "err", err)
+	}
+}
+
+// ctlReplyWait bounds how long a control connection waits for the other
+// gateways once one has answered a frame (or, for the stream opens, once
+// one has opened): a LAN round trip takes well under a millisecond, and
+// the shim waits 2 s for the answer (MPI5K_TIMEOUT), so a gateway that
+// died with its MX channel still open must not hold the answer until the
+// channel's peer timeout.
+const ctlReplyWait = time.Second
+
+// ctlConn is a rank's control connection as the daemon carries it: one
+// stream to each gateway it needs, opened when first needed and kept
+// while the connection lasts, since a gateway's LISTEN registrations end
+// with the stream that made them. A gateway whose stream failed is not
+// used again on the connection.
+type ctlConn struct {
+	d   *Daemon
+	src netip.AddrPort // the rank's end in the gateways' terms
+
+	mu   sync.Mutex // s's elements for abort; the connection's goroutine writes them under mu
+	s    []*mx.Stream
+	gone []bool
+}
+
+// control carries a rank's control connection, whose first frame is h:
+// each frame goes to its gateways and one answer back to the rank
+// (exchange).
+func (d *Daemon) control(ctx context.Context, c *net.TCPConn, src netip.AddrPort, h header.Header, body []byte) {
+	cc := &ctlConn{d: d, src: src, s: make([]*mx.Stream, len(d.cfg.Gateways)), gone: make([]bool, len(d.cfg.Gateways))}
+	defer context.AfterFunc(ctx, func() { cc.abort(); reset(c) })()
+	r := header.NewReader(c, header.MaxControl)
+	var buf [64]byte
+	for {
+		rep, err := cc.exchange(ctx, h, body)
+		if err == nil {
+			_, err = c.Write(rep)
+		}
+		if err != nil {
+			d.cfg.Log.Info("rank control connection reset", "remote", src.String(), "frame", h.Type.String(), "err", err)
+			cc.abort()
+			reset(c)
+			return
+		}
+		h, body, err = r.ReadFrame(buf[:])
+		if err == nil && h.Type != header.TypePeerQuery && h.Type != header.TypeListen {
+			err = fmt.Errorf("%v on a control connection", h.Type)
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				cc.abort()
+				reset(c)
+				return
+			}
+			cc.close()
+			c.CloseWrite()
+			closeGracefully(c)
+			return
+		}
+	}
+}
+
+func (cc *ctlConn) abort() {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	for _, s := range cc.s {
+		if s != nil {
+			s.Abort()
+		}
+	}
+}
+
+func (cc *ctlConn) close() {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	for _, s := range cc.s {
+		if s != nil {
+			s.Close()
+		}
+	}
+}
+
+// drop stops using gateway i on the connection. Unless the gateway
+// ended the stream itself (it refuses a frame that way), it is also put
+// last for new connections.
+func (cc *ctlConn) drop(i int, err error) {
+	cc.mu.Lock()
+	if s := cc.s[i]; s != nil {
+		s.Abort()
+	}
+	cc.s[i], cc.gone[i] = nil, true
+	cc.mu.Unlock()
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		cc.d.cfg.Log.Info("gateway ended a control connection", "gateway", cc.d.cfg.Gateways[i].LAN.String(), "remote", cc.src.String())
+		return
+	}
+	cc.d.failed(i, err)
+}
+
+// exchange sends one frame of the rank to its gateways and returns the
+// answer for the rank: a PEER_QUERY about a connection the daemon made
+// goes, in the stream's terms, to the gateway that opened that stream,
+// one about any other connection to one gateway; a LISTEN goes to every
+// gateway, and the answer is a refusal if one refused, else OK if one
+// registered the port.
+func (cc *ctlConn) exchange(ctx context.Context, h header.Header, body []byte) ([]byte, error) {
+	d := cc.d
+	var targets []int
+	want := header.TypeListenReply
 	if h.Type == header.TypePeerQuery {
+		want = header.TypePeerReply
+		gw := -1
 		if q, err := header.ParsePeerQuery(body); err == nil {
 			d.inMu.Lock()
 			in, ok := d.in[unmap(q.Seen)]
 			d.inMu.Unlock()
 			if ok {
-				body = header.AppendPeerQuery(nil, &header.PeerQuery{Seen: in.from, Local: in.to})
+				body, gw = header.AppendPeerQuery(nil, &header.PeerQuery{Seen: in.from, Local: in.to}), in.gw
 			}
 		}
-	}
-	return header.AppendFrame(nil, h.Type, h.Stream, body)
-}
-
-// control carries a control connection: frames from the rank one at a
-// time (rewritten), the gateway's replies as they come.
-func (d *Daemon) control(c *net.TCPConn, s *mx.Stream) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if _, err := io.Copy(c, s); err != nil {
-			reset(c)
-			return
+		if gw >= 0 {
+			targets = []int{gw}
+		} else {
+			// Nobody knows the connection: any one gateway says so.
+			targets = cc.anyGateway(ctx)
 		}
-		c.CloseWrite()
-	}()
-	r := header.NewReader(c, header.MaxControl)
-	var buf [64]byte
-	for {
-		h, body, err := r.ReadFrame(buf[:])
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				s.CloseWrite()
-			} else {
-				s.Abort()
+	} else {
+		for i := range d.cfg.Gateways {
+			targets = append(targets, i)
+		}
+	}
+	cc.open(ctx, targets)
+	frame := header.AppendFrame(nil, h.Type, h.Stream, body)
+	type reply struct {
+		i    int
+		h    header.Header
+		body []byte
+		err  error
+	}
+	replies := make(chan reply, len(targets))
+	pending := map[int]bool{}
+	for _, i := range targets {
+		s := cc.s[i]
+		if s == nil {
+			continue
+		}
+		if _, err := s.Write(frame); err != nil {
+			cc.drop(i, err)
+			continue
+		}
+		pending[i] = true
+		go func() {
+			rh, rb, err := header.ReadOne(s, header.MaxControl)
+			if err == nil && (rh.Type != want || rh.Stream != h.Stream) {
+				err = fmt.Errorf("gateway answered %v %d to %v %d", rh.Type, rh.Stream, h.Type, h.Stream)
 			}
-			break
-		}
-		if h.Type != header.TypePeerQuery && h.Type != header.TypeListen {
-			s.Abort()
-			break
-		}
-		if _, err := s.Write(d.controlFrame(h, body)); err != nil {
-			break
+			replies <- reply{i, rh, rb, err}
+		}()
+	}
+	var out []byte
+	var grace <-chan time.Time
+	answered := 0
+	for len(pending) > 0 {
+		select {
+		case r := <-replies:
+			delete(pending, r.i)
+			if r.err != nil {
+				cc.drop(r.i, r.err)
+				continue
+			}
+			answered++
+			if grace == nil {
+				grace = time.After(ctlReplyWait)
+			}
+			// The first answer, or the first refusal of a LISTEN.
+			if out == nil || h.Type == header.TypeListen && r.body[0] != header.ListenOK && out[header.Size] == header.ListenOK {
+				out = header.AppendFrame(nil, r.h.Type, r.h.Stream, r.body)
+			}
+		case <-grace:
+			// A gateway that has not answered while another has is
+			// dropped; its reader ends with its aborted stream.
+			for i := range pending {
+				cc.drop(i, fmt.Errorf("no answer to %v in %v", h.Type, ctlReplyWait))
+				delete(pending, i)
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
 	}
-	<-done
-	closeGracefully(c)
-	s.Close()
+	if out == nil {
+		return nil, errors.New("no gateway answered")
+	}
+	if h.Type == header.TypeListen && answered < len(d.cfg.Gateways) {
+		d.cfg.Log.Warn("rank port registered with only some gateways: streams from other sites through the others are refused",
+			"remote", cc.src.String(), "registered", answered, "gateways", len(d.cfg.Gateways))
+	}
+	return out, nil
 }
 
-// fromGateway connects a stream the gateway opened to the rank's port it
+// anyGateway is one gateway for a frame any of them answers: one whose
+// stream is open, else the first in gatewayOrder that opens.
+func (cc *ctlConn) anyGateway(ctx context.Context) []int {
+	for i, s := range cc.s {
+		if s != nil {
+			return []int{i}
+		}
+	}
+	all := make([]int, len(cc.s))
+	for i := range all {
+		all[i] = i
+	}
+	cc.open(ctx, all)
+	for _, i := range cc.d.gatewayOrder() {
+		if cc.s[i] != nil {
+			return []int{i}
+		}
+	}
+	return nil
+}
+
+// open opens the streams of targets that are not open, all at once
+// within DialTimeout; once one has opened, the others get ctlReplyWait
+// more. A gateway whose stream does not open is not used again on the
+// connection.
+func (cc *ctlConn) open(ctx context.Context, targets []int) {
+	type opened struct {
+		i   int
+		s   *mx.Stream
+		err error
+	}
+	ch := make(chan opened, len(targets))
+	dctx, cancel := context.WithTimeout(ctx, cc.d.cfg.DialTimeout)
+	defer cancel()
+	n := 0
+	for _, i := range targets {
+		if cc.s[i] != nil || cc.gone[i] {
+			continue
+		}
+		n++
+		go func() {
+			s, err := cc.d.dialOne(dctx, i, cc.src, cc.d.cfg.DialTimeout)
+			ch <- opened{i, s, err}
+		}()
+	}
+	var grace *time.Timer
+	for range n {
+		o := <-ch
+		if o.err != nil {
+			cc.drop(o.i, o.err)
+			continue
+		}
+		cc.mu.Lock()
+		cc.s[o.i] = o.s
+		cc.mu.Unlock()
+		if grace == nil {
+			grace = time.AfterFunc(ctlReplyWait, cancel)
+			defer grace.Stop()
+		}
+	}
+}
+
+// fromGateway connects a stream a gateway opened to the rank's port it
 // names, from the daemon's loopback address.
 func (d *Daemon) fromGateway(ctx context.Context, s *mx.Stream) {
 	from, to, err := header.ParseEndpointPair(s.Meta)
 	from, to = unmap(from), unmap(to)
-	if err == nil && s.Peer() != d.cfg.Gateway {
-		err = fmt.Errorf("opened by %v, not the site gateway %v", s.Peer(), d.cfg.Gateway)
+	gw := slices.IndexFunc(d.cfg.Gateways, func(g Gateway) bool { return g.MX == s.Peer() })
+	if err == nil && gw < 0 {
+		err = fmt.Errorf("opened by %v, not a gateway of the site", s.Peer())
 	}
 	if err == nil && to.Addr() != d.cfg.Addr {
 		err = fmt.Errorf("destination %v is not this node's address %v", to, d.cfg.Addr)
@@ -357,7 +666,7 @@ func (d *Daemon) fromGateway(ctx context.Context, s *mx.Stream) {
 		}
 		if err == nil {
 			d.inMu.Lock()
-			d.in[local] = inbound{from, to}
+			d.in[local] = inbound{from, to, gw}
 			d.inMu.Unlock()
 		}
 		return err

@@ -42,7 +42,7 @@ func lan(t *testing.T, loss float64) (*Daemon, *gateway.MXTransport) {
 		eps = append(eps, ep)
 	}
 	d, err := New(Config{Addr: nodeAddr, Listen: netip.MustParseAddrPort("127.0.0.2:0"),
-		GatewayLAN: gwLAN, EP: eps[1], Gateway: eps[0].Addr(), MaxConns: 64})
+		Gateways: []Gateway{{LAN: gwLAN, MX: eps[0].Addr()}}, EP: eps[1], MaxConns: 64})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/pflag"
@@ -25,11 +26,12 @@ func init() {
 
 const nodeUsage = `usage: mpi5k node --map FILE --lan-if IF --listen 127.0.0.1:PORT [flags]
 
-mpi5k node runs on each node of a site whose gateway uses --lan-transport mx
+mpi5k node runs on each node of a site whose gateways use --lan-transport mx
 (docs/architecture.md): it owns the node's MX engine on the LAN interface
 (CAP_NET_RAW), takes the ranks' inter-site connections on a loopback port
 (the shim connects there when MPI5K_NODE names it) and carries each as an MX
-stream to the site gateway, and connects the streams the gateway opens to the
+stream to one of the site's gateways (round robin over them, a gateway that
+does not answer skipped), and connects the streams the gateways open to the
 ranks' ports. 'mpi5k run --lan-transport mx' starts one per node host.
 
 `
@@ -92,7 +94,12 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	if *stdinEOF {
 		ctx = cli.StopOnStdinEOF(ctx, log, "exiting")
 	}
-	log.Info("node daemon ready", "listen", d.Addr().String(), "node", cfg.Addr.String(), "gateway", cfg.GatewayLAN.String(), "gateway_mx", cfg.Gateway.String())
+	var gws, gwMX []string
+	for _, g := range cfg.Gateways {
+		gws, gwMX = append(gws, g.LAN.String()), append(gwMX, g.MX.String())
+	}
+	log.Info("node daemon ready", "listen", d.Addr().String(), "node", cfg.Addr.String(),
+		"gateways", strings.Join(gws, ","), "gateways_mx", strings.Join(gwMX, ","))
 	if err := d.Run(ctx); err != nil {
 		log.Error("node daemon failed", "err", err)
 		return cli.ExitFailure
