@@ -93,16 +93,7 @@ func TestKilledDaemon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := mx.New(link, killCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	ep, err := e.Open(gateway.MXEndpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := &gateway.MXTransport{EP: ep}
+	tr := &gateway.MXTransport{EP: endpoint(t, link, killCfg)}
 	ln, err := tr.Listen(gwLAN)
 	if err != nil {
 		t.Fatal(err)

@@ -22,18 +22,7 @@ var gwLAN2 = netip.MustParseAddrPort("10.9.0.2:4000")
 // MAC has no host behind it: frames to it are lost.
 func twoGateways(t *testing.T, dead bool, dialTimeout time.Duration) (*Daemon, []*gateway.MXTransport, *mx.MemHub) {
 	hub := mx.NewMemHub(1500)
-	open := func(mac mx.MAC) *mx.Endpoint {
-		e, err := mx.New(hub.Attach(mac), mx.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
-		ep, err := e.Open(gateway.MXEndpoint)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ep
-	}
+	open := func(mac mx.MAC) *mx.Endpoint { return endpoint(t, hub.Attach(mac), mx.Config{}) }
 	nodeEP := open(mx.MAC{2, 0, 0, 0, 9, 2})
 	var trs []*gateway.MXTransport
 	gws := []Gateway{{LAN: gwLAN}, {LAN: gwLAN2}}
@@ -257,15 +246,7 @@ func TestSecondGatewayStream(t *testing.T) {
 	}
 
 	// An endpoint of the LAN that is no gateway of the site.
-	e, err := mx.New(hub.Attach(mx.MAC{2, 0, 0, 0, 9, 9}), mx.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	ep, err := e.Open(gateway.MXEndpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ep := endpoint(t, hub.Attach(mx.MAC{2, 0, 0, 0, 9, 9}), mx.Config{})
 	foreign := &gateway.MXTransport{EP: ep, Resolve: func(netip.Addr) (mx.Addr, error) { return d.cfg.EP.Addr(), nil }}
 	fs, err := foreign.Dial(ctx, netip.MustParseAddr("10.9.0.9"), dst, nil)
 	if err != nil {

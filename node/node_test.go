@@ -21,6 +21,22 @@ var (
 	gwLAN    = netip.MustParseAddrPort("10.9.0.1:4000")
 )
 
+// endpoint starts an MX engine on link and opens the gateways' endpoint
+// number on it; the engine closes when the test ends.
+func endpoint(t *testing.T, link mx.Link, cfg mx.Config) *mx.Endpoint {
+	t.Helper()
+	e, err := mx.New(link, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	ep, err := e.Open(gateway.MXEndpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ep
+}
+
 // lan starts a node daemon and a gateway-side MX transport on one
 // in-memory Ethernet with the loss given.
 func lan(t *testing.T, loss float64) (*Daemon, *gateway.MXTransport) {
@@ -30,16 +46,7 @@ func lan(t *testing.T, loss float64) (*Daemon, *gateway.MXTransport) {
 	}
 	var eps []*mx.Endpoint
 	for _, mac := range []mx.MAC{{2, 0, 0, 0, 9, 1}, {2, 0, 0, 0, 9, 2}} {
-		e, err := mx.New(hub.Attach(mac), mx.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
-		ep, err := e.Open(gateway.MXEndpoint)
-		if err != nil {
-			t.Fatal(err)
-		}
-		eps = append(eps, ep)
+		eps = append(eps, endpoint(t, hub.Attach(mac), mx.Config{}))
 	}
 	d, err := New(Config{Addr: nodeAddr, Listen: netip.MustParseAddrPort("127.0.0.2:0"),
 		Gateways: []Gateway{{LAN: gwLAN, MX: eps[0].Addr()}}, EP: eps[1], MaxConns: 64})
