@@ -59,8 +59,8 @@ type Config struct {
 	// emulator a sixth of the packets, so on a small machine it carries
 	// them beside a job without stalling, while nodes and gateways keep
 	// MTU. The sites' bridges and the emulator then take frames this size.
-	CrossMTU int
-	GatewayNICs     int     // 1 (LAN leg only, default) or 2 (LAN + WAN leg)
+	CrossMTU    int
+	GatewayNICs int // 1 (LAN leg only, default) or 2 (LAN + WAN leg)
 	// HostCC is the default TCP congestion control of every lab host's
 	// namespace ("" keeps the machine's). The ranks' direct connections use
 	// it, so it decides what "without gateways" means: a cluster's nodes
