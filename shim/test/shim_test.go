@@ -445,6 +445,9 @@ func TestGodebugInPlace(t *testing.T) {
 // (SIGURG) at start-up unless GODEBUG has asyncpreemptoff=1; a host with
 // its own SIGURG handler (orterun) then receives them. With GODEBUG present
 // (even empty) the shim adds the setting in place, also when passive.
+// Without GODEBUG (what docs/shim.md tells launchers to avoid) the signals
+// reach the host's handler, which runs without Go's signal stack and can
+// crash the process: those runs are counted, not required to succeed.
 func TestNoPreemptSignals(t *testing.T) {
 	l := newLab(t)
 	strip := func(env []string) []string {
@@ -458,7 +461,7 @@ func TestNoPreemptSignals(t *testing.T) {
 	}
 	passive := strip(append(os.Environ(), "LD_PRELOAD="+libPath))
 	active := strip(l.env("a"))
-	unfixed := 0
+	unfixed, crashed := 0, 0
 	for i := 0; i < 5; i++ {
 		for name, env := range map[string][]string{"passive": passive, "active": active} {
 			out := run(t, append(env, "GODEBUG="), 20*time.Second, "sigurg")
@@ -466,12 +469,18 @@ func TestNoPreemptSignals(t *testing.T) {
 				t.Errorf("%s shim with GODEBUG= : host got %s", name, strings.TrimSpace(out))
 			}
 		}
-		out := run(t, passive, 20*time.Second, "sigurg")
+		out, errOut, err := runErr(passive, 20*time.Second, "sigurg")
+		if err != nil {
+			crashed++
+			line, _, _ := strings.Cut(strings.TrimSpace(errOut), "\n")
+			t.Logf("without GODEBUG the host died (%v): %s", err, line)
+			continue
+		}
 		var n int
 		fmt.Sscanf(strings.TrimSpace(out), "sigurg=%d", &n)
 		unfixed += n
 	}
-	t.Logf("without GODEBUG in the environment the host received %d SIGURGs in 5 runs", unfixed)
+	t.Logf("without GODEBUG in the environment the host received %d SIGURGs in 5 runs and died in %d", unfixed, crashed)
 }
 
 // TestSeveralGateways: with two gateway hosts for site a, one process's
