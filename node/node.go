@@ -30,7 +30,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"slices"
@@ -42,7 +41,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/internal/spread"
 	"github.com/mpi5k/mpi5k/mx"
+	"github.com/mpi5k/mpi5k/sitemap"
 )
 
 // Gateway is one gateway host of the node's site, as the daemon reaches it.
@@ -107,11 +108,9 @@ type Daemon struct {
 	inMu sync.Mutex
 	in   map[netip.AddrPort]inbound
 
-	// gwNext is the round robin over cfg.Gateways; gwFailed[i] is when a
-	// dial to gateway i last failed (unix ns), which puts it last for
-	// gwRetryAfter.
-	gwNext   atomic.Uint32
-	gwFailed []atomic.Int64
+	// order spreads new connections over cfg.Gateways, as the shim does
+	// over TCP gateways.
+	order spread.Order
 
 	wg sync.WaitGroup
 }
@@ -120,10 +119,6 @@ type inbound struct {
 	from, to netip.AddrPort
 	gw       int // index in cfg.Gateways of the gateway that opened the stream
 }
-
-// gwRetryAfter is how long a gateway whose dial failed goes last for new
-// connections: the shim's time for a TCP gateway.
-const gwRetryAfter = 5 * time.Second
 
 // New checks cfg and opens the loopback listener.
 func New(cfg Config) (*Daemon, error) {
@@ -135,6 +130,8 @@ func New(cfg Config) (*Daemon, error) {
 		return nil, fmt.Errorf("listen address %v: want a loopback address (only this node's ranks may connect)", cfg.Listen)
 	case len(cfg.Gateways) == 0:
 		return nil, errors.New("no gateway")
+	case len(cfg.Gateways) > sitemap.MaxGateways:
+		return nil, fmt.Errorf("%d gateways: a site has at most %d", len(cfg.Gateways), sitemap.MaxGateways)
 	case cfg.EP == nil:
 		return nil, errors.New("no MX endpoint")
 	}
@@ -147,11 +144,7 @@ func New(cfg Config) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen %v: %w", cfg.Listen, err)
 	}
-	d := &Daemon{cfg: cfg, ln: ln, in: map[netip.AddrPort]inbound{}, gwFailed: make([]atomic.Int64, len(cfg.Gateways))}
-	// A random start spreads the daemons of a site that each carry few
-	// connections.
-	d.gwNext.Store(rand.Uint32())
-	return d, nil
+	return &Daemon{cfg: cfg, ln: ln, in: map[netip.AddrPort]inbound{}}, nil
 }
 
 // Addr is the loopback address the daemon listens on.
@@ -305,24 +298,8 @@ func (d *Daemon) fromRank(ctx context.Context, c *net.TCPConn) {
 }
 
 // gatewayOrder is the order in which a new connection tries the site's
-// gateways: round robin, with those whose dial failed in the last
-// gwRetryAfter moved to the end.
-func (d *Daemon) gatewayOrder() []int {
-	n := len(d.cfg.Gateways)
-	start := int(d.gwNext.Add(1) % uint32(n))
-	now := time.Now().UnixNano()
-	order := make([]int, 0, n)
-	var failed []int
-	for k := range n {
-		i := (start + k) % n
-		if now-d.gwFailed[i].Load() < int64(gwRetryAfter) {
-			failed = append(failed, i)
-			continue
-		}
-		order = append(order, i)
-	}
-	return append(order, failed...)
-}
+// gateways (spread.Order).
+func (d *Daemon) gatewayOrder() []int { return d.order.Next(len(d.cfg.Gateways)) }
 
 // dial opens a stream from the rank's end src to one of the site's
 // gateways, in gatewayOrder, trying the next when one fails, all within
@@ -340,7 +317,7 @@ func (d *Daemon) dial(ctx context.Context, src netip.AddrPort) (*mx.Stream, int,
 		}
 		var s *mx.Stream
 		if s, err = d.dialOne(ctx, i, src, left/time.Duration(len(order)-k)); err == nil {
-			d.gwFailed[i].Store(0)
+			d.order.Succeeded(i)
 			return s, i, nil
 		}
 		if ctx.Err() != nil {
@@ -367,9 +344,9 @@ func (d *Daemon) dialOne(ctx context.Context, i int, src netip.AddrPort, timeout
 	return s, nil
 }
 
-// failed puts gateway i last for new connections for gwRetryAfter.
+// failed puts gateway i last for new connections for spread.RetryAfter.
 func (d *Daemon) failed(i int, err error) {
-	d.gwFailed[i].Store(time.Now().UnixNano())
+	d.order.Failed(i)
 	if len(d.cfg.Gateways) > 1 {
 		d.cfg.Log.Info("gateway unreachable over MX; new connections try the others first", "gateway", d.cfg.Gateways[i].LAN.String(), "err", err)
 	}

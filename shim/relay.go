@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -15,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpi5k/mpi5k/header"
-	"github.com/mpi5k/mpi5k/sitemap"
+	"github.com/mpi5k/mpi5k/internal/spread"
 )
 
 // Results of relayConnect, mirrored from shim.h.
@@ -66,45 +65,12 @@ func relayConnect(fd int, dst netip.AddrPort) int {
 	return -int(errno)
 }
 
-// Spreading over a site's gateway hosts: each new relayed connection goes
-// to the next gateway in turn, starting at a random one per process.
-// Round robin rather than a hash of the connection's 4-tuple: the source
-// port is the kernel's choice at connect, after the gateway is chosen, and
-// a hash of the destination alone would put every connection of a rank
-// pair on one gateway. The random start spreads processes that open one
-// connection each. Load beyond this is the source gateway's business: it
-// sends each stream over the least loaded link to the destination site's
-// gateways (gateway.pickLink).
-var (
-	spreadOnce sync.Once
-	spreadNext atomic.Uint32
-	// gwFailed: when a connect to gateway i last failed (unix ns), which
-	// puts it last in the order for gwRetryAfter.
-	gwFailed [sitemap.MaxGateways]atomic.Int64
-)
-
-const gwRetryAfter = 5 * time.Second
-
-// gatewayOrder is the order in which a new relayed connection tries the
-// site's gateways: round robin from a random start, with those whose
-// connect failed in the last gwRetryAfter moved to the end.
-func gatewayOrder(gws []netip.AddrPort) []int {
-	n := len(gws)
-	spreadOnce.Do(func() { spreadNext.Store(rand.Uint32()) })
-	start := int(spreadNext.Add(1) % uint32(n))
-	now := time.Now().UnixNano()
-	order := make([]int, 0, n)
-	var failed []int
-	for k := range n {
-		i := (start + k) % n
-		if now-gwFailed[i].Load() < int64(gwRetryAfter) {
-			failed = append(failed, i)
-			continue
-		}
-		order = append(order, i)
-	}
-	return append(order, failed...)
-}
+// gwOrder spreads the process's relayed connections over its site's
+// gateway hosts (package spread: round robin from a random start per
+// process, a gateway whose connect failed last for a while). Load beyond
+// this is the source gateway's business: it sends each stream over the
+// least loaded link to the destination site's gateways (gateway.pickLink).
+var gwOrder spread.Order
 
 // openVia connects fd to one of the site's gateways and sends OPEN for
 // dst, trying the next gateway when one fails, all within c.timeout: each
@@ -113,7 +79,7 @@ func gatewayOrder(gws []netip.AddrPort) []int {
 // that took the connection, or the last one tried and its error.
 func openVia(fd int, dst netip.AddrPort, c *config) (netip.AddrPort, error) {
 	gws := c.gws
-	order := gatewayOrder(gws)
+	order := gwOrder.Next(len(gws))
 	deadline := time.Now().Add(c.timeout)
 	var gw netip.AddrPort
 	var err error
@@ -135,11 +101,11 @@ func openVia(fd int, dst netip.AddrPort, c *config) (netip.AddrPort, error) {
 			}
 		}
 		if err == nil {
-			gwFailed[i].Store(0)
+			gwOrder.Succeeded(i)
 			return gw, nil
 		}
 		if len(gws) > 1 {
-			gwFailed[i].Store(time.Now().UnixNano())
+			gwOrder.Failed(i)
 			logf(levelInfo, "gateway %s of site %s: %v; trying the next one", gw, c.local.Name, err)
 		}
 	}
