@@ -91,10 +91,7 @@ func Open(cfg *Config, lanIf string, m *sitemap.Map, site string) (close func(),
 // it, while another one resolves; when none does, the error says why
 // each did not.
 func resolveGateways(s *sitemap.Site, mac func(netip.AddrPort) (mx.MAC, error), log *slog.Logger) ([]Gateway, error) {
-	gws := s.Gateways
-	if len(gws) == 0 {
-		gws = []sitemap.Gateway{{LAN: s.LAN, WAN: s.WAN}}
-	}
+	gws := s.Gateways // the site record's first (sitemap fills it)
 	macs := make([]mx.MAC, len(gws))
 	errs := make([]error, len(gws))
 	var wg sync.WaitGroup

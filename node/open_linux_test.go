@@ -41,7 +41,7 @@ func TestResolveGateways(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "10.9.0.1") || !strings.Contains(err.Error(), "10.9.0.2") {
 		t.Errorf("none resolves: %+v, %v; want an error naming both", got, err)
 	}
-	one := &sitemap.Site{Name: "b", LAN: gw1}
+	one := &sitemap.Site{Name: "b", LAN: gw1, Gateways: []sitemap.Gateway{{LAN: gw1}}}
 	if _, err := resolveGateways(one, only(netip.AddrPort{}), log); err == nil || err.Error() != "no MAC for 10.9.0.1" {
 		t.Errorf("single gateway: %v, want its own error", err)
 	}
