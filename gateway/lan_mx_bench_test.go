@@ -48,16 +48,7 @@ func vethLAN(t testing.TB) (*MXTransport, *mx.Endpoint) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		e, err := mx.New(link, mx.Config{PeerTimeout: MXPeerTimeout})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
-		ep, err := e.Open(MXEndpoint)
-		if err != nil {
-			t.Fatal(err)
-		}
-		eps = append(eps, ep)
+		eps = append(eps, mxEndpoint(t, link))
 	}
 	return &MXTransport{EP: eps[0]}, eps[1]
 }

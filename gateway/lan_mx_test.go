@@ -27,22 +27,26 @@ func mxSite(t testing.TB, loss float64) (*MXTransport, *mx.Endpoint) {
 	if loss > 0 {
 		hub.Fault = mx.RandomFault(7, loss, 0, 0.01)
 	}
-	var eps []*mx.Endpoint
-	for _, mac := range []mx.MAC{{2, 0, 0, 0, 1, 1}, {2, 0, 0, 0, 1, 2}} {
-		// The production peer timeout: the engine's 1 s default fails
-		// channels of a process starved under -race.
-		e, err := mx.New(hub.Attach(mac), mx.Config{PeerTimeout: MXPeerTimeout})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
-		ep, err := e.Open(1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		eps = append(eps, ep)
+	gw, node := mxEndpoint(t, hub.Attach(mx.MAC{2, 0, 0, 0, 1, 1})), mxEndpoint(t, hub.Attach(mx.MAC{2, 0, 0, 0, 1, 2}))
+	return &MXTransport{EP: gw}, node
+}
+
+// mxEndpoint starts an MX engine on link and opens the gateways' endpoint
+// number on it; the engine closes when the test ends. It has the
+// production peer timeout: the engine's 1 s default fails channels of a
+// process starved under -race.
+func mxEndpoint(t testing.TB, link mx.Link) *mx.Endpoint {
+	t.Helper()
+	e, err := mx.New(link, mx.Config{PeerTimeout: MXPeerTimeout})
+	if err != nil {
+		t.Fatal(err)
 	}
-	return &MXTransport{EP: eps[0]}, eps[1]
+	t.Cleanup(func() { e.Close() })
+	ep, err := e.Open(MXEndpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ep
 }
 
 // mxOpen does what a node daemon does for a rank: a stream to the gateway
@@ -323,18 +327,7 @@ func TestMXLANWrongGateway(t *testing.T) {
 func TestMXTwoGateways(t *testing.T) {
 	m := multiMap(t, 2)
 	hub := mx.NewMemHub(1500)
-	open := func(mac mx.MAC) *mx.Endpoint {
-		e, err := mx.New(hub.Attach(mac), mx.Config{PeerTimeout: MXPeerTimeout})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
-		ep, err := e.Open(MXEndpoint)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ep
-	}
+	open := func(mac mx.MAC) *mx.Endpoint { return mxEndpoint(t, hub.Attach(mac)) }
 	node := open(mx.MAC{2, 0, 0, 0, 1, 2})
 	a, _ := m.Site("a")
 	b, _ := m.Site("b")
