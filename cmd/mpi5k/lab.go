@@ -230,7 +230,7 @@ func labUp(args []string) error {
 			return c, err
 		}
 		c.LANReorderDelay = *lanReorderDelay
-		if c.Queue, err = testbed.ParseQueue(*queue, c.WANRate, c.RTT, max(c.MTU, c.CrossMTU)); err != nil {
+		if c.Queue, err = testbed.ParseQueue(*queue, c.WANRate, c.RTT, c.LinkMTU()); err != nil {
 			return c, err
 		}
 		if *matrix != "" {
