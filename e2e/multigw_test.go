@@ -29,21 +29,9 @@ func TestWrapTwoGatewaysPerSite(t *testing.T) {
 	argv := append([]string{wrapScript(t), "--shared-fs", "--workdir", filepath.Join(dir, "w"),
 		"--gateway", "site1=gw.site1,node-2.site1", "--gateway", "site2=gw.site2,node-2.site2"}, m.argv(bin, hf, "2")...)
 	out := mpiJob{Host: "node-1.site1", Argv: argv, Dir: dir, Timeout: 120 * time.Second, Done: "chaos_mpi ok"}.run(t, l)
-	for _, want := range []string{
-		"site1 -> site2:", "site1 -> site2/1:", "site1@node-2.site1 -> site2:", "site1@node-2.site1 -> site2/1:",
-		"site2 -> site1:", "site2 -> site1/1:", "site2@node-2.site2 -> site1:", "site2@node-2.site2 -> site1/1:",
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("summary lacks %q:\n%s", want, lastLines(out, 30))
-		}
-	}
-	// The job's connections crossed the gateways: streams opened, summed
-	// over the summary's lines.
-	opened := 0
-	for _, m := range regexp.MustCompile(` -> [^:]+: .*, (\d+) streams opened`).FindAllStringSubmatch(out, -1) {
-		n, _ := strconv.Atoi(m[1])
-		opened += n
-	}
+	checkFourGatewayPairs(t, out)
+	// The job's connections crossed the gateways.
+	opened := streamsOpened(out, `\S+`)
 	if opened == 0 {
 		t.Errorf("no gateway opened a stream: the job's connections did not cross the gateways:\n%s", lastLines(out, 30))
 	}
@@ -89,24 +77,10 @@ func TestMXTwoGatewaysPerSite(t *testing.T) {
 				"--gateway", "site1=gw.site1,node-2.site1", "--gateway", "site2=gw.site2,node-2.site2"}, job...)
 			out := mpiJob{Host: "node-1." + sites[0], Argv: argv, Dir: dir, Timeout: 60 * time.Second, Done: "chaos_mpi ok",
 				Tries: 2, AcceptHang: m.finalizeMayHang}.run(t, l)
-			for _, want := range []string{
-				"site1 -> site2:", "site1 -> site2/1:", "site1@node-2.site1 -> site2:", "site1@node-2.site1 -> site2/1:",
-				"site2 -> site1:", "site2 -> site1/1:", "site2@node-2.site2 -> site1:", "site2@node-2.site2 -> site1/1:",
-			} {
-				if !strings.Contains(out, want) {
-					t.Errorf("summary lacks %q:\n%s", want, lastLines(out, 30))
-				}
-			}
-			// Streams opened by each gateway of the launching site,
-			// summed over its lines.
+			checkFourGatewayPairs(t, out)
+			// Streams opened by each gateway of the launching site.
 			for _, gw := range []string{sites[0], sites[0] + "@node-2." + sites[0]} {
-				re := regexp.MustCompile(`(?m)^\s+` + regexp.QuoteMeta(gw) + ` -> [^:]+: .*, (\d+) streams opened`)
-				opened := 0
-				for _, m := range re.FindAllStringSubmatch(out, -1) {
-					n, _ := strconv.Atoi(m[1])
-					opened += n
-				}
-				if opened == 0 {
+				if streamsOpened(out, regexp.QuoteMeta(gw)) == 0 {
 					t.Errorf("gateway %s opened no stream: the node daemon did not spread the job's connections over its site's gateways:\n%s",
 						gw, lastLines(out, 30))
 				}
@@ -114,4 +88,31 @@ func TestMXTwoGatewaysPerSite(t *testing.T) {
 			t.Logf("%s", lastLines(out, 30))
 		})
 	}
+}
+
+// checkFourGatewayPairs: the wrapper's summary of a job on two sites of
+// two gateways each (gw and node-2) has a line for every gateway's link
+// to each gateway of the other site.
+func checkFourGatewayPairs(t *testing.T, out string) {
+	t.Helper()
+	for _, want := range []string{
+		"site1 -> site2:", "site1 -> site2/1:", "site1@node-2.site1 -> site2:", "site1@node-2.site1 -> site2/1:",
+		"site2 -> site1:", "site2 -> site1/1:", "site2@node-2.site2 -> site1:", "site2@node-2.site2 -> site1/1:",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("summary lacks %q:\n%s", want, lastLines(out, 30))
+		}
+	}
+}
+
+// streamsOpened sums the streams opened on the summary's lines of the
+// gateways whose label matches the regular expression gw.
+func streamsOpened(out, gw string) int {
+	re := regexp.MustCompile(`(?m)^\s+` + gw + ` -> [^:]+: .*, (\d+) streams opened`)
+	opened := 0
+	for _, m := range re.FindAllStringSubmatch(out, -1) {
+		n, _ := strconv.Atoi(m[1])
+		opened += n
+	}
+	return opened
 }
