@@ -62,6 +62,12 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv("MPI5K_SCALE_CLIENTS"); spec != "" {
 		os.Exit(scaleClientChild(spec))
 	}
+	if spec := os.Getenv("MPI5K_SCALE_DST_MX"); spec != "" {
+		os.Exit(scaleDstMXChild(spec))
+	}
+	if spec := os.Getenv("MPI5K_SCALE_CLIENTS_MX"); spec != "" {
+		os.Exit(scaleClientMXChild(spec))
+	}
 	if addr := os.Getenv("MPI5K_ECHO_CHILD"); addr != "" {
 		serveEchoProc(netip.MustParseAddrPort(addr))
 		os.Exit(0)
@@ -150,6 +156,12 @@ func childGateway(spec string) int {
 	}
 	if len(f) > 5 { // which of the site's gateway hosts (startGatewayChild)
 		cfg.ListenLAN, cfg.ListenWAN = netip.MustParseAddrPort(f[4]), netip.MustParseAddrPort(f[5])
+	}
+	if v := os.Getenv("MPI5K_GW_LAN_MX"); v != "" { // BenchmarkScaleHub's MX LAN
+		if err := scaleHubMX(&cfg, v); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
 	}
 	if v := os.Getenv("MPI5K_GW_MEMSTATS"); v != "" {
 		childMemStats(v)

@@ -10,6 +10,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"runtime/pprof"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -52,11 +54,16 @@ func mxEndpoint(t testing.TB, link mx.Link) *mx.Endpoint {
 // mxOpen does what a node daemon does for a rank: a stream to the gateway
 // naming the rank's endpoint, then OPEN, then the application's bytes.
 func mxOpen(ctx context.Context, node *mx.Endpoint, gw mx.Addr, lan, src, dst netip.AddrPort) (*mx.Stream, error) {
+	return mxOpenWith(ctx, node, gw, lan, src, dst, mx.StreamConfig{})
+}
+
+// mxOpenWith is mxOpen with the stream sized by cfg.
+func mxOpenWith(ctx context.Context, node *mx.Endpoint, gw mx.Addr, lan, src, dst netip.AddrPort, cfg mx.StreamConfig) (*mx.Stream, error) {
 	meta, err := header.AppendEndpointPair(nil, src, lan)
 	if err != nil {
 		return nil, err
 	}
-	s, err := mx.Dial(ctx, node, gw, meta, mx.StreamConfig{})
+	s, err := mx.Dial(ctx, node, gw, meta, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -422,6 +429,56 @@ func TestMXTwoGateways(t *testing.T) {
 	for i, tr := range trs {
 		if by[tr.EP.Addr()] == 0 {
 			t.Errorf("gateway %d of site a opened none of %d streams to the node (%v)", i, streams, by)
+		}
+	}
+}
+
+// TestMXIdleStreamsNoGoroutine: streams from an MX LAN that carry nothing
+// after their OPEN leave no goroutine waiting in the relay for the node's
+// bytes (the MX stream's callback runs the relay's step, as the poller
+// thread does for a socket); each still carries an echo afterwards.
+func TestMXIdleStreamsNoGoroutine(t *testing.T) {
+	tr, node := mxSite(t, 0)
+	_, a, _ := startPair(t, func(cfg *Config) {
+		if cfg.Site == "a" {
+			cfg.Transport = tr
+		}
+	})
+	dst := testnet.Echo(t, nodeB)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const n = 50
+	ss := make([]*mx.Stream, n)
+	for i := range ss {
+		src := netip.AddrPortFrom(nodeA, uint16(41000+i))
+		s, err := mxOpen(ctx, node, tr.EP.Addr(), a.LANAddr(), src, dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		ss[i] = s
+	}
+	waitLANConns(t, a, n, "every stream is open")
+	waiting := func() (k int) {
+		var buf bytes.Buffer
+		pprof.Lookup("goroutine").WriteTo(&buf, 2)
+		for _, g := range strings.Split(buf.String(), "\n\n") {
+			if strings.Contains(g, "relay.(*Stream).outStep") && strings.Contains(g, "mx.(*Stream).Read") {
+				k++
+			}
+		}
+		return k
+	}
+	k := waiting()
+	for deadline := time.Now().Add(5 * time.Second); k > 0 && time.Now().Before(deadline); k = waiting() {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if k > 0 {
+		t.Errorf("%d goroutines wait in the relay's read of %d idle MX streams, want none", k, n)
+	}
+	for i, s := range ss {
+		if err := echoAndCheck(s, rand.New(rand.NewPCG(uint64(i), 9)), 1000); err != nil {
+			t.Fatalf("stream %d: %v", i, err)
 		}
 	}
 }

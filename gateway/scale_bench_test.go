@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpi5k/mpi5k/internal/testnet"
+	"github.com/mpi5k/mpi5k/mx"
 	"github.com/mpi5k/mpi5k/sitemap"
 )
 
@@ -30,7 +32,8 @@ import (
 //
 //	flock /tmp/mpi5k-heavy.lock go test -run '^$' -bench 'Scale|Rejoin' -benchtime 1x ./gateway
 //
-// MPI5K_SCALE_STREAMS sets the idle stream count (default 16000).
+// MPI5K_SCALE_STREAMS sets the idle stream count (default 16000);
+// MPI5K_SCALE_LAN=mx puts the LANs on MX (scale_mx_bench_test.go).
 
 // raiseNoFile lifts RLIMIT_NOFILE to need, raising the hard limit too when
 // allowed (CAP_SYS_RESOURCE; up to fs.nr_open), and skips the benchmark if
@@ -125,20 +128,22 @@ func childMemStats(file string) {
 			debug.FreeOSMemory()
 			var ms runtime.MemStats
 			runtime.ReadMemStats(&ms)
-			tmp := file + ".tmp"
-			os.WriteFile(tmp, []byte(fmt.Sprintf("%d %d %d %d\n", ms.HeapInuse, ms.StackInuse, ms.Sys, runtime.NumGoroutine())), 0o644)
-			os.Rename(tmp, file)
+			publish(file, []byte(fmt.Sprintf("%d %d %d %d\n", ms.HeapInuse, ms.StackInuse, ms.Sys, runtime.NumGoroutine())))
 		}
 	}()
 }
 
 // scalePeerGW runs one peer gateway in this process with its own two-site
 // map (hub and itself): the peers are the hub's load, not what is measured.
-func scalePeerGW(b *testing.B, m *sitemap.Map, site string) (*Gateway, context.CancelFunc, chan struct{}) {
+// tweak, if set, changes the configuration.
+func scalePeerGW(b *testing.B, m *sitemap.Map, site string, tweak func(*Config)) (*Gateway, context.CancelFunc, chan struct{}) {
 	cfg := DefaultConfig()
 	cfg.Map, cfg.Site, cfg.Prime, cfg.DrainTimeout = m, site, false, 100*time.Millisecond
 	cfg.AllowPorts = PortSet{{1, 65535}} // the destinations listen on free ports, not registered by a shim
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	if tweak != nil {
+		tweak(&cfg)
+	}
 	g, err := New(cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -162,16 +167,31 @@ func scalePeerGW(b *testing.B, m *sitemap.Map, site string) (*Gateway, context.C
 // child; a client child), so the stream count is bounded by RLIMIT_NOFILE,
 // whose hard limit only CAP_SYS_RESOURCE can raise: 20000 on the machine
 // these figures come from. Per-stream memory is measured at what fits and
-// compared at two counts to check it is linear.
+// compared at two counts to check it is linear. With MPI5K_SCALE_LAN=mx
+// the LANs are MX over loopback UDP (scale_mx_bench_test.go) and no
+// stream holds a descriptor.
 func BenchmarkScaleHub(b *testing.B) {
 	const peers = 254
 	nStreams := 16000
 	if v := os.Getenv("MPI5K_SCALE_STREAMS"); v != "" {
 		nStreams, _ = strconv.Atoi(v)
 	}
-	// Each of the hub, the peers (this process), the destinations and the
-	// clients holds one descriptor per stream.
-	raiseNoFile(b, uint64(nStreams+2000))
+	lanMX := false
+	switch v := os.Getenv("MPI5K_SCALE_LAN"); v {
+	case "", "tcp":
+	case "mx":
+		lanMX = true
+	default:
+		b.Fatalf("MPI5K_SCALE_LAN=%q: want tcp or mx", v)
+	}
+	if lanMX {
+		// Links, the peers' listeners, UDP links and timers: no stream.
+		raiseNoFile(b, 4096)
+	} else {
+		// Each of the hub, the peers (this process), the destinations and
+		// the clients holds one descriptor per stream.
+		raiseNoFile(b, uint64(nStreams+2000))
+	}
 	hubIP := netip.MustParseAddr("127.19.0.1")
 	peerIP := func(k int) netip.Addr { return netip.AddrFrom4([4]byte{127, 20, byte(k), 1}) }
 	dstIP := func(k int) netip.Addr { return netip.AddrFrom4([4]byte{127, 20, byte(k), 10}) }
@@ -206,14 +226,23 @@ func BenchmarkScaleHub(b *testing.B) {
 	ready := filepath.Join(dir, "hub.ready")
 	hub := exec.Command(os.Args[0], "-test.run=^$")
 	hub.Env = append(os.Environ(), "MPI5K_GW_CHILD="+mp+",hub,"+ready, "MPI5K_GW_NOPRIME=1", "MPI5K_GW_MEMSTATS="+memFile)
+	// listening: the LAN port answers (MX: the WAN port; no kernel socket
+	// serves the LAN).
+	listening := hubLAN
+	hubMXPort := 0
+	if lanMX {
+		hubMXPort = freeUDPPort(b)
+		hub.Env = append(hub.Env, fmt.Sprintf("MPI5K_GW_LAN_MX=%d,%d", hubMXPort, nStreams+1024))
+		listening = hubWAN
+	}
 	hub.Stderr = os.Stderr
 	hub.SysProcAttr = diesWithParent
 	if err := hub.Start(); err != nil {
 		b.Fatal(err)
 	}
 	defer func() { hub.Process.Kill(); hub.Wait() }() // measured: no drain needed
-	for i := 0; ; i++ {                               // listening: the LAN port answers
-		if c, err := net.Dial("tcp", hubLAN.String()); err == nil {
+	for i := 0; ; i++ {
+		if c, err := net.Dial("tcp", listening.String()); err == nil {
 			c.Close()
 			break
 		}
@@ -227,15 +256,31 @@ func BenchmarkScaleHub(b *testing.B) {
 
 	// One destination listener behind each peer, in a child process of
 	// their own (file descriptors: see BenchmarkScaleHub).
+	// With MX, one endpoint is every destination: the peers resolve each
+	// destination address to it.
 	dsts := make([]string, peers)
 	for k := 1; k <= peers; k++ {
-		dsts[k-1] = netip.AddrPortFrom(dstIP(k), freePort(b, dstIP(k))).String()
+		if lanMX {
+			dsts[k-1] = netip.AddrPortFrom(dstIP(k), 7000).String()
+		} else {
+			dsts[k-1] = netip.AddrPortFrom(dstIP(k), freePort(b, dstIP(k))).String()
+		}
 	}
 	dstList := filepath.Join(dir, "dsts")
 	os.WriteFile(dstList, []byte(strings.Join(dsts, "\n")+"\n"), 0o644)
 	acceptedFile := filepath.Join(dir, "accepted")
 	dc := exec.Command(os.Args[0], "-test.run=^$")
 	dc.Env = append(os.Environ(), "MPI5K_SCALE_DST="+dstList+","+acceptedFile)
+	var peerTweak func(*Config)
+	if lanMX {
+		dstPort := freeUDPPort(b)
+		dc.Env = append(os.Environ(), fmt.Sprintf("MPI5K_SCALE_DST_MX=%d,%s", dstPort, acceptedFile))
+		dst := mx.Addr{MAC: testnet.UDPMAC(dstPort), EP: MXEndpoint}
+		peerTweak = func(c *Config) {
+			c.Transport = scalePeerMX(b, dst)
+			c.Chunk = 1 << 10 // the load side's read buffer per idle stream
+		}
+	}
 	dc.Stderr = os.Stderr
 	dc.SysProcAttr = diesWithParent
 	if err := dc.Start(); err != nil {
@@ -255,7 +300,7 @@ func BenchmarkScaleHub(b *testing.B) {
 	defer func() { stopAll(stops) }()
 	t0 := time.Now()
 	for k := 1; k <= peers; k++ {
-		_, cancel, done := scalePeerGW(b, peerMaps[k], fmt.Sprintf("p%d", k))
+		_, cancel, done := scalePeerGW(b, peerMaps[k], fmt.Sprintf("p%d", k), peerTweak)
 		stops = append(stops, func() { cancel(); <-done })
 	}
 	for i := 0; ; i++ {
@@ -288,6 +333,13 @@ func BenchmarkScaleHub(b *testing.B) {
 	clientsDone := filepath.Join(dir, "clients.done")
 	cl := exec.Command(os.Args[0], "-test.run=^$")
 	cl.Env = append(os.Environ(), fmt.Sprintf("MPI5K_SCALE_CLIENTS=%s,%d,%s,%s", hubLAN, nStreams, dstList, clientsDone))
+	openLimit := 12000 // 10 ms polls: 120 s
+	if lanMX {
+		cl.Env = append(os.Environ(), fmt.Sprintf("MPI5K_SCALE_CLIENTS_MX=%d,%s,%d,%s,%s", hubMXPort, hubLAN, nStreams, dstList, clientsDone))
+		// An MX endpoint matches a message against its posted receives
+		// in a list (one per stream): opening N streams takes time in N².
+		openLimit = max(openLimit, nStreams/2)
+	}
 	cl.Stderr = os.Stderr
 	cl.SysProcAttr = diesWithParent
 	if err := cl.Start(); err != nil {
@@ -303,8 +355,8 @@ func BenchmarkScaleHub(b *testing.B) {
 		if v, err := os.ReadFile(clientsDone); err == nil && strings.TrimSpace(string(v)) != "ok" {
 			b.Fatalf("clients: %s", v)
 		}
-		if i > 12000 {
-			b.Fatalf("only %d of %d streams reached their destination after 120 s", accepted(), nStreams)
+		if i > openLimit {
+			b.Fatalf("only %d of %d streams reached their destination after %v", accepted(), nStreams, time.Duration(openLimit)*10*time.Millisecond)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -371,7 +423,7 @@ func BenchmarkRejoin64(b *testing.B) {
 	cancels := make([]context.CancelFunc, sites+1)
 	dones := make([]chan struct{}, sites+1)
 	start := func(k int) {
-		gws[k], cancels[k], dones[k] = scalePeerGW(b, m, fmt.Sprintf("s%d", k))
+		gws[k], cancels[k], dones[k] = scalePeerGW(b, m, fmt.Sprintf("s%d", k), nil)
 	}
 	defer func() {
 		var stops []func()
@@ -461,13 +513,8 @@ func scaleDstChild(spec string) int {
 			}
 		}()
 	}
-	for last := int64(-1); ; time.Sleep(20 * time.Millisecond) {
-		if v := n.Load(); v != last {
-			os.WriteFile(f[1]+".tmp", []byte(strconv.FormatInt(v, 10)), 0o644)
-			os.Rename(f[1]+".tmp", f[1])
-			last = v
-		}
-	}
+	reportCount(&n, f[1])
+	return 0 // not reached: reportCount runs until the child is killed
 }
 
 // scaleClientChild opens streams through a gateway as the shim does and
@@ -477,20 +524,40 @@ func scaleClientChild(spec string) int {
 	f := strings.Split(spec, ",")
 	gw := netip.MustParseAddrPort(f[0])
 	n, _ := strconv.Atoi(f[1])
-	b, err := os.ReadFile(f[2])
+	dsts, err := readDsts(f[2])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
+	}
+	conns := make([]net.Conn, n)
+	openEach(n, f[3], func(i int) (err error) {
+		src := netip.AddrFrom4([4]byte{127, 19, byte(1 + i%200), 2})
+		conns[i], err = lanOpen(gw, src, dsts[i%len(dsts)])
+		return err
+	})
+	select {} // hold the streams until killed
+}
+
+// readDsts reads the destination child's addresses from file.
+func readDsts(file string) ([]netip.AddrPort, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
 	}
 	var dsts []netip.AddrPort
 	for _, a := range strings.Fields(string(b)) {
 		dsts = append(dsts, netip.MustParseAddrPort(a))
 	}
-	conns := make([]net.Conn, n)
+	return dsts, nil
+}
+
+// openEach opens streams 0..n-1 with open, on 32 goroutines, until all
+// are open or one fails, and publishes the verdict to file (publishDone).
+func openEach(n int, file string, open func(i int) error) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	var firstErr atomic.Value
-	for w := 0; w < 32; w++ {
+	for range 32 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -499,25 +566,42 @@ func scaleClientChild(spec string) int {
 				if i >= n || firstErr.Load() != nil {
 					return
 				}
-				src := netip.AddrFrom4([4]byte{127, 19, byte(1 + i%200), 2})
-				c, err := lanOpen(gw, src, dsts[i%len(dsts)])
-				if err != nil {
+				if err := open(i); err != nil {
 					firstErr.Store(fmt.Sprintf("stream %d: %v", i, err))
 					return
 				}
-				conns[i] = c
 			}
 		}()
 	}
 	wg.Wait()
+	publishDone(&firstErr, file)
+}
+
+// publish writes b to file through a rename: the parent polls for the
+// file and must never read it between its creation and its write.
+func publish(file string, b []byte) {
+	if err := os.WriteFile(file+".tmp", b, 0o644); err == nil {
+		os.Rename(file+".tmp", file)
+	}
+}
+
+// publishDone publishes a client child's verdict: "ok", or the first
+// error stored in firstErr.
+func publishDone(firstErr *atomic.Value, file string) {
 	msg := "ok"
 	if e := firstErr.Load(); e != nil {
 		msg = e.(string)
 	}
-	// Renamed into place: the parent polls for the file and must never
-	// read it between its creation and its write.
-	if err := os.WriteFile(f[3]+".tmp", []byte(msg), 0o644); err == nil {
-		os.Rename(f[3]+".tmp", f[3])
+	publish(file, []byte(msg))
+}
+
+// reportCount publishes n to file whenever it changes, until the process
+// is killed (a destination child's count of streams held).
+func reportCount(n *atomic.Int64, file string) {
+	for last := int64(-1); ; time.Sleep(20 * time.Millisecond) {
+		if v := n.Load(); v != last {
+			publish(file, []byte(strconv.FormatInt(v, 10)))
+			last = v
+		}
 	}
-	select {} // hold the streams until killed
 }

@@ -492,12 +492,8 @@ func (ch *channel) needsBuffer(h *wire.Header) bool {
 	if m := ch.rxMsgs[h.Msg]; m != nil {
 		return m.req == nil
 	}
-	for _, r := range ch.ep.posted {
-		if r.matches(ch.peer, h.Match) {
-			return false
-		}
-	}
-	return true
+	r, _ := ch.ep.first(ch.peer, h.Match)
+	return r == nil
 }
 
 // deliver acts on an in-order sequenced frame; it returns whether it kept
@@ -737,15 +733,7 @@ func (ch *channel) fail(err error) {
 		}
 	}
 	ep.unexpected = kept
-	posted := ep.posted[:0]
-	for _, r := range ep.posted {
-		if r.filter != nil && *r.filter == ch.peer {
-			r.finish(err)
-			continue
-		}
-		posted = append(posted, r)
-	}
-	ep.posted = posted
+	ep.failPosted(ch.peer, err)
 	if ep.chans[ch.peer] == ch {
 		delete(ep.chans, ch.peer)
 	}

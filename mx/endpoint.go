@@ -11,13 +11,25 @@ import (
 // Endpoint is an MX endpoint: it holds channels to peers, posted receives
 // and the messages that arrived before a receive matched them.
 type Endpoint struct {
-	e          *Engine
-	id         uint16
-	chans      map[Addr]*channel
-	posted     []*Request // receives in the order they were posted
-	unexpected []*inMsg   // messages in the order they arrived
+	e     *Engine
+	id    uint16
+	chans map[Addr]*channel
+	// Posted receives. A receive from one peer that matches every bit but
+	// the low eight (a stream's: its id and direction, any kind) waits in
+	// exact, by peer and match bits, so a message finds it without a scan
+	// of the others (an endpoint of a gateway holds one per stream, a
+	// hundred thousand of them); the rest wait in posted. postSeq orders
+	// them all: a message takes the first posted that matches it.
+	posted     []*Request
+	exact      map[Addr]map[uint64][]*Request
+	nExact     int
+	postSeq    uint64
+	unexpected []*inMsg // messages in the order they arrived
 	closed     bool
 }
+
+// exactMask is the mask of the receives kept in Endpoint.exact.
+const exactMask = ^uint64(0xff)
 
 // ID is the endpoint's id.
 func (ep *Endpoint) ID() uint16 { return ep.id }
@@ -191,13 +203,29 @@ func (r *Request) matches(from Addr, match uint64) bool {
 }
 
 func (ep *Endpoint) irecv(buf []byte, match, mask uint64, from *Addr) *Request {
-	e := ep.e
 	r := &Request{done: make(chan struct{}), ep: ep, buf: buf, want: match, mask: mask, filter: from, recv: true}
+	ep.post(r)
+	return r
+}
+
+// irecvLazy posts a receive from one peer whose buffer, size bytes from
+// the streams' pool, is taken only when a message matches it: an idle
+// stream's receive holds none. notify runs once the request is done
+// (Request.notify).
+func (ep *Endpoint) irecvLazy(from Addr, size int, match, mask uint64, notify func()) *Request {
+	r := &Request{done: make(chan struct{}), ep: ep, lazy: size, want: match, mask: mask, filter: &from, recv: true, notify: notify}
+	ep.post(r)
+	return r
+}
+
+func (ep *Endpoint) post(r *Request) {
+	e := ep.e
+	from := r.filter
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if ep.closed {
 		r.finish(ErrClosed)
-		return r
+		return
 	}
 	if from != nil {
 		if ch := ep.chans[*from]; ch == nil || ch.state != stateOpen {
@@ -206,18 +234,32 @@ func (ep *Endpoint) irecv(buf []byte, match, mask uint64, from *Addr) *Request {
 				err = ch.err
 			}
 			r.finish(err)
-			return r
+			return
 		}
 	}
 	for i, m := range ep.unexpected {
 		if r.matches(m.ch.peer, m.match) {
 			ep.unexpected = append(ep.unexpected[:i], ep.unexpected[i+1:]...)
 			m.bind(r)
-			return r
+			return
 		}
 	}
-	ep.posted = append(ep.posted, r)
-	return r
+	ep.postSeq++
+	r.seq = ep.postSeq
+	if r.filter == nil || r.mask != exactMask {
+		ep.posted = append(ep.posted, r)
+		return
+	}
+	if ep.exact == nil {
+		ep.exact = map[Addr]map[uint64][]*Request{}
+	}
+	byMatch := ep.exact[*r.filter]
+	if byMatch == nil {
+		byMatch = map[uint64][]*Request{}
+		ep.exact[*r.filter] = byMatch
+	}
+	byMatch[r.want&exactMask] = append(byMatch[r.want&exactMask], r)
+	ep.nExact++
 }
 
 // Cancel withdraws a posted receive that no message matched yet; it
@@ -225,30 +267,107 @@ func (ep *Endpoint) irecv(buf []byte, match, mask uint64, from *Addr) *Request {
 func (ep *Endpoint) Cancel(r *Request) bool {
 	ep.e.mu.Lock()
 	defer ep.e.mu.Unlock()
+	if !ep.unpost(r) {
+		return false
+	}
+	r.finish(ErrCanceled)
+	return true
+}
+
+// unpost removes r from the posted receives, if it waits there.
+func (ep *Endpoint) unpost(r *Request) bool {
+	if r.filter != nil && r.mask == exactMask {
+		byMatch := ep.exact[*r.filter]
+		l := byMatch[r.want&exactMask]
+		for i, p := range l {
+			if p == r {
+				ep.dropExact(*r.filter, byMatch, r.want&exactMask, append(l[:i:i], l[i+1:]...))
+				return true
+			}
+		}
+		return false
+	}
 	for i, p := range ep.posted {
 		if p == r {
 			ep.posted = append(ep.posted[:i], ep.posted[i+1:]...)
-			r.finish(ErrCanceled)
 			return true
 		}
 	}
 	return false
 }
 
-// match finds and removes the first posted receive for a new message.
-func (ep *Endpoint) match(from Addr, match uint64) *Request {
-	for i, r := range ep.posted {
-		if r.matches(from, match) {
-			ep.posted = append(ep.posted[:i], ep.posted[i+1:]...)
-			return r
+// dropExact stores what is left of a list of exact receives.
+func (ep *Endpoint) dropExact(from Addr, byMatch map[uint64][]*Request, key uint64, rest []*Request) {
+	ep.nExact--
+	if len(rest) > 0 {
+		byMatch[key] = rest
+		return
+	}
+	delete(byMatch, key)
+	// The peer's map stays (a stream posts again at once) until its
+	// channel fails or the endpoint closes.
+}
+
+// first finds the first posted receive for a message, and where it waits
+// (i: its index in posted, or -1 in exact).
+func (ep *Endpoint) first(from Addr, match uint64) (r *Request, i int) {
+	for j, p := range ep.posted {
+		if p.matches(from, match) {
+			r, i = p, j
+			break
 		}
 	}
-	return nil
+	if l := ep.exact[from][match&exactMask]; len(l) > 0 && (r == nil || l[0].seq < r.seq) {
+		return l[0], -1
+	}
+	return r, i
 }
+
+// match finds and removes the first posted receive for a new message.
+func (ep *Endpoint) match(from Addr, match uint64) *Request {
+	r, i := ep.first(from, match)
+	switch {
+	case r == nil:
+	case i >= 0:
+		ep.posted = append(ep.posted[:i], ep.posted[i+1:]...)
+	default:
+		byMatch := ep.exact[from]
+		ep.dropExact(from, byMatch, match&exactMask, byMatch[match&exactMask][1:])
+	}
+	return r
+}
+
+// failPosted ends the receives posted for peer's messages only, whose
+// channel failed with err.
+func (ep *Endpoint) failPosted(peer Addr, err error) {
+	posted := ep.posted[:0]
+	for _, r := range ep.posted {
+		if r.filter != nil && *r.filter == peer {
+			r.finish(err)
+			continue
+		}
+		posted = append(posted, r)
+	}
+	clear(ep.posted[len(posted):])
+	ep.posted = posted
+	for _, l := range ep.exact[peer] {
+		for _, r := range l {
+			r.finish(err)
+			ep.nExact--
+		}
+	}
+	delete(ep.exact, peer)
+}
+
+// postedCount is how many receives wait.
+func (ep *Endpoint) postedCount() int { return len(ep.posted) + ep.nExact }
 
 // bind attaches receive r to message m: the bytes that arrived are copied,
 // a rendezvous starts pulling.
 func (m *inMsg) bind(r *Request) {
+	if r.lazy > 0 && r.buf == nil {
+		r.buf = getChunk(r.lazy)
+	}
 	m.req = r
 	r.in = m
 	r.match = m.match
@@ -342,6 +461,14 @@ func (ep *Endpoint) closeLocked(tell bool) {
 		r.finish(fmt.Errorf("%w: endpoint %d closed", ErrClosed, ep.id))
 	}
 	ep.posted = nil
+	for _, byMatch := range ep.exact {
+		for _, l := range byMatch {
+			for _, r := range l {
+				r.finish(fmt.Errorf("%w: endpoint %d closed", ErrClosed, ep.id))
+			}
+		}
+	}
+	ep.exact, ep.nExact = nil, 0
 	for _, m := range ep.unexpected {
 		for _, f := range m.frames {
 			ep.e.rx.put(f)

@@ -168,6 +168,11 @@ type Engine struct {
 	lastRTT   time.Duration
 	streamSeq uint64
 	done      chan struct{}
+	// Requests done whose notify has yet to run (Request.notify), and
+	// noting: someone runs them and looks again before it stops.
+	notes, spareNotes []*Request
+	noting            bool
+	noteKick          chan struct{}
 }
 
 // New starts an engine on link. Close stops it and closes the link.
@@ -177,7 +182,7 @@ func New(link Link, cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: cfg, link: link, mac: link.MAC(), mtu: link.MTU(),
-		eps: map[uint16]*Endpoint{}, done: make(chan struct{})}
+		eps: map[uint16]*Endpoint{}, done: make(chan struct{}), noteKick: make(chan struct{}, 1)}
 	e.timer = clockTimer{clk: cfg.Clock, fire: e.onTimer}
 	if realTime {
 		if t, err := newFDTimer(e.onRetxTimer); err == nil {
@@ -192,6 +197,7 @@ func New(link Link, cfg Config) (*Engine, error) {
 	e.tx = newPool(cfg.Buffers, size)
 	e.scratch = make([]byte, wire.EthSize+wire.Size+wire.ConnectSize)
 	go e.recvLoop()
+	go e.noteLoop()
 	return e, nil
 }
 
@@ -267,11 +273,19 @@ func (e *Engine) recvLoop() {
 			return
 		}
 		e.mu.Lock()
+		e.noting = true
 		kept := e.input(buf[:n], pooled)
 		if pooled && !kept {
 			e.rx.put(buf)
 		}
+		notes := len(e.notes) > 0
+		if !notes {
+			e.noting = false
+		}
 		e.mu.Unlock()
+		if notes {
+			e.runNotes()
+		}
 	}
 }
 
@@ -501,10 +515,29 @@ type Request struct {
 	recv       bool
 	in         *inMsg // the message a receive is bound to
 	finished   bool
+	seq        uint64 // posting order (Endpoint.posted and exact)
+	// lazy > 0: buf is taken from the streams' pool, lazy bytes, once a
+	// message matches (Endpoint.irecvLazy).
+	lazy int
+	// notify, if set, runs once the request is done, never under the
+	// engine's lock and never from inside an API call: on the engine's
+	// receive goroutine right after the frame that finished it, or on
+	// its notifier goroutine. It must not block (the receive goroutine
+	// waits for it).
+	notify func()
 }
 
 // Done is closed when the request completes.
 func (r *Request) Done() <-chan struct{} { return r.done }
+
+func (r *Request) isDone() bool {
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
+}
 
 // Wait blocks until the request completes or ctx ends; for a receive it
 // returns the bytes received. A context that ends first leaves the request
@@ -532,4 +565,61 @@ func (r *Request) finish(err error) {
 	r.finished = true
 	r.err = err
 	close(r.done)
+	if r.notify != nil {
+		r.ep.e.note(r)
+	}
+}
+
+// note queues r's notify; under e.mu. The receive goroutine runs the
+// notes the frame it handles left; other callers (timers, API calls) wake
+// the notifier goroutine. Once the engine is closed they run on a
+// goroutine of their own.
+func (e *Engine) note(r *Request) {
+	if e.closed {
+		go r.notify()
+		return
+	}
+	e.notes = append(e.notes, r)
+	if !e.noting {
+		select {
+		case e.noteKick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// runNotes runs the queued notes until none is left.
+func (e *Engine) runNotes() {
+	for {
+		e.mu.Lock()
+		rs := e.notes
+		e.notes, e.spareNotes = e.spareNotes[:0], nil // two runners never share one array
+		if len(rs) == 0 {
+			e.noting = false
+			e.mu.Unlock()
+			return
+		}
+		e.noting = true
+		e.mu.Unlock()
+		for i, r := range rs {
+			r.notify()
+			rs[i] = nil
+		}
+		e.mu.Lock()
+		e.spareNotes = rs[:0]
+		e.mu.Unlock()
+	}
+}
+
+// noteLoop runs the notes of requests that timers and API calls finish.
+func (e *Engine) noteLoop() {
+	for {
+		select {
+		case <-e.noteKick:
+			e.runNotes()
+		case <-e.done:
+			e.runNotes()
+			return
+		}
+	}
 }

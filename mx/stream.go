@@ -74,7 +74,14 @@ func (c *StreamConfig) fill() error {
 var ErrReset = errors.New("mx: stream reset by peer")
 
 // Stream is one byte stream; it implements io.ReadWriteCloser plus
-// CloseWrite (end of stream toward the peer) and Abort (reset).
+// CloseWrite (end of stream toward the peer) and Abort (reset), and
+// TryRead with NotifyReadable for a reader that must not wait (the
+// gateway's relay).
+//
+// A stream keeps RecvAhead receives posted for its peer's messages. They
+// take a buffer only once a message matches them, and the engine runs
+// received when one is done: an idle stream holds no buffer and no
+// goroutine.
 type Stream struct {
 	ep     *Endpoint
 	peer   Addr
@@ -82,20 +89,34 @@ type Stream struct {
 	dialer bool
 	cfg    StreamConfig
 	Meta   []byte // what the dialer sent with the open
+	want   uint64 // match bits of the peer's messages (any kind)
+	onRecv func() // received, made once: every receive's notify
 
-	mu       sync.Mutex
-	cond     *sync.Cond
-	rq       [][]byte // received chunks not yet read
-	eof      bool
-	err      error // a reset or a failed channel: Read and Write fail
-	credit   int   // bytes this end may still send
-	unacked  int   // bytes read and not yet returned as credit
-	wclosed  bool
-	closed   bool
-	pending  []*Request             // sends not yet complete, oldest first
-	posted   [maxRecvAhead]*Request // recvLoop's receives, for withdraw
-	bufs     map[*Request][]byte
-	loopDone chan struct{}
+	mu   sync.Mutex
+	cond *sync.Cond
+	rq   [][]byte // received chunks not yet read
+	eof  bool
+	err  error // a reset or a failed channel: Read and Write fail
+	// halted is closed once err is set: a Write waiting for a send the
+	// peer will never pull (it reset the stream, or its channel failed)
+	// stops waiting.
+	halted  chan struct{}
+	credit  int // bytes this end may still send
+	unacked int // bytes read and not yet returned as credit
+	wclosed bool
+	closed  bool
+	pending []*Request // sends not yet complete, oldest first
+	bufs    map[*Request][]byte
+	// The posted receives, oldest first (the order messages match
+	// them): ring[rhead], then rn-1 more.
+	ring      [maxRecvAhead]*Request
+	rhead, rn int
+	// readable runs when bytes, the end or an error arrive
+	// (NotifyReadable).
+	readable func()
+	// recvDone is closed once no receive is posted and none will be.
+	recvDone  chan struct{}
+	recvEnded bool
 }
 
 var chunkPool sync.Pool
@@ -107,11 +128,21 @@ func getChunk(n int) []byte {
 	return make([]byte, n)
 }
 
+func putChunk(b []byte) {
+	if b != nil {
+		chunkPool.Put(b[:cap(b)])
+	}
+}
+
 func newStream(ep *Endpoint, peer Addr, id uint64, dialer bool, cfg StreamConfig) *Stream {
 	s := &Stream{ep: ep, peer: peer, id: id, dialer: dialer, cfg: cfg, credit: cfg.Window,
-		bufs: map[*Request][]byte{}, loopDone: make(chan struct{})}
+		want: streamMatch(id, !dialer, 0), bufs: map[*Request][]byte{}, recvDone: make(chan struct{})}
 	s.cond = sync.NewCond(&s.mu)
-	go s.recvLoop()
+	s.halted = make(chan struct{})
+	s.onRecv = s.received
+	s.mu.Lock()
+	s.repost()
+	s.mu.Unlock()
 	return s
 }
 
@@ -121,85 +152,102 @@ func (s *Stream) Peer() Addr { return s.peer }
 // maxRecvAhead bounds StreamConfig.RecvAhead.
 const maxRecvAhead = 4
 
-// recvLoop keeps RecvAhead receives posted for the stream's messages from
-// the peer and files what arrives, in the order the receives were posted
-// (the order the messages matched them): data for Read, credit for Write.
-func (s *Stream) recvLoop() {
-	defer close(s.loopDone)
-	want := streamMatch(s.id, !s.dialer, 0)
-	mask := ^uint64(kindMask)
-	var bufs [maxRecvAhead][]byte
-	var reqs [maxRecvAhead]*Request
-	depth := s.cfg.RecvAhead
-	post := func(i int) {
-		bufs[i] = getChunk(s.cfg.Chunk)
-		reqs[i] = s.ep.IrecvFrom(s.peer, bufs[i], want, mask)
-		s.mu.Lock()
-		s.posted[i] = reqs[i]
-		over := s.readOver()
-		s.mu.Unlock()
-		if over { // withdraw ran before this receive was posted
-			s.ep.Cancel(reqs[i])
+// recvOver reports whether the stream takes no more messages: it failed,
+// or it is closed and the peer's end arrived. Called with s.mu held.
+func (s *Stream) recvOver() bool { return s.err != nil || s.eof && s.closed }
+
+// repost keeps RecvAhead receives posted until recvOver. Called with s.mu
+// held (the engine's lock comes after it).
+func (s *Stream) repost() {
+	for s.rn < s.cfg.RecvAhead && !s.recvOver() {
+		r := s.ep.irecvLazy(s.peer, s.cfg.Chunk, s.want, exactMask, s.onRecv)
+		s.ring[(s.rhead+s.rn)%maxRecvAhead] = r
+		s.rn++
+	}
+	if !s.recvOver() {
+		return
+	}
+	// Withdraw the receives still posted: else a peer that has nothing
+	// more to send leaves them posted as long as the endpoint lives. Each
+	// ends with ErrCanceled, and received takes it out of the ring; one
+	// that a message matched already ends with it.
+	for i := range s.rn {
+		if r := s.ring[(s.rhead+i)%maxRecvAhead]; !r.isDone() {
+			s.ep.Cancel(r)
 		}
 	}
-	for i := range depth {
-		post(i)
+	if s.rn == 0 && !s.recvEnded {
+		s.recvEnded = true
+		close(s.recvDone)
 	}
-	defer func() {
-		// The stream is over: withdraw the receives still posted.
-		for i := range depth {
-			if reqs[i] != nil && s.ep.Cancel(reqs[i]) {
-				chunkPool.Put(bufs[i][:cap(bufs[i])])
-			}
+}
+
+// received files what the receives done, oldest first, got (data for
+// Read, credit for Write), posts new ones and tells the reader. It is
+// every receive's notify: it runs on the engine's goroutines and never
+// waits.
+func (s *Stream) received() {
+	reset := false
+	s.mu.Lock()
+	for s.rn > 0 && s.ring[s.rhead].isDone() {
+		r := s.ring[s.rhead]
+		s.ring[s.rhead] = nil
+		s.rhead = (s.rhead + 1) % maxRecvAhead
+		s.rn--
+		reset = s.file(r) || reset
+	}
+	s.repost()
+	readable := s.readable
+	s.cond.Broadcast()
+	s.mu.Unlock()
+	if reset {
+		s.postCtl(kindReset, nil)
+	}
+	if readable != nil {
+		readable()
+	}
+}
+
+// file takes in what receive r got; with s.mu held. It reports whether
+// the peer must be reset (it sent data after Close).
+func (s *Stream) file(r *Request) (reset bool) {
+	buf := r.buf
+	defer func() { putChunk(buf) }()
+	if r.err != nil {
+		// Canceled (withdraw), or the channel failed.
+		if s.err == nil && !(s.eof && s.closed) {
+			s.err = fmt.Errorf("mx stream %d with %v: %w", s.id, s.peer, r.err)
+			s.halt()
 		}
-	}()
-	for i := 0; ; i = (i + 1) % depth {
-		buf, r := bufs[i], reqs[i]
-		reqs[i] = nil
-		n, match, _, err := r.Status()
-		s.mu.Lock()
-		s.posted[i] = nil
-		if err != nil {
-			if s.err == nil && !(s.eof && s.closed) {
-				s.err = fmt.Errorf("mx stream %d with %v: %w", s.id, s.peer, err)
-			}
-			s.cond.Broadcast()
-			s.mu.Unlock()
-			return
-		}
-		switch match & kindMask {
-		case kindData:
-			if n == 0 {
-				s.eof = true
-			} else if s.closed {
-				// Data after Close: nobody will read it (TCP answers
-				// with a reset too).
-				s.mu.Unlock()
-				s.sendCtl(kindReset, nil)
-				s.mu.Lock()
-				s.err = ErrReset
-			} else {
-				s.rq = append(s.rq, buf[:n])
-				buf = nil
-			}
-		case kindCredit:
-			if n == 4 {
-				s.credit += int(binary.BigEndian.Uint32(buf))
-			}
-		case kindReset:
+		return false
+	}
+	if s.err != nil {
+		return false // reset or failed already: nobody reads it
+	}
+	switch r.match & kindMask {
+	case kindData:
+		switch {
+		case r.n == 0:
+			s.eof = true
+		case s.closed:
+			// Data after Close: nobody will read it (TCP answers with a
+			// reset too).
 			s.err = ErrReset
+			s.halt()
+			return true
+		default:
+			s.rq = append(s.rq, buf[:r.n])
+			buf = nil
 		}
-		done := s.err != nil || (s.eof && s.closed)
-		s.cond.Broadcast()
-		s.mu.Unlock()
-		if buf != nil {
-			chunkPool.Put(buf[:cap(buf)])
+	case kindCredit:
+		if r.n == 4 {
+			s.credit += int(binary.BigEndian.Uint32(buf))
 		}
-		if done {
-			return
-		}
-		post(i)
+	case kindReset:
+		s.err = ErrReset
+		s.halt()
 	}
+	return false
 }
 
 func (s *Stream) sendCtl(kind uint64, body []byte) error {
@@ -211,27 +259,21 @@ func (s *Stream) sendCtl(kind uint64, body []byte) error {
 	return err
 }
 
-// readOver reports whether nothing the peer may still send matters: the
-// stream is closed and the peer's end has arrived, or it is reset. Called
-// with s.mu held.
-func (s *Stream) readOver() bool { return s.closed && (s.eof || s.err != nil) }
+// postCtl sends a control message without waiting for the engine to take
+// it (body is the caller's no more): a credit from a reader that must not
+// wait, a reset. A failure shows in the stream's next Read or Write, when
+// the channel's failure reaches its receives.
+func (s *Stream) postCtl(kind uint64, body []byte) error {
+	_, err := s.ep.Isend(s.peer, streamMatch(s.id, s.dialer, kind), body)
+	return err
+}
 
-// withdraw cancels the receives recvLoop keeps posted once readOver:
-// else a peer that has nothing more to send leaves them, and the loop,
-// waiting as long as the endpoint lives.
+// withdraw cancels the posted receives once the stream takes no more
+// messages (repost).
 func (s *Stream) withdraw() {
 	s.mu.Lock()
-	if !s.readOver() {
-		s.mu.Unlock()
-		return
-	}
-	reqs := s.posted
+	s.repost()
 	s.mu.Unlock()
-	for _, r := range reqs {
-		if r != nil {
-			s.ep.Cancel(r)
-		}
-	}
 }
 
 // Read reads bytes the peer wrote; io.EOF after its CloseWrite.
@@ -240,9 +282,48 @@ func (s *Stream) Read(p []byte) (int, error) {
 		return 0, nil
 	}
 	s.mu.Lock()
-	for len(s.rq) == 0 && !s.eof && s.err == nil && !s.closed {
+	for !s.readyLocked() {
 		s.cond.Wait()
 	}
+	return s.readLocked(p)
+}
+
+// TryRead is Read that never waits: 0 and no error when nothing has
+// arrived. A reader that must not block (it runs in NotifyReadable's
+// callback) reads with it.
+func (s *Stream) TryRead(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	s.mu.Lock()
+	if !s.readyLocked() {
+		s.mu.Unlock()
+		return 0, nil
+	}
+	return s.readLocked(p)
+}
+
+// Readable reports whether Read would return at once (bytes, the end of
+// the stream or an error).
+func (s *Stream) Readable() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.readyLocked()
+}
+
+// NotifyReadable has f run each time a message of the peer's arrives or
+// the stream fails: then Read may not wait. f runs on the engine's
+// goroutines, must not block and may call TryRead. nil: no more calls.
+func (s *Stream) NotifyReadable(f func()) {
+	s.mu.Lock()
+	s.readable = f
+	s.mu.Unlock()
+}
+
+func (s *Stream) readyLocked() bool { return len(s.rq) > 0 || s.eof || s.err != nil || s.closed }
+
+// readLocked reads what readyLocked found; it unlocks s.mu.
+func (s *Stream) readLocked(p []byte) (int, error) {
 	if len(s.rq) == 0 {
 		err := s.err
 		switch {
@@ -257,7 +338,7 @@ func (s *Stream) Read(p []byte) (int, error) {
 	}
 	n := copy(p, s.rq[0])
 	if n == len(s.rq[0]) {
-		chunkPool.Put(s.rq[0][:cap(s.rq[0])])
+		putChunk(s.rq[0])
 		s.rq[0] = nil
 		s.rq = s.rq[1:]
 	} else {
@@ -270,20 +351,33 @@ func (s *Stream) Read(p []byte) (int, error) {
 	}
 	s.mu.Unlock()
 	if grant > 0 {
-		var b [4]byte
-		binary.BigEndian.PutUint32(b[:], uint32(grant))
-		s.sendCtl(kindCredit, b[:]) // an error shows in the next Read or Write
+		b := make([]byte, 4)
+		binary.BigEndian.PutUint32(b, uint32(grant))
+		s.postCtl(kindCredit, b)
 	}
 	return n, nil
 }
 
-// reap collects completed sends; with block, it waits for the oldest.
+// halt closes halted, once. Called with s.mu held, when err is set.
+func (s *Stream) halt() {
+	select {
+	case <-s.halted:
+	default:
+		close(s.halted)
+	}
+}
+
+// reap collects completed sends; with block, it waits for the oldest
+// (or until the stream fails).
 func (s *Stream) reap(block bool) error {
 	for len(s.pending) > 0 {
 		r := s.pending[0]
 		if block {
 			s.mu.Unlock()
-			<-r.Done()
+			select {
+			case <-r.Done():
+			case <-s.halted:
+			}
 			s.mu.Lock()
 			block = false
 		}
@@ -297,6 +391,7 @@ func (s *Stream) reap(block bool) error {
 		delete(s.bufs, r)
 		if r.err != nil && s.err == nil {
 			s.err = fmt.Errorf("mx stream %d with %v: %w", s.id, s.peer, r.err)
+			s.halt()
 		}
 	}
 	return nil
@@ -358,7 +453,7 @@ func (s *Stream) CloseWrite() error {
 func (s *Stream) Flush() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for len(s.pending) > 0 {
+	for len(s.pending) > 0 && s.err == nil {
 		s.reap(true)
 	}
 	return s.err
@@ -373,10 +468,11 @@ func (s *Stream) Abort() error {
 	}
 	s.closed = true
 	s.err = ErrReset
+	s.halt()
 	s.cond.Broadcast()
 	s.mu.Unlock()
 	s.withdraw()
-	return s.sendCtl(kindReset, nil)
+	return s.postCtl(kindReset, nil)
 }
 
 // Close ends the stream toward the peer and stops reading; data the peer
@@ -445,6 +541,6 @@ func (l *Listener) Accept(ctx context.Context) (*Stream, error) {
 	}
 	id := match >> idShift & maxStreamID
 	s := newStream(l.ep, from, id, false, l.cfg)
-	s.Meta = buf[:n]
+	s.Meta = append([]byte(nil), buf[:n]...) // not the 1 KiB buffer, for the stream's life
 	return s, nil
 }

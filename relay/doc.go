@@ -32,7 +32,9 @@
 // that runs until it would block and then says what it waits for: a
 // pipeline token, credit or queued data (whoever provides it kicks the
 // stage), or the application's socket readable (the poller thread runs the
-// step when it is). The same step runs on the poller thread, without
+// step when it is; for a connection that is not a socket but says when it
+// has bytes, a ReadNotifier such as an MX stream, its callback runs it,
+// notify.go). The same step runs on the poller thread, without
 // blocking, or on a goroutine, which may block; a waiting stage holds no
 // goroutine, so an idle stream costs its structures, not goroutine stacks
 // (bench/figures/scale).

@@ -28,19 +28,22 @@ type Stream struct {
 	id         uint32
 	bulkQueued int // frames in the link's bulk queue; guarded by l.mu (lone links only)
 
-	confirmed atomic.Bool   // the peer knows the stream: DATA may leave the home link
-	used      atomic.Uint64 // bit i: DATA went or came over link i of the trunk
+	confirmed atomic.Bool // the peer knows the stream: DATA may leave the home link
+	// resetOnBreak: the stream's ends carry it on without this gateway
+	// pair (ResetOnBreak).
+	resetOnBreak atomic.Bool
+	used         atomic.Uint64 // bit i: DATA went or came over link i of the trunk
 
 	// The stages (stage.go): out moves application bytes to the link, in
 	// moves received bytes to the application.
 	out, in stage
 
 	// The out-stage's own state (only its step touches it).
-	sendNext uint32    // offset of the next byte sent
-	burst    int       // bytes read since the application last paused
-	xTokens  int64     // express budget left, bytes
-	xAt      time.Time // when xTokens was last refilled
-	w        *waiter   // the application's socket with the poller thread; nil without
+	sendNext uint32     // offset of the next byte sent
+	burst    int        // bytes read since the application last paused
+	xTokens  int64      // express budget left, bytes
+	xAt      time.Time  // when xTokens was last refilled
+	w        readWaiter // the application's connection waited for without a goroutine; nil: blocking reads
 	// nextN > 0: a token and credit for a read of up to nextN bytes are
 	// held. The buffer is taken from the pool only around the read itself,
 	// so a quiet stream waiting for its application holds none (a 128 KiB
@@ -175,6 +178,12 @@ func (s *Stream) Reset(code header.Code) {
 	}
 }
 
+// ResetOnBreak marks a stream whose ends can carry it on without this
+// gateway pair (node daemons' resumable connections): a break of a link it
+// uses resets it at once, rather than pausing it while the link waits to
+// resume, so its ends take another path without waiting for ResumeWithin.
+func (s *Stream) ResetOnBreak() { s.resetOnBreak.Store(true) }
+
 // remoteReset ends the stream because the peer (or the link) did.
 func (s *Stream) remoteReset(code header.Code) { s.end(code) }
 
@@ -199,7 +208,9 @@ func (s *Stream) end(code header.Code) bool {
 	s.l.t.early.Add(-early)
 	close(s.done)
 	runAfterDone(after)
-	w.close() // before the socket closes: its number may be reused
+	if w != nil {
+		w.close() // before the socket closes: its number may be reused
+	}
 	if conn != nil {
 		conn.Abort()
 	}
@@ -231,7 +242,9 @@ func (s *Stream) maybeFinish() {
 	s.mu.Unlock()
 	close(s.done)
 	runAfterDone(after)
-	w.close()
+	if w != nil {
+		w.close()
+	}
 	conn.Close()
 	s.l.t.remove(s)
 }
@@ -249,7 +262,11 @@ func (s *Stream) attach(conn Conn) {
 		s.tw = nil // its in-stage alone writes: it orders the started writes
 	}
 	if !s.l.cfg.NoPoller {
-		s.w = newWaiter(conn, &s.out, !s.l.cfg.RuntimeWakes)
+		if w := newWaiter(conn, &s.out, !s.l.cfg.RuntimeWakes); w != nil {
+			s.w = w
+		} else if rn, ok := conn.(ReadNotifier); ok {
+			s.w = newNotifyWaiter(rn, &s.out)
+		}
 	}
 	early := s.early // from now on the stream's window bounds them
 	s.early = 0
@@ -556,7 +573,9 @@ func (s *Stream) outStep(onPoller bool) waitOn {
 			}
 		}
 		if err == errWouldBlock {
-			s.w.loud() // Go's poller waits for the socket now
+			if s.w != nil {
+				s.w.loud() // Go's poller waits for the socket now
+			}
 			p = getBuf(s.nextN)
 			k, err = s.conn.Read(*p)
 		}
@@ -577,7 +596,9 @@ func (s *Stream) outStep(onPoller bool) waitOn {
 			}
 		}
 		if !s.forward(p, k, err, t0, now, mode) {
-			s.w.close() // this direction is over: the socket leaves the poller
+			if s.w != nil {
+				s.w.close() // this direction is over: the socket leaves the poller
+			}
 			return finished
 		}
 		if onPoller {

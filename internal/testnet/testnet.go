@@ -1,7 +1,8 @@
 // Package testnet holds network helpers shared by the tests of several
 // packages (relay, gateway, mx, tcpinfo): listeners, echo, checksummed
-// streams and network namespaces (netns.go, root only). It is
-// imported by tests only.
+// streams, network namespaces (netns.go, root only) and an MX link over
+// loopback UDP shared by processes (udplink.go). It is imported by tests
+// only.
 package testnet
 
 import (
