@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/mpi5k/mpi5k/header"
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/tuning"
 )
@@ -37,9 +38,15 @@ type LANTransport interface {
 	// Dial connects from local (port chosen by the system) to dst. bound is
 	// called with the local endpoint after bind and before connect, so the
 	// gateway can record who stands behind it before the destination can
-	// possibly ask (PEER_QUERY).
-	Dial(ctx context.Context, local netip.Addr, dst netip.AddrPort, bound func(netip.AddrPort)) (LANConn, error)
+	// possibly ask (PEER_QUERY). A resume id that is not zero is passed to
+	// the destination's node daemon (header.ExtResume); a transport that
+	// reaches no node daemons refuses it.
+	Dial(ctx context.Context, local netip.Addr, dst netip.AddrPort, resume header.ResumeID, bound func(netip.AddrPort)) (LANConn, error)
 }
+
+// errNoNodeResume refuses a resumable OPEN on a LAN without node daemons
+// (a peer that does not send HELLO feature NODE_RESUME gets none).
+var errNoNodeResume = errors.New("resumable stream, but the LAN transport reaches ranks, not node daemons")
 
 // TCPTransport is the kernel TCP LAN transport.
 type TCPTransport struct {
@@ -105,7 +112,10 @@ func (l *tcpListener) Addr() netip.AddrPort {
 func (l *tcpListener) Close() error { return l.ln.Close() }
 
 // Dial binds to local:0, reports the bound endpoint, then connects.
-func (t *TCPTransport) Dial(ctx context.Context, local netip.Addr, dst netip.AddrPort, bound func(netip.AddrPort)) (LANConn, error) {
+func (t *TCPTransport) Dial(ctx context.Context, local netip.Addr, dst netip.AddrPort, resume header.ResumeID, bound func(netip.AddrPort)) (LANConn, error) {
+	if !resume.IsZero() {
+		return nil, errNoNodeResume
+	}
 	d := net.Dialer{Control: t.Opts.Control(func(fd int) error {
 		// Bind here rather than with Dialer.LocalAddr: Control runs before
 		// connect, so the record exists before the destination can accept.

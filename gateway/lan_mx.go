@@ -136,7 +136,7 @@ func (l *mxListener) Close() error {
 // Dial opens a stream to the node daemon serving dst. The local endpoint is
 // local and a port the transport draws (MX has no ports): the destination
 // sees it as the connection's source, and bound records it first.
-func (t *MXTransport) Dial(ctx context.Context, local netip.Addr, dst netip.AddrPort, bound func(netip.AddrPort)) (LANConn, error) {
+func (t *MXTransport) Dial(ctx context.Context, local netip.Addr, dst netip.AddrPort, resume header.ResumeID, bound func(netip.AddrPort)) (LANConn, error) {
 	if t.EP == nil {
 		return nil, errors.New("mx LAN transport: Dial needs an endpoint")
 	}
@@ -154,7 +154,7 @@ func (t *MXTransport) Dial(ctx context.Context, local netip.Addr, dst netip.Addr
 	if bound != nil {
 		bound(src)
 	}
-	meta, err := header.AppendEndpointPair(nil, src, dst)
+	meta, err := header.AppendStreamMeta(nil, src, dst, resume)
 	if err != nil {
 		return nil, err
 	}

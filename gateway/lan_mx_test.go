@@ -433,6 +433,82 @@ func TestMXTwoGateways(t *testing.T) {
 	}
 }
 
+// TestMXResumeVerdict: a gateway answers a node daemon's OPEN with a
+// resume id by OPEN_REPLY: 1 when the far gateway delivers to node daemons
+// (MX LAN, HELLO feature NODE_RESUME), which then get the id in the
+// stream's open metadata; 0 when it reaches ranks over kernel TCP, and the
+// stream goes on plain.
+func TestMXResumeVerdict(t *testing.T) {
+	id := header.ResumeID{1, 2, 3, 15: 4}
+	open := func(ctx context.Context, node *mx.Endpoint, gw mx.Addr, lan, src, dst netip.AddrPort) (*mx.Stream, byte) {
+		t.Helper()
+		meta, _ := header.AppendEndpointPair(nil, src, lan)
+		s, err := mx.Dial(ctx, node, gw, meta, mx.StreamConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := header.AppendOpen(nil, &header.Open{Dst: dst, Src: src, Resume: id})
+		if _, err := s.Write(header.AppendFrame(nil, header.TypeOpen, 0, body)); err != nil {
+			t.Fatal(err)
+		}
+		h, b, err := header.ReadOne(s, 16)
+		if err != nil || h.Type != header.TypeOpenReply {
+			t.Fatalf("answer to a resumable OPEN: %v %x, %v", h.Type, b, err)
+		}
+		return s, b[0]
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	t.Run("tcp-far", func(t *testing.T) {
+		tr, node := mxSite(t, 0)
+		_, a, _ := startPair(t, func(cfg *Config) {
+			if cfg.Site == "a" {
+				cfg.Transport = tr
+			}
+		})
+		s, v := open(ctx, node, tr.EP.Addr(), a.LANAddr(), netip.AddrPortFrom(nodeA, 40001), testnet.Echo(t, nodeB))
+		defer s.Close()
+		if v != 0 {
+			t.Fatalf("OPEN_REPLY %d toward a kernel TCP site, want 0", v)
+		}
+		if err := echoAndCheck(s, rand.New(rand.NewPCG(1, 1)), 100<<10); err != nil {
+			t.Fatalf("plain stream after OPEN_REPLY 0: %v", err)
+		}
+	})
+	t.Run("mx-far", func(t *testing.T) {
+		tra, nodeA1 := mxSite(t, 0)
+		hub := mx.NewMemHub(1500)
+		gwB, nodeB1 := mxEndpoint(t, hub.Attach(mx.MAC{2, 0, 0, 0, 2, 1})), mxEndpoint(t, hub.Attach(mx.MAC{2, 0, 0, 0, 2, 2}))
+		trb := &MXTransport{EP: gwB, Resolve: func(netip.Addr) (mx.Addr, error) { return nodeB1.Addr(), nil }}
+		_, a, _ := startPair(t, func(cfg *Config) {
+			if cfg.Site == "a" {
+				cfg.Transport = tra
+			} else {
+				cfg.Transport = trb
+			}
+		})
+		ln, err := mx.Listen(nodeB1, mx.StreamConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst := netip.AddrPortFrom(nodeB, 7000)
+		s, v := open(ctx, nodeA1, tra.EP.Addr(), a.LANAddr(), netip.AddrPortFrom(nodeA, 40002), dst)
+		defer s.Close()
+		if v != 1 {
+			t.Fatalf("OPEN_REPLY %d toward an MX site, want 1", v)
+		}
+		fs, err := ln.Accept(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer fs.Close()
+		_, to, got, err := header.ParseStreamMeta(fs.Meta)
+		if err != nil || to != dst || got != id {
+			t.Fatalf("far node's stream metadata: to %v id %x, %v; want %v %x", to, got, err, dst, id)
+		}
+	})
+}
+
 // TestMXIdleStreamsNoGoroutine: streams from an MX LAN that carry nothing
 // after their OPEN leave no goroutine waiting in the relay for the node's
 // bytes (the MX stream's callback runs the relay's step, as the poller

@@ -222,6 +222,9 @@ func (g *Gateway) isExpress(i int) bool { return g.cfg.Express && i == g.cfg.WAN
 
 func (g *Gateway) features() uint8 {
 	f := header.FeatureTrunk | header.FeatureClamp | header.FeaturePad | header.FeatureQuiet
+	if _, ok := g.lan.(*MXTransport); ok {
+		f |= header.FeatureNodeResume
+	}
 	if g.cfg.ResumeWithin > 0 {
 		f |= header.FeatureResume
 	}
@@ -591,7 +594,9 @@ func (g *Gateway) checkHello(h header.Hello, p *peer, i int) error {
 		return fmt.Errorf("peer says it is site %q, want %q", h.Name, p.site.Name)
 	case int(h.Gateway) != p.gw:
 		return fmt.Errorf("peer says it is gateway %d of site %s, want %d (%v)", h.Gateway, p.site.Name, p.gw, p.wan)
-	case int(h.LinkCount) != g.numLinks() || h.Features != g.features():
+	case int(h.LinkCount) != g.numLinks() || h.Features&^header.FeatureNodeResume != g.features()&^header.FeatureNodeResume:
+		// NODE_RESUME says what the sender's LAN is, which differs
+		// between sites.
 		return fmt.Errorf("peer has %d links per site pair (features %#x), we have %d (features %#x): "+
 			"run the same mpi5k build with the same --wan-conns, --wan-express, --wan-express-renew and --wan-resume-within on every gateway",
 			h.LinkCount, h.Features, g.numLinks(), g.features())

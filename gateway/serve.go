@@ -178,21 +178,50 @@ func (g *Gateway) openFromLAN(c LANConn, h header.Header, body []byte) *relay.St
 		g.refuseLAN(c, "no_link", "no WAN link to the destination's site", "dst", o.Dst.String(), "peer", dsite.Name)
 		return nil
 	}
+	if !o.Resume.IsZero() {
+		// The node daemon waits for this answer before it frames its
+		// bytes; a far gateway that reaches ranks directly gets a plain
+		// OPEN.
+		ok := l.Peer().Features&header.FeatureNodeResume != 0
+		if !ok {
+			o.Resume = header.ResumeID{}
+		}
+		if _, err := c.Write(header.AppendFrame(nil, header.TypeOpenReply, 0, resumeVerdict(ok))); err != nil {
+			g.sources.release(o.Src.Addr())
+			c.Abort()
+			return nil
+		}
+	}
 	s, err := l.Open(&o, c)
 	if err != nil {
 		g.sources.release(o.Src.Addr())
 		g.refuseLAN(c, "no_link", "open on WAN link failed", "err", err)
 		return nil
 	}
+	if !o.Resume.IsZero() {
+		s.ResetOnBreak()
+	}
 	g.m.streamsOpened.WithLabelValues(peerName(dsite.Name, int(l.Peer().Gateway)), "out").Inc()
 	g.log.Debug("stream open", "dir", "out", "peer", dsite.Name, "stream", s.ID(), "src", o.Src.String(), "dst", o.Dst.String())
 	return s
+}
+
+// resumeVerdict is the body of the OPEN_REPLY a gateway answers a LAN OPEN
+// with ExtResume: 1 if the stream goes on resumable, 0 if plain.
+func resumeVerdict(ok bool) []byte {
+	if ok {
+		return []byte{1}
+	}
+	return []byte{0}
 }
 
 // openFromWAN handles a peer's OPEN: the destination must be a node of our
 // site and the source a node of the peer's site. The connect runs on its own
 // goroutine; DATA the peer pipelined waits in the stream's window meanwhile.
 func (g *Gateway) openFromWAN(s *relay.Stream, o *header.Open) {
+	if !o.Resume.IsZero() {
+		s.ResetOnBreak()
+	}
 	ph := s.Link().Peer()
 	fromSite := ph.SiteID
 	m, p := g.curMap(), g.peer(peerID{fromSite, int(ph.Gateway)})
@@ -242,7 +271,7 @@ func (g *Gateway) openFromWAN(s *relay.Stream, o *header.Open) {
 		ctx, cancel := context.WithTimeout(g.ctx, g.cfg.DialTimeout)
 		defer cancel()
 		var key recordKey
-		c, err := g.lan.Dial(ctx, g.me.LAN.Addr(), o.Dst, func(local netip.AddrPort) {
+		c, err := g.lan.Dial(ctx, g.me.LAN.Addr(), o.Dst, o.Resume, func(local netip.AddrPort) {
 			key = recordKey{local, o.Dst}
 			g.records.put(key, record{src: o.Src, site: fromSite})
 		})

@@ -79,6 +79,12 @@ const (
 	// sender is, when not the first. Critical: a gateway that knows one
 	// gateway per site would take the link for the first one's.
 	ExtGateway uint16 = 3 | ExtCritical
+	// ExtResume (OPEN, and the open metadata of a gateway's MX stream to a
+	// node daemon; critical): the connection's resume id. What follows the
+	// OPEN is framed by the two node daemons' resume records
+	// (docs/wire-format.md, "Resumable streams"), which a rank could not
+	// read.
+	ExtResume uint16 = 4 | ExtCritical
 	// MaxGatewayIndex is the highest gateway index (sitemap.MaxGateways - 1).
 	MaxGatewayIndex = 15
 	MaxLabel        = 64
@@ -149,8 +155,12 @@ const (
 	// with no streams that carries nothing but keepalives, and lets its
 	// kernel's TCP keepalive watch the connection instead; it still
 	// answers every PING.
-	FeatureQuiet  uint8 = 1 << 6
-	knownFeatures       = FeatureTrunk | FeatureExpress | FeatureClamp | FeatureRenew | FeaturePad | FeatureResume | FeatureQuiet
+	FeatureQuiet uint8 = 1 << 6
+	// FeatureNodeResume: the sender delivers streams to node daemons (its
+	// LAN transport is MX), so it takes an OPEN with ExtResume and passes
+	// the id on to the destination's daemon.
+	FeatureNodeResume uint8 = 1 << 7
+	knownFeatures           = FeatureTrunk | FeatureExpress | FeatureClamp | FeatureRenew | FeaturePad | FeatureResume | FeatureQuiet | FeatureNodeResume
 )
 
 // sessionLen is the size of the ExtSession value: u64 session, u64 bytes
@@ -281,7 +291,18 @@ type Open struct {
 	Dst   netip.AddrPort // what the application passed to connect()
 	Src   netip.AddrPort // the application's own end
 	Label string         // optional source process label (extension 1)
+	// Resume (extension ExtResume), when not zero: the node daemons at
+	// both ends frame the stream's bytes so that it survives the loss of a
+	// gateway host.
+	Resume ResumeID
 }
+
+// ResumeID names a resumable connection end to end: random, chosen by the
+// opening node daemon; the zero id means none.
+type ResumeID [16]byte
+
+// IsZero tells whether id names no connection.
+func (id ResumeID) IsZero() bool { return id == ResumeID{} }
 
 // AppendOpen appends the encoded body of o to b.
 func AppendOpen(b []byte, o *Open) ([]byte, error) {
@@ -298,6 +319,9 @@ func AppendOpen(b []byte, o *Open) ([]byte, error) {
 	b = append(b, ep[:n]...)
 	if o.Label != "" {
 		b = appendExt(b, ExtLabel, []byte(o.Label))
+	}
+	if !o.Resume.IsZero() {
+		b = appendExt(b, ExtResume, o.Resume[:])
 	}
 	return b, nil
 }
@@ -322,9 +346,20 @@ func ParseOpen(p []byte) (Open, error) {
 			o.Label = string(val)
 			return nil
 		}
+		if typ == ExtResume {
+			return parseResume(val, &o.Resume)
+		}
 		return unknownExt(typ)
 	})
 	return o, err
+}
+
+func parseResume(val []byte, id *ResumeID) error {
+	if len(val) != len(id) || ResumeID(val).IsZero() {
+		return fmt.Errorf("%w: resume id of %d bytes or zero (want %d, not all zero)", ErrPayload, len(val), len(id))
+	}
+	*id = ResumeID(val)
+	return nil
 }
 
 // PeerQuery is the body of PEER_QUERY: the connection as the accepting
@@ -440,6 +475,36 @@ func AppendEndpointPair(b []byte, from, to netip.AddrPort) ([]byte, error) {
 		return nil, err
 	}
 	return b, nil
+}
+
+// AppendStreamMeta appends the open metadata of a gateway's MX stream to a
+// node daemon: AppendEndpointPair's, then ExtResume when resume is not
+// zero.
+func AppendStreamMeta(b []byte, from, to netip.AddrPort, resume ResumeID) ([]byte, error) {
+	b, err := AppendEndpointPair(b, from, to)
+	if err == nil && !resume.IsZero() {
+		b = appendExt(b, ExtResume, resume[:])
+	}
+	return b, err
+}
+
+// ParseStreamMeta decodes what AppendStreamMeta wrote.
+func ParseStreamMeta(b []byte) (from, to netip.AddrPort, resume ResumeID, err error) {
+	from, n, err := ParseEndpoint(b)
+	if err != nil {
+		return
+	}
+	to, m, err := ParseEndpoint(b[n:])
+	if err != nil {
+		return
+	}
+	err = walkExt(b[n+m:], func(typ uint16, val []byte) error {
+		if typ == ExtResume {
+			return parseResume(val, &resume)
+		}
+		return unknownExt(typ)
+	})
+	return
 }
 
 // ParseEndpointPair decodes what AppendEndpointPair wrote; bytes after the

@@ -54,7 +54,10 @@ const (
 	TypePad         Type = 18 // filler the receiver discards
 	TypeListen      Type = 19 // LAN: a rank listens on this port of its host
 	TypeListenReply Type = 20 // LAN: the gateway's answer to LISTEN
-	maxType         Type = TypeListenReply
+	// TypeOpenReply (LAN): the gateway's answer to an OPEN with a resume
+	// id, one byte: 1 if the stream goes on resumable, 0 if plain.
+	TypeOpenReply Type = 21
+	maxType       Type = TypeOpenReply
 )
 
 var typeNames = [...]string{
@@ -64,6 +67,7 @@ var typeNames = [...]string{
 	TypePeerQuery: "PEER_QUERY", TypePeerReply: "PEER_REPLY", TypeDataAt: "DATA_AT",
 	TypeClamp: "CLAMP", TypeRetire: "RETIRE", TypeRenew: "RENEW",
 	TypeAck: "ACK", TypePad: "PAD", TypeListen: "LISTEN", TypeListenReply: "LISTEN_REPLY",
+	TypeOpenReply: "OPEN_REPLY",
 }
 
 func (t Type) String() string {
@@ -131,6 +135,7 @@ var payloadBounds = [...][2]uint32{
 	TypePad:         {0, MaxPayload},
 	TypeListen:      {2, 2},
 	TypeListenReply: {1, 1},
+	TypeOpenReply:   {1, 1},
 }
 
 // Decode parses and validates the header in b[:Size]: version, type, flags,
@@ -168,7 +173,7 @@ func Decode(b []byte) (Header, error) {
 		return h, fmt.Errorf("%w: %v of %d bytes (want %d..%d)", ErrPayload, h.Type, h.Length, lo, hi)
 	}
 	switch h.Type {
-	case TypeHello, TypePing, TypePong, TypeClamp, TypeRetire, TypeRenew, TypeAck, TypePad:
+	case TypeHello, TypePing, TypePong, TypeClamp, TypeRetire, TypeRenew, TypeAck, TypePad, TypeOpenReply:
 		if h.Stream != 0 {
 			return h, fmt.Errorf("%w: %v on stream %d (want 0)", ErrStream, h.Type, h.Stream)
 		}

@@ -38,7 +38,9 @@ func TestDecodeRejects(t *testing.T) {
 		{"type 0", []byte{1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
 		{"ack of 1 byte", []byte{1, 17, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, ErrPayload},
 		{"ack on a stream", enc(Header{Type: TypeAck, Stream: 5, Length: 8}), ErrStream},
-		{"type 21", []byte{1, 21, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
+		{"type 22", []byte{1, 22, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1}, ErrType},
+		{"open reply on a stream", enc(Header{Type: TypeOpenReply, Stream: 1, Length: 1}), ErrStream},
+		{"open reply empty", enc(Header{Type: TypeOpenReply}), ErrPayload},
 		{"listen of 4 bytes", enc(Header{Type: TypeListen, Stream: 1, Length: 4}), ErrPayload},
 		{"listen reply empty", enc(Header{Type: TypeListenReply, Stream: 1}), ErrPayload},
 		{"pad on a stream", enc(Header{Type: TypePad, Stream: 3, Length: 100}), ErrStream},
@@ -115,7 +117,7 @@ func randomHeader(r *rand.Rand) Header {
 		h.Length = 4 * r.Uint32N(2)
 	}
 	switch t {
-	case TypeHello, TypePing, TypePong, TypeClamp, TypeRetire, TypeRenew, TypeAck, TypePad:
+	case TypeHello, TypePing, TypePong, TypeClamp, TypeRetire, TypeRenew, TypeAck, TypePad, TypeOpenReply:
 	default:
 		h.Stream = 1 + r.Uint32N(1<<31)
 	}
@@ -202,8 +204,7 @@ func TestHello(t *testing.T) {
 		{SiteID: 1, LinkCount: 1, MaxPayload: MaxPayload + 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Window: 1},
-		{SiteID: 1, LinkCount: 1, Features: 128, MaxPayload: 1, Window: 1, Name: "a"}, // undefined bit
-		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Window: 1, Name: "a", Resume: true},  // resume without a session
+		{SiteID: 1, LinkCount: 1, MaxPayload: 1, Window: 1, Name: "a", Resume: true}, // resume without a session
 		{SiteID: 1, LinkCount: 2, Features: FeatureExpress, MaxPayload: 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, Features: FeatureTrunk | FeatureExpress, MaxPayload: 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 2, Features: FeatureTrunk | FeatureRenew, MaxPayload: 1, Window: 1, Name: "a"},
@@ -253,11 +254,6 @@ func TestHello(t *testing.T) {
 	if _, err := ParseHello(appendExt(bytes.Clone(b), ExtSession, make([]byte, 9))); !errors.Is(err, ErrPayload) {
 		t.Fatalf("short session: %v", err)
 	}
-	b[3] = 0x80 // an undefined feature bit
-	if _, err := ParseHello(b); !errors.Is(err, ErrPayload) {
-		t.Fatalf("unknown feature: %v", err)
-	}
-	b[3] = 0
 	b[12] = 200 // name longer than the body
 	if _, err := ParseHello(b); !errors.Is(err, ErrPayload) {
 		t.Fatalf("long name: %v", err)
@@ -268,6 +264,7 @@ func TestOpen(t *testing.T) {
 	for _, o := range []Open{
 		{Dst: netip.MustParseAddrPort("10.2.0.5:1024"), Src: netip.MustParseAddrPort("10.1.0.7:40000")},
 		{Dst: netip.MustParseAddrPort("[fd00::2]:1"), Src: netip.MustParseAddrPort("10.1.0.7:2"), Label: "rank 3 pid 1234"},
+		{Dst: netip.MustParseAddrPort("10.2.0.5:1024"), Src: netip.MustParseAddrPort("10.1.0.7:40000"), Resume: ResumeID{15: 9}},
 	} {
 		b, err := AppendOpen(nil, &o)
 		if err != nil {
@@ -287,6 +284,35 @@ func TestOpen(t *testing.T) {
 	}
 	if _, err := AppendOpen(nil, &Open{}); !errors.Is(err, ErrPayload) {
 		t.Fatal("zero endpoints accepted")
+	}
+	plain, _ := AppendOpen(nil, &Open{Dst: long.Dst, Src: long.Src})
+	for _, v := range [][]byte{make([]byte, 16), make([]byte, 15), nil} {
+		if _, err := ParseOpen(appendExt(bytes.Clone(plain), ExtResume, v)); !errors.Is(err, ErrPayload) {
+			t.Errorf("resume id %x accepted: %v", v, err)
+		}
+	}
+}
+
+func TestStreamMeta(t *testing.T) {
+	from, to := netip.MustParseAddrPort("10.1.0.1:40000"), netip.MustParseAddrPort("10.1.0.7:1024")
+	for _, id := range []ResumeID{{}, {0: 1, 15: 2}} {
+		b, err := AppendStreamMeta(nil, from, to, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, tt, got, err := ParseStreamMeta(b)
+		if err != nil || f != from || tt != to || got != id {
+			t.Fatalf("got %v %v %x %v", f, tt, got, err)
+		}
+		// A node daemon that knows only endpoint pairs refuses a resumable
+		// stream rather than mistaking it for a plain one.
+		if _, _, err := ParseEndpointPair(b); (err == nil) != id.IsZero() {
+			t.Fatalf("ParseEndpointPair of %x: %v", id, err)
+		}
+	}
+	b, _ := AppendEndpointPair(nil, from, to)
+	if _, _, _, err := ParseStreamMeta(appendExt(b, ExtCritical|99, nil)); !errors.Is(err, ErrCritical) {
+		t.Fatalf("unknown critical extension: %v", err)
 	}
 }
 

@@ -16,37 +16,9 @@ import (
 
 	"github.com/mpi5k/mpi5k/gateway"
 	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/mx"
 )
-
-// udpLink carries MX frames as UDP datagrams on loopback, so a node
-// daemon in another process (which a test can kill) shares a LAN with
-// the test's gateway side. A MAC names its UDP port: 02:00:00:00:hi:lo.
-type udpLink struct {
-	c   *net.UDPConn
-	mac mx.MAC
-}
-
-func udpMAC(port int) mx.MAC { return mx.MAC{2, 0, 0, 0, byte(port >> 8), byte(port)} }
-
-func openUDPLink(port int) (*udpLink, error) {
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
-	if err != nil {
-		return nil, err
-	}
-	c.SetReadBuffer(4 << 20)
-	return &udpLink{c: c, mac: udpMAC(c.LocalAddr().(*net.UDPAddr).Port)}, nil
-}
-
-func (l *udpLink) Send(f []byte) error {
-	port := int(f[4])<<8 | int(f[5])
-	_, err := l.c.WriteToUDP(f, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
-	return err
-}
-func (l *udpLink) Recv(b []byte) (int, error) { n, _, err := l.c.ReadFromUDP(b); return n, err }
-func (l *udpLink) MAC() mx.MAC                { return l.mac }
-func (l *udpLink) MTU() int                   { return 1500 }
-func (l *udpLink) Close() error               { return l.c.Close() }
 
 // Short MX timeouts for these tests: a killed peer is noticed within
 // about a second instead of gateway.MXPeerTimeout.
@@ -60,7 +32,7 @@ func TestKilledDaemonChild(t *testing.T) {
 	}
 	udp, _ := strconv.Atoi(os.Getenv("MPI5K_NODE_CHILD_UDP"))
 	gw, _ := strconv.Atoi(os.Getenv("MPI5K_NODE_CHILD_GW"))
-	link, err := openUDPLink(udp)
+	link, err := testnet.OpenUDPLink(udp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,8 +44,8 @@ func TestKilledDaemonChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(Config{Addr: nodeAddr, Listen: netip.MustParseAddrPort(os.Getenv("MPI5K_NODE_CHILD_LISTEN")),
-		Gateways: []Gateway{{LAN: gwLAN, MX: mx.Addr{MAC: udpMAC(gw), EP: gateway.MXEndpoint}}}, EP: ep})
+	d, err := New(Config{Addr: nodeAddr, NoResume: true, Listen: netip.MustParseAddrPort(os.Getenv("MPI5K_NODE_CHILD_LISTEN")),
+		Gateways: []Gateway{{LAN: gwLAN, MX: mx.Addr{MAC: testnet.UDPMAC(gw), EP: gateway.MXEndpoint}}}, EP: ep})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +61,7 @@ func TestKilledDaemon(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts child processes")
 	}
-	link, err := openUDPLink(0)
+	link, err := testnet.OpenUDPLink(0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +115,7 @@ func TestKilledDaemon(t *testing.T) {
 	start := func() *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run", "^TestKilledDaemonChild$")
 		cmd.Env = append(os.Environ(), "MPI5K_NODE_CHILD=1", "MPI5K_NODE_CHILD_UDP="+strconv.Itoa(udp),
-			"MPI5K_NODE_CHILD_GW="+strconv.Itoa(link.c.LocalAddr().(*net.UDPAddr).Port),
+			"MPI5K_NODE_CHILD_GW="+strconv.Itoa(link.Port()),
 			"MPI5K_NODE_CHILD_LISTEN="+listen.String())
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {

@@ -35,15 +35,8 @@ func twoGateways(t *testing.T, dead bool, dialTimeout time.Duration) (*Daemon, [
 		gws[i].MX = ep.Addr()
 		trs = append(trs, &gateway.MXTransport{EP: ep, Resolve: func(netip.Addr) (mx.Addr, error) { return nodeEP.Addr(), nil }})
 	}
-	d, err := New(Config{Addr: nodeAddr, Listen: netip.MustParseAddrPort("127.0.0.2:0"),
+	d := startDaemon(t, Config{Addr: nodeAddr, NoResume: true, Listen: netip.MustParseAddrPort("127.0.0.2:0"),
 		Gateways: gws, EP: nodeEP, MaxConns: 64, DialTimeout: dialTimeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
 	return d, trs, hub
 }
 
@@ -147,7 +140,7 @@ func TestSecondGatewayStream(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var gwEnd netip.AddrPort
-	s, err := trs[1].Dial(ctx, gwLAN2.Addr(), dst, func(ap netip.AddrPort) { gwEnd = ap })
+	s, err := trs[1].Dial(ctx, gwLAN2.Addr(), dst, header.ResumeID{}, func(ap netip.AddrPort) { gwEnd = ap })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +241,7 @@ func TestSecondGatewayStream(t *testing.T) {
 	// An endpoint of the LAN that is no gateway of the site.
 	ep := endpoint(t, hub.Attach(mx.MAC{2, 0, 0, 0, 9, 9}), mx.Config{})
 	foreign := &gateway.MXTransport{EP: ep, Resolve: func(netip.Addr) (mx.Addr, error) { return d.cfg.EP.Addr(), nil }}
-	fs, err := foreign.Dial(ctx, netip.MustParseAddr("10.9.0.9"), dst, nil)
+	fs, err := foreign.Dial(ctx, netip.MustParseAddr("10.9.0.9"), dst, header.ResumeID{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

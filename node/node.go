@@ -22,6 +22,11 @@
 // node becomes a TCP connection to the rank's port from the daemon's
 // loopback address, which the shim takes for a gateway's and asks about
 // (PEER_QUERY): the daemon translates the query into the gateway's terms.
+//
+// Between two sites whose gateways both deliver to node daemons, a rank's
+// connection is resumable (resume.go): the two daemons frame its bytes
+// and keep what the other has not acknowledged, so it outlives the
+// gateway hosts that carry it.
 package node
 
 import (
@@ -78,7 +83,20 @@ type Config struct {
 	// DialTimeout bounds a connect to a rank's port, and the stream open
 	// of a rank's connection over all the gateways tried (default 5 s).
 	DialTimeout time.Duration
-	Log         *slog.Logger
+	// NoResume opens plain streams: a rank's connection then ends with
+	// the gateway hosts that carry it. By default the daemon asks for a
+	// resumable one (resume.go), which the gateways grant when the far
+	// site's gateways deliver to node daemons too.
+	NoResume bool
+	// ResumeWindow bounds the bytes of a resumable connection sent and not
+	// yet acknowledged by the other daemon, per direction (default 8 MiB):
+	// what it can resend, and the most it has in flight end to end.
+	ResumeWindow int
+	// Hold is how long a resumable connection whose stream broke waits for
+	// another: the opening daemon keeps trying the site's gateways, the
+	// accepting one holds the rank's socket (default 30 s).
+	Hold time.Duration
+	Log  *slog.Logger
 }
 
 func (c *Config) defaults() {
@@ -90,6 +108,12 @@ func (c *Config) defaults() {
 	}
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = 5 * time.Second
+	}
+	if c.ResumeWindow <= 0 {
+		c.ResumeWindow = 8 << 20
+	}
+	if c.Hold <= 0 {
+		c.Hold = 30 * time.Second
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -111,6 +135,12 @@ type Daemon struct {
 	// order spreads new connections over cfg.Gateways, as the shim does
 	// over TCP gateways.
 	order spread.Order
+
+	// sessions are the resumable connections this daemon accepted, by id,
+	// for the streams that resume them.
+	sessMu   sync.Mutex
+	sessions map[header.ResumeID]*session
+	resumes  atomic.Int64
 
 	wg sync.WaitGroup
 }
@@ -144,8 +174,12 @@ func New(cfg Config) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen %v: %w", cfg.Listen, err)
 	}
-	return &Daemon{cfg: cfg, ln: ln, in: map[netip.AddrPort]inbound{}}, nil
+	return &Daemon{cfg: cfg, ln: ln, in: map[netip.AddrPort]inbound{}, sessions: map[header.ResumeID]*session{}}, nil
 }
+
+// Resumes counts the streams that took over a resumable connection
+// after its stream broke, at either end.
+func (d *Daemon) Resumes() int64 { return d.resumes.Load() }
 
 // Addr is the loopback address the daemon listens on.
 func (d *Daemon) Addr() netip.AddrPort { return d.ln.Addr().(*net.TCPAddr).AddrPort() }
@@ -275,26 +309,75 @@ func (d *Daemon) fromRank(ctx context.Context, c *net.TCPConn) {
 		return
 	}
 	o.Src = src
+	if !d.cfg.NoResume {
+		o.Resume = newResumeID()
+	}
 	if body, err = header.AppendOpen(nil, &o); err != nil {
 		reset(c)
 		return
 	}
 	first := header.AppendFrame(nil, header.TypeOpen, h.Stream, body)
-	s, gw, err := d.dial(ctx, src)
+	open := func(ctx context.Context) (*mx.Stream, bool, error) {
+		resumable := false
+		s, gw, err := d.dial(ctx, src, func(s *mx.Stream) error {
+			if _, err := s.Write(first); err != nil {
+				return err
+			}
+			if !o.Resume.IsZero() {
+				// A gateway that dies before it answers is passed over
+				// like one that does not open: the same id then opens
+				// the connection, or takes it over if the far daemon
+				// got the first OPEN.
+				var err error
+				resumable, err = d.readVerdict(s)
+				return err
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, false, err
+		}
+		d.cfg.Log.Debug("stream to the gateway", "gateway", d.cfg.Gateways[gw].LAN.String(), "src", src.String(), "dst", o.Dst.String(), "resumable", resumable)
+		return s, resumable, nil
+	}
+	s, resumable, err := open(ctx)
 	if err != nil {
 		d.cfg.Log.Warn("no gateway reachable over MX", "remote", remote.String(), "err", err)
 		reset(c)
 		return
 	}
-	d.cfg.Log.Debug("stream to the gateway", "gateway", d.cfg.Gateways[gw].LAN.String(), "src", src.String(), "dst", o.Dst.String())
-	if _, err := s.Write(first); err != nil {
-		s.Abort()
-		reset(c)
+	if resumable {
+		ss := d.newSession(o.Resume, c, true)
+		ss.redial = func(ctx context.Context) (*mx.Stream, error) {
+			s, ok, err := open(ctx)
+			if err == nil && !ok {
+				s.Abort()
+				err = errors.New("the gateway can no longer carry the connection resumably")
+			}
+			return s, err
+		}
+		ss.open(s)
+		ss.run(ctx)
 		return
 	}
 	// The daemon's end ends every connection it carries.
 	defer context.AfterFunc(ctx, func() { s.Abort(); reset(c) })()
 	splice(c, s)
+}
+
+// readVerdict reads the gateway's answer to an OPEN with a resume id: an
+// OPEN_REPLY whose one byte says whether the stream goes on resumable.
+func (d *Daemon) readVerdict(s *mx.Stream) (bool, error) {
+	t := time.AfterFunc(d.cfg.DialTimeout, func() { s.Abort() })
+	defer t.Stop()
+	h, body, err := header.ReadOne(s, 16)
+	if err == nil && (h.Type != header.TypeOpenReply || body[0] > 1) {
+		err = fmt.Errorf("gateway answered a resumable OPEN with %v %x, not OPEN_REPLY 0 or 1", h.Type, body)
+	}
+	if err != nil {
+		return false, err
+	}
+	return body[0] == 1, nil
 }
 
 // gatewayOrder is the order in which a new connection tries the site's
@@ -304,9 +387,10 @@ func (d *Daemon) gatewayOrder() []int { return d.order.Next(len(d.cfg.Gateways))
 // dial opens a stream from the rank's end src to one of the site's
 // gateways, in gatewayOrder, trying the next when one fails, all within
 // DialTimeout: each attempt gets an equal share of what is left, so a
-// gateway that does not answer leaves time for the others. It returns
-// the stream and its gateway's index, or the last error.
-func (d *Daemon) dial(ctx context.Context, src netip.AddrPort) (*mx.Stream, int, error) {
+// gateway that does not answer leaves time for the others. then, if not
+// nil, runs on each opened stream; its error counts as the gateway's. It
+// returns the stream and its gateway's index, or the last error.
+func (d *Daemon) dial(ctx context.Context, src netip.AddrPort, then func(*mx.Stream) error) (*mx.Stream, int, error) {
 	order := d.gatewayOrder()
 	deadline := time.Now().Add(d.cfg.DialTimeout)
 	var err error
@@ -316,7 +400,13 @@ func (d *Daemon) dial(ctx context.Context, src netip.AddrPort) (*mx.Stream, int,
 			break
 		}
 		var s *mx.Stream
-		if s, err = d.dialOne(ctx, i, src, left/time.Duration(len(order)-k)); err == nil {
+		if s, err = d.dialOne(ctx, i, src, left/time.Duration(len(order)-k)); err == nil && then != nil {
+			if err = then(s); err != nil {
+				s.Abort()
+				err = fmt.Errorf("gateway %v: %w", d.cfg.Gateways[i].LAN, err)
+			}
+		}
+		if err == nil {
 			d.order.Succeeded(i)
 			return s, i, nil
 		}
@@ -613,7 +703,7 @@ func (cc *ctlConn) open(ctx context.Context, targets []int) {
 // fromGateway connects a stream a gateway opened to the rank's port it
 // names, from the daemon's loopback address.
 func (d *Daemon) fromGateway(ctx context.Context, s *mx.Stream) {
-	from, to, err := header.ParseEndpointPair(s.Meta)
+	from, to, id, err := header.ParseStreamMeta(s.Meta)
 	from, to = unmap(from), unmap(to)
 	gw := slices.IndexFunc(d.cfg.Gateways, func(g Gateway) bool { return g.MX == s.Peer() })
 	if err == nil && gw < 0 {
@@ -627,6 +717,25 @@ func (d *Daemon) fromGateway(ctx context.Context, s *mx.Stream) {
 		s.Abort()
 		return
 	}
+	if !id.IsZero() {
+		d.acceptResumable(ctx, s, from, to, gw, id)
+		return
+	}
+	c, done, err := d.dialRank(ctx, from, to, gw)
+	if err != nil {
+		d.cfg.Log.Info("rank port unreachable", "dst", to.String(), "err", err)
+		s.Abort()
+		return
+	}
+	defer done()
+	defer context.AfterFunc(ctx, func() { s.Abort(); reset(c) })()
+	splice(c, s)
+}
+
+// dialRank connects to the rank's port to for a stream from the gateway
+// gw, whose far end is from; done forgets the connection's PEER_QUERY
+// record once it has ended.
+func (d *Daemon) dialRank(ctx context.Context, from, to netip.AddrPort, gw int) (*net.TCPConn, func(), error) {
 	var local netip.AddrPort
 	dl := net.Dialer{Timeout: d.cfg.DialTimeout, Control: func(_, _ string, rc syscall.RawConn) error {
 		// Bind and record the daemon's end before connect, so the rank's
@@ -648,28 +757,26 @@ func (d *Daemon) fromGateway(ctx context.Context, s *mx.Stream) {
 		}
 		return err
 	}}
-	defer func() {
+	done := func() {
 		if local.IsValid() {
 			d.inMu.Lock()
 			delete(d.in, local)
 			d.inMu.Unlock()
 		}
-	}()
+	}
 	network := "tcp4"
 	if !to.Addr().Is4() {
 		network = "tcp6"
 	}
 	c0, err := dl.DialContext(ctx, network, to.String())
 	if err != nil {
-		d.cfg.Log.Info("rank port unreachable", "dst", to.String(), "err", err)
-		s.Abort()
-		return
+		done()
+		return nil, nil, err
 	}
 	c := c0.(*net.TCPConn)
 	c.SetNoDelay(true)
 	c.SetLinger(0) // until a graceful close: see closeGracefully
-	defer context.AfterFunc(ctx, func() { s.Abort(); reset(c) })()
-	splice(c, s)
+	return c, done, nil
 }
 
 // splice copies both ways until both directions end. An end of file is

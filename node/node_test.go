@@ -23,7 +23,7 @@ var (
 
 // endpoint starts an MX engine on link and opens the gateways' endpoint
 // number on it; the engine closes when the test ends.
-func endpoint(t *testing.T, link mx.Link, cfg mx.Config) *mx.Endpoint {
+func endpoint(t testing.TB, link mx.Link, cfg mx.Config) *mx.Endpoint {
 	t.Helper()
 	e, err := mx.New(link, cfg)
 	if err != nil {
@@ -48,8 +48,18 @@ func lan(t *testing.T, loss float64) (*Daemon, *gateway.MXTransport) {
 	for _, mac := range []mx.MAC{{2, 0, 0, 0, 9, 1}, {2, 0, 0, 0, 9, 2}} {
 		eps = append(eps, endpoint(t, hub.Attach(mac), mx.Config{}))
 	}
-	d, err := New(Config{Addr: nodeAddr, Listen: netip.MustParseAddrPort("127.0.0.2:0"),
+	d := startDaemon(t, Config{Addr: nodeAddr, NoResume: true, Listen: netip.MustParseAddrPort("127.0.0.2:0"),
 		Gateways: []Gateway{{LAN: gwLAN, MX: eps[0].Addr()}}, EP: eps[1], MaxConns: 64})
+	tr := &gateway.MXTransport{EP: eps[0], Resolve: func(a netip.Addr) (mx.Addr, error) {
+		return eps[1].Addr(), nil
+	}}
+	return d, tr
+}
+
+// startDaemon runs a daemon of cfg until the test ends.
+func startDaemon(t testing.TB, cfg Config) *Daemon {
+	t.Helper()
+	d, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,10 +67,7 @@ func lan(t *testing.T, loss float64) (*Daemon, *gateway.MXTransport) {
 	done := make(chan struct{})
 	go func() { d.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	tr := &gateway.MXTransport{EP: eps[0], Resolve: func(a netip.Addr) (mx.Addr, error) {
-		return eps[1].Addr(), nil
-	}}
-	return d, tr
+	return d
 }
 
 func addrPort(a net.Addr) netip.AddrPort {
@@ -147,7 +154,7 @@ func TestFromGateway(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var gwEnd netip.AddrPort
-	s, err := tr.Dial(ctx, gwLAN.Addr(), dst, func(ap netip.AddrPort) { gwEnd = ap })
+	s, err := tr.Dial(ctx, gwLAN.Addr(), dst, header.ResumeID{}, func(ap netip.AddrPort) { gwEnd = ap })
 	if err != nil {
 		t.Fatal(err)
 	}

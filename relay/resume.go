@@ -364,6 +364,12 @@ func (l *Link) broke(gen uint64, err error) {
 	case l.rs.breaks <- struct{}{}:
 	default:
 	}
+	if ss := l.t.broken(l); len(ss) > 0 {
+		for _, s := range ss {
+			s.Reset(header.CodeLinkLost)
+		}
+		l.log.Info("streams that resume without the link reset", "peer", l.peer.Name, "link", l.index, "streams", len(ss))
+	}
 }
 
 // Break ends the link's connection as a failure would, so that a new one

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -290,12 +291,7 @@ func TestResumeWithin(t *testing.T) {
 	echo := testnet.Serve(t, loopback, func(c *net.TCPConn) { io.Copy(c, c); c.Close() })
 	app, _ := openVia(t, as[0], echo)
 	defer app.Close()
-	if _, err := app.Write([]byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(app, make([]byte, 1)); err != nil {
-		t.Fatal(err)
-	}
+	echoByte(t, app, 'x')
 	kill(as[0])
 	waitDown(t, as[0], bs[0])
 	select {
@@ -341,14 +337,72 @@ func TestResumeMismatch(t *testing.T) {
 	}
 }
 
-// testLogger logs the links' failures through t.
+// testLogger logs the links' failures through t until t's cleanups run;
+// a link torn down after that (its goroutines outlive the test by a few
+// steps) writes to stderr, since t.Log after the test has ended races
+// with the testing package marking it done.
 func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	w := &testWriter{t: t}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		w.ended = true
+		w.mu.Unlock()
+	})
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
-type testWriter struct{ t testing.TB }
+type testWriter struct {
+	t     testing.TB
+	mu    sync.Mutex
+	ended bool
+}
 
-func (w testWriter) Write(p []byte) (int, error) {
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended {
+		return os.Stderr.Write(p)
+	}
 	w.t.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+// TestResetOnBreak: a break of a resuming link resets at once the streams
+// marked ResetOnBreak, whose ends carry them on by another way, while the
+// others wait for the link and go on after it resumes.
+func TestResetOnBreak(t *testing.T) {
+	cfg := Config{PingInterval: 20 * time.Millisecond, ResumeWithin: time.Minute}
+	_, _, as, bs := resumingPair(t, cfg, 1)
+	echo := testnet.Serve(t, loopback, func(c *net.TCPConn) { io.Copy(c, c); c.Close() })
+	marked, ms := openVia(t, as[0], echo)
+	defer marked.Close()
+	kept, _ := openVia(t, as[0], echo)
+	defer kept.Close()
+	ms.ResetOnBreak()
+	echoByte(t, marked, 'x')
+	echoByte(t, kept, 'x')
+	kill(as[0])
+	waitDown(t, as[0], bs[0])
+	marked.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := marked.Read(make([]byte, 1)); !isReset(err) {
+		t.Fatalf("marked stream read %v while its link waits to resume, want a reset", err)
+	}
+	if err := resume(t, cfg, as[0], bs[0]); err != nil {
+		t.Fatal(err)
+	}
+	kept.SetDeadline(time.Now().Add(5 * time.Second))
+	echoByte(t, kept, 'y')
+}
+
+// echoByte sends c through a stream to an echo server and checks it comes
+// back.
+func echoByte(t *testing.T, app *net.TCPConn, c byte) {
+	t.Helper()
+	if _, err := app.Write([]byte{c}); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 1)
+	if _, err := io.ReadFull(app, b); err != nil || b[0] != c {
+		t.Fatalf("echo of %q: %q, %v", c, b, err)
+	}
 }

@@ -187,6 +187,21 @@ func (t *Trunk) all() []*Stream {
 	return ss
 }
 
+// broken returns the streams marked ResetOnBreak that the broken link l
+// homes or that used it.
+func (t *Trunk) broken(l *Link) []*Stream {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var ss []*Stream
+	bit := uint64(1) << l.index
+	for _, s := range t.streams {
+		if s.resetOnBreak.Load() && (s.l == l || s.used.Load()&bit != 0) {
+			ss = append(ss, s)
+		}
+	}
+	return ss
+}
+
 // down takes the failed link l out and returns the streams it breaks: those
 // it homes, and (in a trunk) those that have sent or received DATA on it,
 // since bytes of theirs may be lost with it.

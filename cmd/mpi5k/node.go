@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -44,6 +45,10 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	listen := fs.String("listen", "", "loopback address the ranks' shims connect to, the value of their MPI5K_NODE, e.g. 127.0.0.1:5070 (required)")
 	maxConns := 4096
 	fs.Var(cli.IntRange{P: &maxConns, Min: 1, Max: 1 << 20}, "max-conns", "connections carried at once, both directions; more are reset")
+	resume := fs.Bool("resume", true, "ask for resumable connections, which outlive the gateway hosts that carry them when the far site's gateways deliver to node daemons too (docs/failures.md); --resume=false: plain streams")
+	window, hold := 8<<20, 30*time.Second
+	fs.Var(&cli.Size{P: &window, Min: 64 << 10, Max: 1 << 30}, "resume-window", "bytes a resumable connection keeps per direction until the far daemon acknowledges them: what it can resend, and the most it has in flight end to end")
+	fs.Var(cli.Duration{P: &hold}, "resume-hold", "how long a resumable connection whose stream broke waits for another before its rank's socket is reset")
 	logLevel := "info"
 	fs.Var(cli.Choice{P: &logLevel, Words: []string{"debug", "info", "warn", "error"}}, "log-level", "debug, info, warn or error")
 	showVersion := fs.Bool("version", false, "print the version and exit")
@@ -79,7 +84,10 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	var level slog.Level
 	level.UnmarshalText([]byte(logLevel)) // a word cli.Choice took
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	cfg := node.Config{Listen: ln, MaxConns: maxConns, Log: log}
+	if hold <= 0 {
+		return cmd.Usagef("--resume-hold %v: want a positive duration, e.g. 30s", hold)
+	}
+	cfg := node.Config{Listen: ln, MaxConns: maxConns, Log: log, NoResume: !*resume, ResumeWindow: window, Hold: hold}
 	closeMX, err := node.Open(&cfg, *lanIf, m, *site)
 	if err != nil {
 		return cmd.Failf("%v", err)
