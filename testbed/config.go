@@ -61,6 +61,11 @@ type Config struct {
 	// MTU. The sites' bridges and the emulator then take frames this size.
 	CrossMTU    int
 	GatewayNICs int // 1 (LAN leg only, default) or 2 (LAN + WAN leg)
+	// Gateways is the number of gateway hosts per site (default 1, at most
+	// MaxGateways): gw.<site>, gw2.<site>, ..., each on the site's LAN (and
+	// with GatewayNICs 2 on the WAN) as the first one, and listed in the
+	// site map as the site's gateways.
+	Gateways int
 	// HostCC is the default TCP congestion control of every lab host's
 	// namespace ("" keeps the machine's). The ranks' direct connections use
 	// it, so it decides what "without gateways" means: a cluster's nodes
@@ -80,6 +85,9 @@ const DefaultName = "mpi5k"
 const (
 	maxSites = 50
 	maxNodes = 80
+	// MaxGateways is the most gateway hosts a lab site may have: their
+	// LAN addresses .2 to .9 stay below the nodes' .11.
+	MaxGateways = 8
 	// minQueue keeps the queue able to hold a few packets even when the BDP is
 	// tiny (zero delay would otherwise drop every packet).
 	minQueueFloor = 64 * 1024
@@ -172,6 +180,12 @@ func (c *Config) Normalize() error {
 	if c.GatewayNICs != 1 && c.GatewayNICs != 2 {
 		return fmt.Errorf("gateway-nics: must be 1 or 2, got %d", c.GatewayNICs)
 	}
+	if c.Gateways == 0 {
+		c.Gateways = 1
+	}
+	if c.Gateways < 1 || c.Gateways > MaxGateways {
+		return fmt.Errorf("gateways: need 1..%d gateway hosts per site, got %d", MaxGateways, c.Gateways)
+	}
 	if c.HostCC == "system" {
 		c.HostCC = ""
 	}
@@ -185,6 +199,12 @@ func (c *Config) Normalize() error {
 		return fmt.Errorf("queue: %d bytes cannot hold two %d-byte packets", c.Queue, c.LinkMTU())
 	}
 	return c.normalizePairs()
+}
+
+// GatewaysPerSite is the number of gateway hosts of each site: Gateways,
+// or 1 for a state saved before the field existed.
+func (c *Config) GatewaysPerSite() int {
+	return max(c.Gateways, 1)
 }
 
 // LinkMTU is the largest packet the lab's routers and WAN emulator carry:

@@ -112,14 +112,24 @@ func (l *Lab) Hosts(site string, gateways bool) []string {
 	return out
 }
 
-// Gateway is the gateway host of site ("" if the site is unknown).
+// Gateway is the (first) gateway host of site ("" if the site is unknown).
 func (l *Lab) Gateway(site string) string {
-	for _, h := range l.hosts {
-		if h.Kind == kindGateway && h.Site == site {
-			return h.Name
-		}
+	if gws := l.Gateways(site); len(gws) > 0 {
+		return gws[0]
 	}
 	return ""
+}
+
+// Gateways lists the gateway hosts of site in order: gw.<site>, then
+// gw2.<site>... (lab up --gateways); none if the site is unknown.
+func (l *Lab) Gateways(site string) []string {
+	var out []string
+	for _, h := range l.hosts {
+		if h.Kind == kindGateway && h.Site == site {
+			out = append(out, h.Name)
+		}
+	}
+	return out
 }
 
 // ExtraHosts lists the traffic hosts (x-1.<site>) used by Cross.
@@ -176,7 +186,9 @@ const resolvConf = "# mpi5k lab: names resolve through the lab's /etc/hosts only
 func (l *Lab) AgentDir() string { return filepath.Join(l.dir, "bin") }
 
 // GatewaysEnv is the MPI5K_GATEWAYS value for this lab.
-func (l *Lab) GatewaysEnv() string { return gatewaysEnv(l.st.Config.Sites) }
+func (l *Lab) GatewaysEnv() string {
+	return gatewaysEnv(l.st.Config.Sites, l.st.Config.GatewaysPerSite())
+}
 
 // OneWayDelay is the delay the emulator applies per direction after
 // subtracting the measured cost of the path itself.

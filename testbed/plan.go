@@ -7,9 +7,10 @@ import (
 )
 
 // Address plan (addresses may repeat between labs: each lab lives in its own
-// namespaces). Site k (1-based): LAN 10.77.k.0/24, router .1, gateway .2,
-// node-i .(10+i), extra (traffic) host x-j .(200+j). A gateway's WAN leg
-// (--gateway-nics 2) is 10.78.k.2/24 with the router at 10.78.k.1.
+// namespaces). Site k (1-based): LAN 10.77.k.0/24, router .1, gateway j
+// (gw.<site>, then gw2.<site> ... with --gateways) .(1+j), node-i .(10+i),
+// extra (traffic) host x-j .(200+j). A gateway's WAN leg (--gateway-nics 2)
+// is 10.78.k.(1+j)/24 with the router at 10.78.k.1.
 const (
 	// LANCIDR covers every site LAN; MPI libraries can be told to use it.
 	LANCIDR = "10.77.0.0/16"
@@ -38,7 +39,7 @@ type hostPlan struct {
 	Site    string
 	SiteIdx int // 1-based
 	Kind    hostKind
-	Index   int // node or extra index, 1-based
+	Index   int // node, gateway or extra index, 1-based
 	LAN     netip.Addr
 	WAN     netip.Addr // valid only for a 2-NIC gateway
 	RtrPort string     // router-side veth name of the LAN leg
@@ -70,8 +71,25 @@ func nsName(lab, host string) string { return lab + "-" + host }
 // routerNS is the namespace holding the bridges, TUN devices and routing.
 func routerNS(lab string) string { return lab + "-wan" }
 
+// gatewaySuffix tells gateway host j of a site apart: "" for the first,
+// then "2", "3"...
+func gatewaySuffix(j int) string {
+	if j == 1 {
+		return ""
+	}
+	return fmt.Sprint(j)
+}
+
+// gatewayName is the name of gateway host j (1-based) of site: gw.<site>,
+// gw2.<site>, ...
+func gatewayName(site string, j int) string { return "gw" + gatewaySuffix(j) + "." + site }
+
+// gatewayWANName is the name of the WAN leg of gateway host j of site in
+// the hosts file: gw-wan.<site>, gw2-wan.<site>, ...
+func gatewayWANName(site string, j int) string { return "gw" + gatewaySuffix(j) + "-wan." + site }
+
 // planHosts lists every host of a normalized config: per site the nodes, the
-// gateway, then the extra hosts.
+// gateways, then the extra hosts.
 func planHosts(c *Config) []hostPlan {
 	var hs []hostPlan
 	for i, s := range c.Sites {
@@ -80,13 +98,15 @@ func planHosts(c *Config) []hostPlan {
 			hs = append(hs, hostPlan{Name: fmt.Sprintf("node-%d.%s", n, s), Site: s, SiteIdx: k, Kind: kindNode,
 				Index: n, LAN: addr4(10, 77, k, 10+n), RtrPort: fmt.Sprintf("v%dn%d", k, n)})
 		}
-		g := hostPlan{Name: "gw." + s, Site: s, SiteIdx: k, Kind: kindGateway, LAN: addr4(10, 77, k, 2),
-			RtrPort: fmt.Sprintf("v%dg", k)}
-		if c.GatewayNICs == 2 {
-			g.WAN = addr4(10, 78, k, 2)
-			g.RtrWAN = fmt.Sprintf("w%dg", k)
+		for j := 1; j <= c.GatewaysPerSite(); j++ {
+			g := hostPlan{Name: gatewayName(s, j), Site: s, SiteIdx: k, Kind: kindGateway, Index: j,
+				LAN: addr4(10, 77, k, 1+j), RtrPort: fmt.Sprintf("v%dg%s", k, gatewaySuffix(j))}
+			if c.GatewayNICs == 2 {
+				g.WAN = addr4(10, 78, k, 1+j)
+				g.RtrWAN = fmt.Sprintf("w%dg%s", k, gatewaySuffix(j))
+			}
+			hs = append(hs, g)
 		}
-		hs = append(hs, g)
 		for x := 1; x <= extraHosts; x++ {
 			hs = append(hs, hostPlan{Name: fmt.Sprintf("x-%d.%s", x, s), Site: s, SiteIdx: k, Kind: kindExtra,
 				Index: x, LAN: addr4(10, 77, k, 200+x), RtrPort: fmt.Sprintf("v%dx%d", k, x)})
@@ -105,27 +125,34 @@ func hostsFile(c *Config, hs []hostPlan) string {
 		// Only full names: short names (node-1) repeat across sites.
 		fmt.Fprintf(&b, "%s\t%s\n", h.LAN, h.Name)
 		if h.WAN.IsValid() {
-			fmt.Fprintf(&b, "%s\t%s\n", h.WAN, "gw-wan."+h.Site)
+			fmt.Fprintf(&b, "%s\t%s\n", h.WAN, gatewayWANName(h.Site, h.Index))
 		}
 	}
 	return b.String()
 }
 
-// siteMap renders the site map (sitemap text format): one `site`, one `net`
-// per site LAN, one `host` per lab host.
+// siteMap renders the site map (sitemap text format): one `site` per site
+// (its first gateway host) with a `gateway` record per further gateway
+// host, one `net` per site LAN, one `host` per lab host.
 func siteMap(c *Config, hs []hostPlan) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# mpi5k site map of lab %s (written by `mpi5k lab up`)\n", c.Name)
-	fmt.Fprintf(&b, "# rtt=%v wan-rate=%d bit/s loss=%g gateway-nics=%d\n", c.RTT, c.WANRate, c.Loss, c.GatewayNICs)
+	fmt.Fprintf(&b, "# rtt=%v wan-rate=%d bit/s loss=%g gateway-nics=%d gateways=%d\n", c.RTT, c.WANRate, c.Loss, c.GatewayNICs, c.GatewaysPerSite())
 	for i, s := range c.Sites {
 		k := i + 1
-		lan := addr4(10, 77, k, 2)
-		wan := lan
-		if c.GatewayNICs == 2 {
-			wan = addr4(10, 78, k, 2)
+		for j := 1; j <= c.GatewaysPerSite(); j++ {
+			lan := addr4(10, 77, k, 1+j)
+			wan := lan
+			if c.GatewayNICs == 2 {
+				wan = addr4(10, 78, k, 1+j)
+			}
+			lanAP, wanAP := netip.AddrPortFrom(lan, GatewayLANPort), netip.AddrPortFrom(wan, GatewayWANPort)
+			if j == 1 {
+				fmt.Fprintf(&b, "site %s id=%d lan=%s wan=%s\n", s, k, lanAP, wanAP)
+			} else {
+				fmt.Fprintf(&b, "gateway %s lan=%s wan=%s\n", s, lanAP, wanAP)
+			}
 		}
-		fmt.Fprintf(&b, "site %s id=%d lan=%s wan=%s\n", s, k,
-			netip.AddrPortFrom(lan, GatewayLANPort), netip.AddrPortFrom(wan, GatewayWANPort))
 	}
 	for i, s := range c.Sites {
 		fmt.Fprintf(&b, "net %s %s\n", s, siteLAN(i+1))
@@ -140,11 +167,17 @@ func siteMap(c *Config, hs []hostPlan) string {
 	return b.String()
 }
 
-// gatewaysEnv is the MPI5K_GATEWAYS value: site1=gw.site1,site2=gw.site2.
-func gatewaysEnv(sites []string) string {
+// gatewaysEnv is the MPI5K_GATEWAYS value: site1=gw.site1,site2=gw.site2,
+// and with n gateway hosts per site site1=gw.site1,gw2.site1,... (the form
+// mpi5k run's --gateway takes: a host without SITE= is the site's before).
+func gatewaysEnv(sites []string, n int) string {
 	parts := make([]string, len(sites))
 	for i, s := range sites {
-		parts[i] = s + "=gw." + s
+		hosts := make([]string, max(n, 1))
+		for j := range hosts {
+			hosts[j] = gatewayName(s, j+1)
+		}
+		parts[i] = s + "=" + strings.Join(hosts, ",")
 	}
 	return strings.Join(parts, ",")
 }

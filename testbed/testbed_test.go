@@ -1,9 +1,11 @@
 package testbed
 
 import (
+	"fmt"
 	"maps"
 	"math"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -95,7 +97,7 @@ func TestNormalize(t *testing.T) {
 	if err := c.Normalize(); err != nil {
 		t.Fatal(err)
 	}
-	if c.Name != "mpi5k" || len(c.Sites) != 2 || c.Nodes != 2 || c.MTU != 1500 || c.GatewayNICs != 1 || c.HostCC != "" {
+	if c.Name != "mpi5k" || len(c.Sites) != 2 || c.Nodes != 2 || c.MTU != 1500 || c.GatewayNICs != 1 || c.Gateways != 1 || c.HostCC != "" {
 		t.Errorf("defaults: %+v", c)
 	}
 	if c := (Config{HostCC: "system"}); c.Normalize() != nil || c.HostCC != "" {
@@ -120,6 +122,8 @@ func TestNormalize(t *testing.T) {
 		{Config{Loss: 2}, "loss"},
 		{Config{MTU: 100}, "mtu"},
 		{Config{GatewayNICs: 3}, "gateway-nics"},
+		{Config{Gateways: -1}, "gateways: need 1..8"},
+		{Config{Gateways: MaxGateways + 1}, "gateways: need 1..8"},
 		{Config{Queue: 100}, "queue"},
 		{Config{RTT: -time.Second}, "rtt"},
 		{Config{HostCC: "Cubic;rm"}, "host-cc"},
@@ -182,8 +186,70 @@ func TestPlanAndSiteMap(t *testing.T) {
 			}
 		}
 	}
-	if g := gatewaysEnv([]string{"site1", "site2"}); g != "site1=gw.site1,site2=gw.site2" {
+	if g := gatewaysEnv([]string{"site1", "site2"}, 1); g != "site1=gw.site1,site2=gw.site2" {
 		t.Errorf("gatewaysEnv = %q", g)
+	}
+}
+
+// TestPlanSeveralGateways: lab up --gateways 3 gives each site gw, gw2 and
+// gw3 on its LAN (.2, .3, .4) and WAN legs, each with router ports of its
+// own; the site map lists the first in the site record and the others as
+// gateway records; MPI5K_GATEWAYS names all three per site; a state saved
+// before the field (Gateways 0) plans one gateway.
+func TestPlanSeveralGateways(t *testing.T) {
+	c := Config{Name: "t", Sites: []string{"lyon", "rennes"}, Nodes: 2, GatewayNICs: 2, Gateways: 3}
+	if err := c.Normalize(); err != nil {
+		t.Fatal(err)
+	}
+	hs := planHosts(&c)
+	var gws []string
+	ports := map[string]bool{}
+	for _, h := range hs {
+		for _, p := range []string{h.RtrPort, h.RtrWAN} {
+			if p != "" && ports[p] {
+				t.Errorf("router port %s given twice", p)
+			}
+			ports[p] = true
+		}
+		if h.Kind == kindGateway && h.Site == "rennes" {
+			gws = append(gws, fmt.Sprintf("%s %s %s %s %s", h.Name, h.LAN, h.WAN, h.RtrPort, h.RtrWAN))
+		}
+	}
+	want := []string{"gw.rennes 10.77.2.2 10.78.2.2 v2g w2g", "gw2.rennes 10.77.2.3 10.78.2.3 v2g2 w2g2", "gw3.rennes 10.77.2.4 10.78.2.4 v2g3 w2g3"}
+	if !slices.Equal(gws, want) {
+		t.Errorf("gateways of rennes:\n%q\nwant\n%q", gws, want)
+	}
+	text := siteMap(&c, hs)
+	m, err := sitemap.Parse(strings.NewReader(text), "sites.conf")
+	if err != nil {
+		t.Fatalf("site map does not parse: %v\n%s", err, text)
+	}
+	rennes, _ := m.Site("rennes")
+	var got []string
+	for _, g := range rennes.Gateways {
+		got = append(got, g.LAN.String()+" "+g.WAN.String())
+	}
+	if want := []string{"10.77.2.2:5000 10.78.2.2:5001", "10.77.2.3:5000 10.78.2.3:5001", "10.77.2.4:5000 10.78.2.4:5001"}; !slices.Equal(got, want) {
+		t.Errorf("site map gateways of rennes %q, want %q\n%s", got, want, text)
+	}
+	hf := hostsFile(&c, hs)
+	for _, line := range []string{"10.77.2.3\tgw2.rennes\n", "10.78.2.3\tgw2-wan.rennes\n", "10.78.1.4\tgw3-wan.lyon\n"} {
+		if !strings.Contains(hf, line) {
+			t.Errorf("hosts file lacks %q:\n%s", line, hf)
+		}
+	}
+	if g := gatewaysEnv(c.Sites, c.Gateways); g != "lyon=gw.lyon,gw2.lyon,gw3.lyon,rennes=gw.rennes,gw2.rennes,gw3.rennes" {
+		t.Errorf("gatewaysEnv = %q", g)
+	}
+	old := Config{Name: "t", Sites: []string{"a", "b"}, Nodes: 1}
+	n := 0
+	for _, h := range planHosts(&old) {
+		if h.Kind == kindGateway {
+			n++
+		}
+	}
+	if n != 2 {
+		t.Errorf("a config without Gateways plans %d gateway hosts, want 2 (one per site)", n)
 	}
 }
 

@@ -281,11 +281,29 @@ func (l *Lab) buildHost(rh *netlink.Handle, h *hostPlan, bridgeIdx int) error {
 		if err := rh.LinkAdd(w); err != nil {
 			return fmt.Errorf("veth %s: %w", h.RtrWAN, err)
 		}
-		if err := addAddr(rh, h.RtrWAN, netip.PrefixFrom(routerWAN(h.SiteIdx), 24)); err != nil {
+		// The router's end of the first gateway's WAN leg holds the
+		// site's WAN subnet; a further gateway's (lab up --gateways) holds
+		// the same router address alone, with a route to that gateway:
+		// two interfaces on one subnet would send its packets to either.
+		rtrBits := 24
+		if h.Index > 1 {
+			rtrBits = 32
+		}
+		if err := addAddr(rh, h.RtrWAN, netip.PrefixFrom(routerWAN(h.SiteIdx), rtrBits)); err != nil {
 			return err
 		}
 		if err := linkUp(rh, h.RtrWAN); err != nil {
 			return err
+		}
+		if h.Index > 1 {
+			rw, err := rh.LinkByName(h.RtrWAN)
+			if err != nil {
+				return err
+			}
+			if err := rh.RouteAdd(&netlink.Route{LinkIndex: rw.Attrs().Index, Dst: ipNet(netip.PrefixFrom(h.WAN, 32)),
+				Scope: netlink.SCOPE_LINK}); err != nil {
+				return fmt.Errorf("route to %s: %w", h.WAN, err)
+			}
 		}
 		if err := addAddr(hh, "eth1", netip.PrefixFrom(h.WAN, 24)); err != nil {
 			return err
@@ -316,8 +334,10 @@ func (l *Lab) buildRouting(rh *netlink.Handle) error {
 	for i := range c.Sites {
 		k := i + 1
 		iifs := []string{bridgeName(k)}
-		if c.GatewayNICs == 2 {
-			iifs = append(iifs, fmt.Sprintf("w%dg", k))
+		for _, h := range l.hosts {
+			if h.SiteIdx == k && h.RtrWAN != "" {
+				iifs = append(iifs, h.RtrWAN)
+			}
 		}
 		for n, iif := range iifs {
 			r := netlink.NewRule()

@@ -27,7 +27,8 @@ const labUsage = `usage: mpi5k lab <subcommand> [--name L] [flags]
           [--lan-rate 1gbit] [--loss 0.1%] [--jitter 1ms] [--reorder 1% [--reorder-delay 5ms]]
           [--seed N] [--queue 1bdp|BYTES] [--mtu 1500] [--cross-mtu 9000] [--lan-loss 1%|SITE=1%,...]
           [--lan-reorder 1%|SITE=1%,... [--lan-reorder-delay 5ms]]
-          [--gateway-nics 1|2] [--matrix FILE (per-pair rtt/rate/loss; sets the sites)]
+          [--gateway-nics 1|2] [--gateways 1..8 (gateway hosts per site: gw, gw2, ...)]
+          [--matrix FILE (per-pair rtt/rate/loss; sets the sites)]
   exec    run a command inside a lab host:  mpi5k lab exec HOST -- CMD ARGS...
   hosts   list host names:  [--site S] [--gateways]
   cross   competing iperf3 TCP flows:  --from S1 --to S2 [--flows 1] [--duration 60s] | --stop
@@ -177,6 +178,7 @@ func labUp(args []string) error {
 	mtu := fs.Int("mtu", 1500, "MTU of every lab link")
 	crossMTU := fs.Int("cross-mtu", 0, "MTU of the traffic hosts (lab cross), up to 9000 (0: --mtu): competing flows in jumbo frames cost the user-space WAN emulator a sixth of the packets, so a small machine carries them beside a job; nodes and gateways keep --mtu")
 	gwNICs := fs.Int("gateway-nics", 1, "gateway interfaces: 1 (LAN) or 2 (LAN + WAN leg)")
+	gateways := fs.Int("gateways", 1, fmt.Sprintf("gateway hosts per site, 1..%d: gw.<site>, gw2.<site>, ... each listed in the site map and $MPI5K_GATEWAYS, so mpi5k run starts a gateway on every one", testbed.MaxGateways))
 	hostCC := fs.String("host-cc", "system", "default TCP congestion control of the lab's hosts, e.g. reno (loss-based, as a classic cluster node); system keeps the machine's")
 	matrix := fs.String("matrix", "", "distance matrix file: per-pair rtt, rate, loss, jitter, queue (testbed/README.md); its sites replace --sites, its pairs override the flags")
 	if err := parseNoArgs(fs, args); err != nil {
@@ -185,7 +187,7 @@ func labUp(args []string) error {
 	// Every mistake in these flags is a usage error.
 	c, err := func() (testbed.Config, error) {
 		c := testbed.Config{Name: *name, Nodes: *nodes, RTT: *rtt, Jitter: *jitter, MTU: *mtu, CrossMTU: *crossMTU, GatewayNICs: *gwNICs, HostCC: *hostCC,
-			ReorderDelay: *reorderDelay, Seed: *seed}
+			ReorderDelay: *reorderDelay, Seed: *seed, Gateways: *gateways}
 		var err error
 		if *matrix != "" && fs.Changed("sites") {
 			return c, fmt.Errorf("--sites and --matrix both given: the matrix file names the sites (drop --sites, or list the sites on the file's `sites` line)")
@@ -204,6 +206,9 @@ func labUp(args []string) error {
 		}
 		if *gwNICs != 1 && *gwNICs != 2 {
 			return c, fmt.Errorf("--gateway-nics: must be 1 or 2, got %d", *gwNICs)
+		}
+		if *gateways < 1 || *gateways > testbed.MaxGateways {
+			return c, fmt.Errorf("--gateways: need 1..%d gateway hosts per site, got %d", testbed.MaxGateways, *gateways)
 		}
 		if c.WANRate, err = testbed.ParseRate("wan-rate", *wanRate); err != nil {
 			return c, err
@@ -278,6 +283,9 @@ func labUp(args []string) error {
 		if f := cfg.SiteLANReorderOf(site); f > 0 {
 			fmt.Printf("LAN of %s: %g%% of IPv4 packets held back %v\n", site, f*100, cfg.LANReorderDelay)
 		}
+	}
+	if n := cfg.GatewaysPerSite(); n > 1 {
+		fmt.Printf("%d gateway hosts per site: %s, ... (mpi5k run starts a gateway on each)\n", n, strings.Join(l.Gateways(cfg.Sites[0]), ", "))
 	}
 	fmt.Printf("seed %d (repeat the random choices with --seed %d)\n", cfg.Seed, cfg.Seed)
 	if len(cfg.Pairs) > 0 {
