@@ -65,7 +65,13 @@ func startWrapped(t *testing.T, l *testbed.Lab, m chaosMPI, bin, dir, tag, secs 
 	if err := os.WriteFile(w.hf, []byte(m.hostfile), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	argv := append([]string{wrapScript(t), "--shared-fs", "--workdir", w.work}, m.argv(bin, w.hf, secs)...)
+	return w.start(t, l, dir, append([]string{wrapScript(t), "--shared-fs", "--workdir", w.work}, m.argv(bin, w.hf, secs)...))
+}
+
+// start runs argv (`mpi5k run …`) on node-1.site1 in dir; the test's end
+// stops it if it still runs.
+func (w *wrappedJob) start(t *testing.T, l *testbed.Lab, dir string, argv []string) *wrappedJob {
+	t.Helper()
 	w.cmd = l.Command("node-1.site1", argv[0], argv[1:]...)
 	w.cmd.Dir = dir
 	w.cmd.Stdout, w.cmd.Stderr = w.out, w.out

@@ -19,7 +19,9 @@ import (
 
 // ExitGatewayFailed is the wrapper's exit status when a gateway failed
 // while the job ran (its process exited, or it stayed unreachable or
-// without a WAN link for GatewayOutage) and the job did not succeed. As
+// without a WAN link for GatewayOutage) and the job did not succeed: the
+// last gateway of a site failed and the wrapper ended the job, or the job
+// failed after a gateway whose site kept others had failed. As
 // EX_TEMPFAIL of sysexits.h: the job may well run if started again.
 const ExitGatewayFailed = 75
 
@@ -246,16 +248,114 @@ func waitReady(ctx context.Context, gws []*gateway, timeout time.Duration) error
 	return nil
 }
 
-// gatewayFailure is a gateway the job cannot go on without.
+// gatewayFailure is a gateway that failed while the job ran.
 type gatewayFailure struct {
 	g    *gateway
 	why  string
+	of   int    // the gateways its site had (set by liveness.failed)
 	tail string // the log's last lines when the job ended (the log may be removed after)
 }
 
+// Error is the wrapper's error when f's site had no gateway left: the job
+// was ended.
 func (f *gatewayFailure) Error() string {
-	return fmt.Sprintf("site %s: the gateway on %s %s; the job was ended. Last lines of its log:\n%s",
-		f.g.site.Name, f.g.hostName(), f.why, indent(f.tail))
+	last := ""
+	if f.of > 1 {
+		last = fmt.Sprintf(", the last of its %d gateways", f.of)
+	}
+	return fmt.Sprintf("site %s: the gateway on %s %s%s; the job was ended. Last lines of its log:\n%s",
+		f.g.site.Name, f.g.hostName(), f.why, last, indent(f.tail))
+}
+
+// liveness decides what a gateway failure means for the job: it goes on
+// while every site has a gateway left (the shim and the node daemon put
+// new connections on a site's other gateways, and a peer gateway's /ready
+// asks only that some gateway of each site be up), and ends when a site
+// has none.
+type liveness struct {
+	of   map[*Site]int // gateways of each site
+	left map[*Site]int // those still alive
+	dead []*gatewayFailure
+	// resumable: the job's LANs are MX with node daemons, whose
+	// connections move to another gateway (node/resume.go).
+	resumable bool
+}
+
+func newLiveness(gws []*gateway) *liveness {
+	l := &liveness{of: map[*Site]int{}, left: map[*Site]int{}}
+	for _, g := range gws {
+		l.of[g.site]++
+		l.left[g.site]++
+	}
+	return l
+}
+
+// failed records f (once per gateway) and reports whether its site has no
+// gateway left.
+func (l *liveness) failed(f *gatewayFailure) (siteDown bool) {
+	if l == nil {
+		return true
+	}
+	for _, d := range l.dead {
+		if d.g == f.g {
+			return l.left[f.g.site] == 0
+		}
+	}
+	f.of = l.of[f.g.site]
+	l.dead = append(l.dead, f)
+	if l.left[f.g.site] > 0 {
+		l.left[f.g.site]--
+	}
+	return l.left[f.g.site] == 0
+}
+
+// survived is the line the wrapper prints when f's site has gateways
+// left and the job goes on.
+func (l *liveness) survived(f *gatewayFailure) string {
+	n := l.left[f.g.site]
+	others := "gateway"
+	if n > 1 {
+		others = "gateways"
+	}
+	what := "the ranks' connections through it are reset, new ones go to"
+	if l.resumable {
+		what = "the ranks' connections through it move, with new ones, to"
+	}
+	return fmt.Sprintf("mpi5k: site %s: the gateway on %s %s; %s the site's %d other %s; the job goes on\n",
+		f.g.site.Name, f.g.hostName(), f.why, what, n, others)
+}
+
+// died names the gateways that died during the job, for the summary
+// ("" if none).
+func (l *liveness) died() string {
+	if l == nil || len(l.dead) == 0 {
+		return ""
+	}
+	parts := make([]string, len(l.dead))
+	for i, f := range l.dead {
+		parts[i] = fmt.Sprintf("%s (host %s, site %s) %s", f.g.label(), f.g.hostName(), f.g.site.Name, f.why)
+	}
+	return "  died during the job: " + strings.Join(parts, "; ")
+}
+
+// deathsError: the job failed after gateways died while their sites kept
+// others; the ranks' connections through them were reset.
+type deathsError struct {
+	code int
+	dead []*gatewayFailure
+}
+
+func (e *deathsError) Error() string {
+	parts := make([]string, len(e.dead))
+	for i, f := range e.dead {
+		parts[i] = fmt.Sprintf("the gateway on %s (site %s) %s", f.g.hostName(), f.g.site.Name, f.why)
+	}
+	it := "it"
+	if len(e.dead) > 1 {
+		it = "them"
+	}
+	return fmt.Sprintf("the job failed (status %d) after %s: the ranks' connections through %s were reset",
+		e.code, strings.Join(parts, ", and "), it)
 }
 
 func indent(s string) string {
@@ -265,10 +365,10 @@ func indent(s string) string {
 	return "  " + strings.ReplaceAll(s, "\n", "\n  ")
 }
 
-// watch reports on the returned channel the first gateway that fails
-// while the job runs: its launcher exits (at once), or its /ready fails
-// (no answer, or a WAN link down) for outage without a success in
-// between. It stops when ctx ends.
+// watch reports on the returned channel each gateway that fails while the
+// job runs: its launcher exits (at once), or its /ready fails (no answer,
+// or a WAN link down) for outage without a success in between. It stops
+// when ctx ends.
 func watch(ctx context.Context, gws []*gateway, outage time.Duration) <-chan *gatewayFailure {
 	fails := make(chan *gatewayFailure, len(gws))
 	client := httpClient(probeTimeout)
@@ -311,13 +411,15 @@ func watch(ctx context.Context, gws []*gateway, outage time.Duration) <-chan *ga
 }
 
 // runMPI runs the launcher with the terminal, forwards SIGINT, SIGTERM and
-// SIGHUP to it, and returns its exit status. When ctx ends or a gateway
-// fails (fails, may be nil) it stops the launcher: SIGTERM, then after
-// mpiTERM SIGKILL to it and every process it started on this host (also
-// those it leaves behind when it exits on SIGTERM). A
-// gateway failure is returned with ExitGatewayFailed unless the launcher
-// had exited 0 first.
-func runMPI(ctx context.Context, c Config, argv []string, fails <-chan *gatewayFailure) (int, error) {
+// SIGHUP to it, and returns its exit status. Gateway failures (fails, may
+// be nil) go to live: one whose site has gateways left is logged and the
+// job goes on. When ctx ends or a site has no gateway left it stops the
+// launcher: SIGTERM, then after mpiTERM SIGKILL to it and every process
+// it started on this host (also those it leaves behind when it exits on
+// SIGTERM). The site's last gateway failure is returned with
+// ExitGatewayFailed unless the launcher had exited 0 first; so is a job
+// that failed after gateways died.
+func runMPI(ctx context.Context, c Config, argv []string, fails <-chan *gatewayFailure, live *liveness) (int, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, c.Stdout, c.Stderr
 	// Stdout and Stderr other than files are copied from pipes, which a
@@ -350,6 +452,10 @@ func runMPI(ctx context.Context, c Config, argv []string, fails <-chan *gatewayF
 			ctxDone = nil
 			terminate()
 		case f := <-fails:
+			if !live.failed(f) {
+				fmt.Fprint(c.Stderr, live.survived(f))
+				continue
+			}
 			fails = nil
 			failed = f
 			terminate()
@@ -365,16 +471,30 @@ func runMPI(ctx context.Context, c Config, argv []string, fails <-chan *gatewayF
 			}
 			code, err := exitStatus(err)
 			if failed == nil && code != 0 && fails != nil {
-				// The ranks may have failed on the same gateway's death
-				// first: its launcher's exit is seen within moments.
-				select {
-				case failed = <-fails:
-				case <-time.After(300 * time.Millisecond):
+				// The ranks may have failed on a gateway's death first:
+				// its launcher's exit is seen within moments.
+				wait := time.After(300 * time.Millisecond)
+			drain:
+				for failed == nil {
+					select {
+					case f := <-fails:
+						if live.failed(f) {
+							failed = f
+						} else {
+							fmt.Fprint(c.Stderr, live.survived(f))
+						}
+					case <-wait:
+						break drain
+					}
 				}
 			}
 			if failed != nil && (code != 0 || kill != nil) {
 				failed.tail = failed.g.logTail()
 				return ExitGatewayFailed, failed
+			}
+			if code != 0 && err == nil && kill == nil && live != nil && len(live.dead) > 0 {
+				// Not ended by the wrapper (ctx): the job failed on its own.
+				return ExitGatewayFailed, &deathsError{code: code, dead: live.dead}
 			}
 			return code, err
 		}

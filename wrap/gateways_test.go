@@ -15,11 +15,12 @@ import (
 )
 
 // fakeGateways serves /ready and /metrics for the two test sites on
-// gw.site1's and gw.site2's loopback addresses (labAddrs), one port for
-// both, and counts the connections open to them.
+// gw.site1's and gw.site2's loopback addresses (labAddrs), or on the
+// addresses given to newFakeGatewaysAt, one port for all, and counts the
+// connections open to them.
 type fakeGateways struct {
 	port  int
-	state [2]atomic.Int32 // per site: gwReady, gwLinkDown or gwSilent
+	state []atomic.Int32 // per address: gwReady, gwLinkDown or gwSilent
 	open  atomic.Int32
 	srv   []*http.Server
 }
@@ -31,25 +32,37 @@ const (
 )
 
 func newFakeGateways(t *testing.T) *fakeGateways {
+	return newFakeGatewaysAt(t, "127.0.1.2", "127.0.2.2")
+}
+
+// newFakeGatewaysAt serves fake gateways on addrs (127.0.1.x: site1's,
+// whose peer is site2; others site2's).
+func newFakeGatewaysAt(t *testing.T, addrs ...string) *fakeGateways {
 	t.Helper()
 	var lns []net.Listener
-	for try := 0; len(lns) < 2; try++ {
+	for try := 0; len(lns) < len(addrs); try++ {
 		if try == 20 {
-			t.Fatal("no port free on both 127.0.1.2 and 127.0.2.2")
+			t.Fatalf("no port free on all of %v", addrs)
 		}
-		a, err := net.Listen("tcp", "127.0.1.2:0")
+		a, err := net.Listen("tcp", addrs[0]+":0")
 		if err != nil {
 			t.Fatal(err)
 		}
 		port := a.Addr().(*net.TCPAddr).Port
-		b, err := net.Listen("tcp", fmt.Sprintf("127.0.2.2:%d", port))
-		if err != nil {
-			a.Close()
-			continue
+		lns = []net.Listener{a}
+		for _, addr := range addrs[1:] {
+			b, err := net.Listen("tcp", fmt.Sprintf("%s:%d", addr, port))
+			if err != nil {
+				for _, ln := range lns {
+					ln.Close()
+				}
+				lns = nil
+				break
+			}
+			lns = append(lns, b)
 		}
-		lns = []net.Listener{a, b}
 	}
-	f := &fakeGateways{port: lns[0].Addr().(*net.TCPAddr).Port}
+	f := &fakeGateways{port: lns[0].Addr().(*net.TCPAddr).Port, state: make([]atomic.Int32, len(lns))}
 	for i, ln := range lns {
 		mux := http.NewServeMux()
 		mux.HandleFunc("/ready", func(w http.ResponseWriter, r *http.Request) {
@@ -63,7 +76,11 @@ func newFakeGateways(t *testing.T) *fakeGateways {
 			}
 		})
 		mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
-			fmt.Fprintf(w, "mpi5k_wan_bytes_total{dir=\"tx\",link=\"0\",peer=\"site%d\"} 2048\n", 2-i)
+			peer := "site1"
+			if strings.HasPrefix(addrs[i], "127.0.1.") {
+				peer = "site2"
+			}
+			fmt.Fprintf(w, "mpi5k_wan_bytes_total{dir=\"tx\",link=\"0\",peer=%q} 2048\n", peer)
 		})
 		srv := &http.Server{Handler: mux, ConnState: func(_ net.Conn, s http.ConnState) {
 			switch s {

@@ -149,7 +149,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 			fmt.Fprintln(c.Stdout, shellJoin(c.Argv))
 			return 0, nil
 		}
-		return runMPI(ctx, c, c.Argv, nil)
+		return runMPI(ctx, c, c.Argv, nil, nil)
 	}
 	fmt.Fprint(c.Stderr, placementNote(plan, c.Dedicated))
 	for _, name := range []string{c.Launcher[0], c.Argv[0]} {
@@ -326,12 +326,14 @@ func Run(ctx context.Context, c Config) (int, error) {
 	}
 	start := snapshot(gws)
 	wctx, unwatch := context.WithCancel(ctx)
-	code, err := runMPI(ctx, c, mpiArgv, watch(wctx, gws, c.Outage))
+	live := newLiveness(gws)
+	live.resumable = c.LANTransport == "mx"
+	code, err := runMPI(ctx, c, mpiArgv, watch(wctx, gws, c.Outage), live)
 	unwatch()
 	if c.TraceDir != "" {
 		c.collectTrace(ctx, traceHosts(hosts))
 	}
-	if s := summary(gws, start); s != "" {
+	if s := summary(gws, start, live); s != "" {
 		fmt.Fprint(c.Stderr, s)
 	}
 	return code, err

@@ -156,8 +156,9 @@ func value(m *dto.Metric) float64 {
 // summary scrapes every gateway once and prints, per gateway and peer
 // site, the WAN bytes each way, the streams it opened and the WAN socket's
 // retransmissions, then per gateway its CPU time since start (from
-// snapshot; nil or short: none) and per GiB forwarded.
-func summary(gws []*gateway, start []usage) string {
+// snapshot; nil or short: none) and per GiB forwarded, and last the
+// gateways that died during the job (live, may be nil).
+func summary(gws []*gateway, start []usage, live *liveness) string {
 	var b strings.Builder
 	var lines []string
 	degraded := map[string][]string{} // what the gateways run without -> sites
@@ -213,6 +214,9 @@ func summary(gws []*gateway, start []usage) string {
 			parts = append(parts, strings.Join(degraded[w], ", ")+": "+w)
 		}
 		lines = append(lines, "  degraded: "+strings.Join(parts, " | "))
+	}
+	if d := live.died(); d != "" {
+		lines = append(lines, d)
 	}
 	if len(lines) == 0 {
 		return ""

@@ -38,7 +38,7 @@ process_cpu_seconds_total 2.5
 	up := strings.TrimPrefix(srv.URL, "http://")
 	dead := "127.0.0.1:1"
 	start := []usage{{cpu: 0.5, wan: 1 << 20, ok: true}, {}}
-	out := summary([]*gateway{{site: &Site{Name: "a"}, metrics: up}, {site: &Site{Name: "z"}, metrics: dead}}, start)
+	out := summary([]*gateway{{site: &Site{Name: "a"}, metrics: up}, {site: &Site{Name: "z"}, metrics: dead}}, start, nil)
 	for _, want := range []string{
 		"  a -> b: 4.0 MiB sent, 1.0 KiB received, 7 streams opened, 6 WAN retransmits (0 in RTO recovery), 0 RTOs, 0 idle restarts, 1 BBR PROBE_RTT dips (4 skipped)\n",
 		"  a -> c: 10 B sent, 0 B received, 0 streams opened, 0 WAN retransmits (0 in RTO recovery), 0 RTOs, 0 idle restarts\n",
@@ -87,7 +87,7 @@ func TestSummaryDegraded(t *testing.T) {
 	gws := []*gateway{{site: &Site{Name: "a"}, metrics: serve(two)}, {site: &Site{Name: "b"}, metrics: serve(two)},
 		{site: &Site{Name: "c"}, metrics: serve("# TYPE mpi5k_degraded gauge\nmpi5k_degraded{what=\"not warm\"} 1\n")},
 		{site: &Site{Name: "d"}, metrics: serve("# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1\n")}}
-	out := summary(gws, nil)
+	out := summary(gws, nil, nil)
 	if n := strings.Count(out, "degraded"); n != 1 {
 		t.Errorf("%d lines mention degraded, want 1:\n%s", n, out)
 	}

@@ -110,7 +110,7 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 			fmt.Fprintln(c.Stdout, shellJoin(c.Argv))
 			return 0, nil
 		}
-		return runMPI(ctx, *c, c.Argv, nil)
+		return runMPI(ctx, *c, c.Argv, nil, nil)
 	}
 
 	// Which sites have a gateway running already.
@@ -303,12 +303,14 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 	wctx, unwatch := context.WithCancel(ctx)
 	// Only the job's own gateways are watched and summed up: a service
 	// gateway's /ready and counters cover every site and job it serves.
-	code, err := runMPI(ctx, *c, mpiArgv, watch(wctx, own, c.Outage))
+	live := newLiveness(own)
+	live.resumable = c.LANTransport == "mx"
+	code, err := runMPI(ctx, *c, mpiArgv, watch(wctx, own, c.Outage), live)
 	unwatch()
 	if c.TraceDir != "" {
 		c.collectTrace(ctx, traceHosts(hosts))
 	}
-	if s := summary(own, start); s != "" {
+	if s := summary(own, start, live); s != "" {
 		fmt.Fprint(c.Stderr, s)
 	}
 	if len(running) > 0 {
