@@ -319,9 +319,10 @@ func TestQueueCtlRateDrop(t *testing.T) {
 }
 
 // TestQueueCtlAppLimited: a link that never fills the bottleneck is never
-// capped; a saturating one is, and keeps its cap over an idle period
-// without growing it or sending anything; while it saturates, the cap is
-// repeated to the peer about every queueRefresh.
+// capped; a saturating one is, and while it saturates the cap is repeated
+// to the peer about every queueRefresh; once it idles for queueBurstGap
+// the cap is dropped (one CLAMP 0), and a burst shorter than
+// queueSaturated is not capped.
 func TestQueueCtlAppLimited(t *testing.T) {
 	m := newPath(200, 20*time.Millisecond)
 	m.demand = m.rate / 2
@@ -340,9 +341,24 @@ func TestQueueCtlAppLimited(t *testing.T) {
 	}
 	capped := c.clamp
 	m.demand = 1e-9 // idle
-	simulate(&c, m, 100*time.Millisecond, nil)
-	if _, _, n = simulate(&c, m, 2*time.Second, nil); n != 0 || c.clamp != capped {
-		t.Errorf("idle link: cap %d -> %d, %d CLAMP frames", capped, c.clamp, n)
+	if simulate(&c, m, queueBurstGap/2, nil); c.clamp != capped {
+		t.Errorf("idle for %v: cap %d -> %d", queueBurstGap/2, capped, c.clamp)
+	}
+	if _, _, n = simulate(&c, m, 2*time.Second, nil); n != 1 || c.clamp != 0 || c.sent != 0 {
+		t.Errorf("idle link: cap %d -> %d, %d CLAMP frames (want one, lifting it)", capped, c.clamp, n)
+	}
+	// Bursts of 600 ms at full rate, 1.5 s apart, as an MPI code's
+	// exchange phases: never capped.
+	var frames int
+	for range 5 {
+		m.demand = 0
+		_, _, n1 := simulate(&c, m, 600*time.Millisecond, nil)
+		m.demand = 1e-9
+		_, _, n2 := simulate(&c, m, 1500*time.Millisecond, nil)
+		frames += n1 + n2
+	}
+	if frames != 0 || c.clamp != 0 {
+		t.Errorf("bursts of 600 ms: cap %d, %d CLAMP frames", c.clamp, frames)
 	}
 }
 
