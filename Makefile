@@ -12,7 +12,7 @@ CSRC    := $(wildcard shim/*.c shim/*.h)
 
 .PHONY: all deps test test-unit test-lab check fmt vet bench fuzz demo clean install deb
 
-all: $(BIN)/libmpi5k.so $(BIN)/mpi5k-gateway $(BIN)/mpi5k bench-bin
+all: $(BIN)/libmpi5k.so $(BIN)/mpi5k-gateway $(BIN)/mpi5k bench-bin $(BIN)/bench/floorgw
 
 # The MPI workloads of bench/ (bin/bench/<flavour>/mpi5k-workload).
 include bench/workloads.mk
@@ -29,6 +29,13 @@ $(BIN)/mpi5k-gateway: $(GOFILES) go.mod
 $(BIN)/mpi5k: $(GOFILES) go.mod
 	@mkdir -p $(BIN)
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./cmd/mpi5k
+
+# A measuring tool: the simplest gateway the shim can use, a plain relay
+# pair for `mpi5k bench --gw-mode floor='--gateway-bin bin/bench/floorgw
+# --wan-plaintext'` (bench/floorgw).
+$(BIN)/bench/floorgw: $(GOFILES) go.mod
+	@mkdir -p $(@D)
+	$(GO) build -trimpath -o $@ ./bench/floorgw
 
 # Installs apt packages only when one is missing, then the Go modules.
 deps:

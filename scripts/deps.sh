@@ -4,7 +4,7 @@
 set -eu
 PKGS="build-essential pkg-config git iproute2 procps psmisc kmod
 openmpi-bin libopenmpi-dev mpich libmpich-dev gfortran
-iperf3 socat graphviz tshark nftables
+iperf3 socat sockperf graphviz tshark nftables
 systemd lintian"
 missing=""
 for p in $PKGS; do
