@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"crypto/ed25519"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -139,17 +140,26 @@ func startSecureGW(t *testing.T, w *wanLab, dir, site, mapPath, key string, wait
 // labRefusals reads mpi5k_refusals_total{reason} of the gateway at gw,
 // scraped from host.
 func labRefusals(t *testing.T, w *wanLab, host string, gw netip.Addr, reason string) float64 {
-	out, err := w.scrape(t, host, gw)
+	n, err := refusalsOf(w, host, gw, reason)
 	if err != nil {
-		t.Fatalf("gateway %v metrics: %v", gw, err)
+		t.Fatal(err)
+	}
+	return n
+}
+
+// refusalsOf is labRefusals returning the scrape's error.
+func refusalsOf(w *wanLab, host string, gw netip.Addr, reason string) (float64, error) {
+	out, err := w.scrape(nil, host, gw)
+	if err != nil {
+		return 0, fmt.Errorf("gateway %v metrics: %v", gw, err)
 	}
 	for _, line := range strings.Split(out, "\n") {
 		if v, ok := strings.CutPrefix(line, `mpi5k_refusals_total{reason="`+reason+`"} `); ok {
 			x, _ := strconv.ParseFloat(v, 64)
-			return x
+			return x, nil
 		}
 	}
-	return 0
+	return 0, nil
 }
 
 // TestGatewayNATByKey: site1's gateway (the dialer) sits behind source
@@ -201,12 +211,19 @@ func TestGatewayNATByKey(t *testing.T) {
 	// Keyless: site2 sees a source that is no gateway and refuses it.
 	g1 := startSecureGW(t, w, dir, "site1", l.SiteMapPath(), "", false)
 	g2 := startSecureGW(t, w, dir, "site2", l.SiteMapPath(), "", false)
-	deadline := time.Now().Add(15 * time.Second)
-	for labRefusals(t, w, w.dstHost, site2.LAN.Addr(), "wan_source") < 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("keyless: site2 did not refuse the NATed site1 gateway (wan_source): is the NAT in effect?")
+	// Neither gateway is waited for (no link comes up), so site2's
+	// metrics may not listen yet: a failed scrape counts as no refusal
+	// until the deadline.
+	var scrapeErr error
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		var n float64
+		n, scrapeErr = refusalsOf(w, w.dstHost, site2.LAN.Addr(), "wan_source")
+		if n >= 1 {
+			break
 		}
-		time.Sleep(200 * time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatalf("keyless: site2 did not refuse the NATed site1 gateway (wan_source): is the NAT in effect? (last scrape error: %v)", scrapeErr)
+		}
 	}
 	for _, g := range []*exec.Cmd{g1, g2} {
 		g.Process.Signal(os.Interrupt)
