@@ -113,6 +113,9 @@ type Config struct {
 
 	ReadyFile   string // written once every WAN link is up and primed (tuning.Prime)
 	MetricsAddr string // HTTP listener for /metrics and /ready ("" = none; no host = loopback)
+	// CPUProfile, when set, is a directory the gateway writes a CPU
+	// profile of its whole run to (profile.go): a measuring tool.
+	CPUProfile string
 	// ReadyTag names the job a per-job gateway serves: /ready?tag=X
 	// answers 409 unless X is this tag (mpi5k run's check that the
 	// gateway on a port is the one it started).

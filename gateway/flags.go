@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"fmt"
+	"path/filepath"
 	"slices"
 
 	"github.com/spf13/pflag"
@@ -84,8 +86,19 @@ func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
 	addBool(&c.QuietRuntime, "quiet-runtime", "take sockets the poll thread waits for out of Go's runtime epoll registration, so a message wakes one thread, not two")
 	add(cli.IntRange{P: &c.Priority, Min: -20, Max: 19, What: "nice value"}, "priority",
 		"nice value the gateway asks for, so it forwards at once beside ranks that compute on its host (needs CAP_SYS_NICE or RLIMIT_NICE below 0; without, a warning and the inherited priority; 0: keep it)")
+	add(cli.Checked{P: &c.CPUProfile, Check: absDir}, "cpu-profile",
+		"write a CPU profile of the gateway's whole run to this directory on its host, cpu-<site>-<pid>.pprof (go tool pprof), to see where its CPU goes; an absolute path")
 	cli.MarkAdvanced(fs, f.names[adv:]...)
 	return f
+}
+
+// absDir checks --cpu-profile: the gateways of `mpi5k run` start in
+// other working directories, on other hosts.
+func absDir(p string) error {
+	if !filepath.IsAbs(p) {
+		return fmt.Errorf("%q is not an absolute path (the gateways start elsewhere): give one, e.g. /tmp/prof", p)
+	}
+	return nil
 }
 
 // Has reports whether name is one of the gateway's flags.

@@ -310,10 +310,20 @@ func (g *Gateway) Ready() <-chan struct{} { return g.readyc }
 func (g *Gateway) Run(ctx context.Context) error {
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	defer close(g.stopped)
+	// A Run that fails before it serves closes the listeners New opened.
+	stopProfile, err := g.startProfile()
+	if err != nil {
+		g.lanLn.Close()
+		g.wanLn.Close()
+		return err
+	}
+	defer stopProfile()
 	var srv *http.Server
 	if g.cfg.MetricsAddr != "" {
 		ln, err := net.Listen("tcp", metricsListen(g.cfg.MetricsAddr))
 		if err != nil {
+			g.lanLn.Close()
+			g.wanLn.Close()
 			return fmt.Errorf("gateway: metrics listener: %w", err)
 		}
 		srv = &http.Server{Handler: g.m.handler(), ReadHeaderTimeout: 5 * time.Second}

@@ -82,6 +82,8 @@ func TestCommandLines(t *testing.T) {
 		{[]string{"mpi5k-gateway", "--version"}, 0, nil, "mpi5k-gateway v-test\n"},
 		{[]string{"mpi5k-gateway"}, 2, []string{"--map FILE and --site NAME are required", hint}, ""},
 		{append(gw, "--wan-conns", "0"), 2, []string{`invalid argument "0" for "--wan-conns" flag: bulk WAN connections 0 out of range 1..63`, hint}, ""},
+		{append(gw, "--cpu-profile", "prof"), 2, []string{`invalid argument "prof" for "--cpu-profile" flag: "prof" is not an absolute path`, hint}, ""},
+		{run("--cpu-profile", "/tmp/prof"), 0, nil, "--cpu-profile=/tmp/prof"},
 		{append(gw, "--wan-conns", "-3"), 2, []string{`invalid argument "-3" for "--wan-conns"`, "out of range 1..63", hint}, ""},
 		{append(gw, "--wan-cc", "bogus"), 2, []string{`invalid argument "bogus" for "--wan-cc" flag: congestion control "bogus": not offered by this kernel`, "net.ipv4.tcp_available_congestion_control", hint}, ""},
 		{append(gw, "--metrics", ":65537"), 2, []string{`--metrics ":65537": port 65537 out of range 1..65535`, hint}, ""},
