@@ -302,6 +302,12 @@ func New(cfg Config) (*Gateway, error) {
 	return g, nil
 }
 
+// closeListeners closes the LAN and WAN listeners New opened.
+func (g *Gateway) closeListeners() {
+	g.lanLn.Close()
+	g.wanLn.Close()
+}
+
 // Ready is closed once every WAN link has been up at the same time.
 func (g *Gateway) Ready() <-chan struct{} { return g.readyc }
 
@@ -313,8 +319,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	// A Run that fails before it serves closes the listeners New opened.
 	stopProfile, err := g.startProfile()
 	if err != nil {
-		g.lanLn.Close()
-		g.wanLn.Close()
+		g.closeListeners()
 		return err
 	}
 	defer stopProfile()
@@ -322,8 +327,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	if g.cfg.MetricsAddr != "" {
 		ln, err := net.Listen("tcp", metricsListen(g.cfg.MetricsAddr))
 		if err != nil {
-			g.lanLn.Close()
-			g.wanLn.Close()
+			g.closeListeners()
 			return fmt.Errorf("gateway: metrics listener: %w", err)
 		}
 		srv = &http.Server{Handler: g.m.handler(), ReadHeaderTimeout: 5 * time.Second}
@@ -376,8 +380,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	g.reloadMu.Lock()
 	g.draining.Store(true)
 	g.reloadMu.Unlock()
-	g.lanLn.Close()
-	g.wanLn.Close()
+	g.closeListeners()
 	dctx, dcancel := context.WithTimeout(context.Background(), g.cfg.DrainTimeout)
 	defer dcancel()
 	var dw sync.WaitGroup
