@@ -28,10 +28,9 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/mpi5k/mpi5k/header"
 	"github.com/mpi5k/mpi5k/mx"
+	"github.com/mpi5k/mpi5k/relay"
 )
 
 // Record types. A record is a type byte and its body.
@@ -62,6 +61,7 @@ type session struct {
 	d      *Daemon
 	id     header.ResumeID
 	c      *net.TCPConn
+	rank   relay.TCPConn // c, for writes that do not wait (TryWrite)
 	opener bool
 	// redial opens a new stream for the connection (opener only): OPEN
 	// with the id written and the gateway's verdict read.
@@ -116,10 +116,16 @@ type path struct {
 }
 
 func (d *Daemon) newSession(id header.ResumeID, c *net.TCPConn, opener bool) *session {
-	ss := &session{d: d, id: id, c: c, opener: opener, over: make(chan struct{})}
+	ss := &session{d: d, id: id, opener: opener, over: make(chan struct{})}
+	if c != nil {
+		ss.setRank(c)
+	}
 	ss.sendCond, ss.deliverCond, ss.windowCond = sync.NewCond(&ss.mu), sync.NewCond(&ss.mu), sync.NewCond(&ss.mu)
 	return ss
 }
+
+// setRank sets the rank's connection, once it is known.
+func (ss *session) setRank(c *net.TCPConn) { ss.c, ss.rank = c, relay.WrapTCP(c) }
 
 func newResumeID() header.ResumeID {
 	var id header.ResumeID
@@ -232,7 +238,7 @@ func (d *Daemon) acceptResumable(ctx context.Context, s *mx.Stream, from, to net
 		return
 	}
 	defer done()
-	ss.c = c
+	ss.setRank(c)
 	close(ss.ready)
 	ss.takeOver(s, r, rcv, acked)
 	ss.run(ctx)
@@ -736,7 +742,7 @@ func (ss *session) received(p *path, b []byte, n uint64) error {
 		// without blocking, and queue the rest for toRank.
 		ss.delivering = true
 		ss.mu.Unlock()
-		k, err := tryWrite(ss.c, b)
+		k, err := ss.rank.TryWrite(b)
 		ss.mu.Lock()
 		ss.delivering = false
 		// A stream that took the connection over meanwhile may have
@@ -762,30 +768,6 @@ func (ss *session) received(p *path, b []byte, n uint64) error {
 	ss.rq = append(ss.rq, b)
 	ss.deliverCond.Broadcast()
 	return nil
-}
-
-// tryWrite writes what c's socket takes of b now, without waiting.
-func tryWrite(c *net.TCPConn, b []byte) (int, error) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	n := 0
-	cerr := rc.Write(func(fd uintptr) bool {
-		var k int
-		k, err = unix.Write(int(fd), b)
-		if k > 0 {
-			n = k
-		}
-		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
-			err = nil
-		}
-		return true
-	})
-	if err == nil {
-		err = cerr
-	}
-	return n, err
 }
 
 // pathFailed handles the loss of p's stream: the opener opens another;
