@@ -139,8 +139,9 @@ const (
 	FeatureClamp uint8 = 1 << 2
 	// FeatureRenew: the express link may be replaced while it works (a
 	// fresh TCP connection for a congestion window that losses have cut):
-	// the dialer connects a new one, both ends then end the old one with
-	// RETIRE, and the acceptor may ask for a renewal with RENEW.
+	// the dialer connects a new one, and resumes the link on it (with
+	// FeatureResume: HELLO Renew) or both ends end the old one with
+	// RETIRE; the acceptor may ask for a renewal with RENEW.
 	FeatureRenew uint8 = 1 << 3
 	// FeaturePad: the sender discards PAD frames, which a gateway writes
 	// to give a new link's congestion control a measure of the path
@@ -164,7 +165,7 @@ const (
 )
 
 // sessionLen is the size of the ExtSession value: u64 session, u64 bytes
-// received, u8 flags (bit 0: resume).
+// received, u8 flags (bit 0: resume, bit 1: renew).
 const sessionLen = 17
 
 // Hello is the body of HELLO, the first frame each side of a WAN link sends.
@@ -184,6 +185,10 @@ type Hello struct {
 	Session  uint64
 	Received uint64
 	Resume   bool
+	// Renew (with Resume): the dialer resumes a link that still works, on
+	// a fresh connection, to renew its congestion window (FeatureRenew):
+	// the acceptor ends the old connection as planned, not as a failure.
+	Renew bool
 	// Gateway (extension ExtGateway, sent when not 0): the sender's index
 	// among its site's gateway hosts (sitemap.Site.Gateways).
 	Gateway uint8
@@ -205,6 +210,9 @@ func AppendHello(b []byte, h *Hello) ([]byte, error) {
 		binary.BigEndian.PutUint64(v[8:16], h.Received)
 		if h.Resume {
 			v[16] = 1
+		}
+		if h.Renew {
+			v[16] |= 2
 		}
 		b = appendExt(b, ExtSession, v[:])
 	}
@@ -234,6 +242,8 @@ func (h *Hello) check() error {
 		return fmt.Errorf("%w: HELLO name of %d bytes (want 1..255)", ErrPayload, len(h.Name))
 	case h.Session == 0 && (h.Resume || h.Received != 0):
 		return fmt.Errorf("%w: HELLO resume without a session", ErrPayload)
+	case h.Renew && (!h.Resume || h.Features&FeatureRenew == 0):
+		return fmt.Errorf("%w: HELLO renewal without resume or feature RENEW", ErrPayload)
 	case h.Gateway > MaxGatewayIndex:
 		return fmt.Errorf("%w: HELLO gateway index %d (want 0..%d)", ErrPayload, h.Gateway, MaxGatewayIndex)
 	}
@@ -272,12 +282,12 @@ func ParseHello(p []byte) (Hello, error) {
 		if len(v) != sessionLen {
 			return fmt.Errorf("%w: HELLO session extension of %d bytes (want %d)", ErrPayload, len(v), sessionLen)
 		}
-		if v[16]&^1 != 0 {
-			return fmt.Errorf("%w: HELLO session flags %#02x (want 0 or 1)", ErrPayload, v[16])
+		if v[16] != 0 && v[16] != 1 && v[16] != 3 {
+			return fmt.Errorf("%w: HELLO session flags %#02x (want 0, 1, or 3: renew only with resume)", ErrPayload, v[16])
 		}
 		h.Session = binary.BigEndian.Uint64(v[0:8])
 		h.Received = binary.BigEndian.Uint64(v[8:16])
-		h.Resume = v[16] == 1
+		h.Resume, h.Renew = v[16]&1 != 0, v[16]&2 != 0
 		if h.Session == 0 {
 			return fmt.Errorf("%w: HELLO session 0", ErrPayload)
 		}

@@ -208,6 +208,9 @@ func TestHello(t *testing.T) {
 		{SiteID: 1, LinkCount: 2, Features: FeatureExpress, MaxPayload: 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 1, Features: FeatureTrunk | FeatureExpress, MaxPayload: 1, Window: 1, Name: "a"},
 		{SiteID: 1, LinkCount: 2, Features: FeatureTrunk | FeatureRenew, MaxPayload: 1, Window: 1, Name: "a"},
+		// A renewal that does not resume, and one without feature RENEW.
+		{SiteID: 1, LinkCount: 2, Features: FeatureTrunk | FeatureExpress | FeatureRenew | FeatureResume, MaxPayload: 1, Window: 1, Name: "a", Session: 7, Renew: true},
+		{SiteID: 1, LinkCount: 2, Features: FeatureTrunk | FeatureResume, MaxPayload: 1, Window: 1, Name: "a", Session: 7, Resume: true, Renew: true},
 	} {
 		if _, err := AppendHello(nil, &bad); !errors.Is(err, ErrPayload) {
 			t.Errorf("%+v: %v", bad, err)
@@ -217,6 +220,8 @@ func TestHello(t *testing.T) {
 	for _, sh := range []Hello{
 		{SiteID: 2, LinkCount: 3, Features: FeatureTrunk | FeatureResume, MaxPayload: 1, Window: 1, Name: "lyon", Session: 1 << 60},
 		{SiteID: 2, LinkCount: 3, Features: FeatureTrunk | FeatureResume, MaxPayload: 1, Window: 1, Name: "lyon", Session: 7, Received: 1 << 40, Resume: true},
+		{SiteID: 2, LinkCount: 3, Features: FeatureTrunk | FeatureExpress | FeatureRenew | FeatureResume, MaxPayload: 1, Window: 1, Name: "lyon",
+			Session: 7, Received: 1 << 40, Resume: true, Renew: true},
 	} {
 		sb, err := AppendHello(nil, &sh)
 		if err != nil {
@@ -225,9 +230,11 @@ func TestHello(t *testing.T) {
 		if got, err := ParseHello(sb); err != nil || got != sh {
 			t.Fatalf("session: got %+v %v, want %+v", got, err, sh)
 		}
-		sb[len(sb)-1] = 2 // an undefined flag
-		if _, err := ParseHello(sb); !errors.Is(err, ErrPayload) {
-			t.Fatalf("session flag 2: %v", err)
+		for _, f := range []byte{2, 4} { // renew without resume, an undefined flag
+			sb[len(sb)-1] = f
+			if _, err := ParseHello(sb); !errors.Is(err, ErrPayload) {
+				t.Fatalf("session flag %d: %v", f, err)
+			}
 		}
 	}
 	// The gateway extension: a site's second gateway host, and malformed.
