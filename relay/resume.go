@@ -1,10 +1,12 @@
 package relay
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"golang.org/x/sys/unix"
 	"io"
+	"log/slog"
 	"net"
 	"slices"
 	"sync"
@@ -62,9 +64,10 @@ type resumer struct {
 	readerDone chan struct{}
 	breaks     chan struct{} // a signal per break (Link.Breaks)
 
-	resumedAt atomic.Int64 // unix ns of the last resume (stale PONGs)
-	Resumes   atomic.Uint64
-	Replayed  atomic.Uint64 // bytes written again after resumes
+	resumedAt atomic.Int64  // unix ns of the last resume (stale PONGs)
+	Resumes   atomic.Uint64 // after breaks
+	Renewals  atomic.Uint64 // resumes of a working link on purpose (ErrRenewal)
+	Replayed  atomic.Uint64 // bytes written again after resumes and renewals
 }
 
 func newResumer(cfg *Config, local uint64) *resumer {
@@ -75,8 +78,9 @@ func newResumer(cfg *Config, local uint64) *resumer {
 
 // ResumeStats are a resuming link's counters.
 type ResumeStats struct {
-	Resumes      uint64 // connections the link continued on
-	Replayed     uint64 // bytes written again after resumes
+	Resumes      uint64 // connections the link continued on after a break
+	Renewals     uint64 // connections it continued on for a renewal (Pause, ErrRenewal)
+	Replayed     uint64 // bytes written again after resumes and renewals
 	ReplayBytes  int64  // bytes held for the peer's ACK now
 	Sent, Acked  uint64 // link bytes written, and acknowledged by the peer
 	Received     uint64 // link bytes received in whole frames
@@ -90,7 +94,7 @@ func (l *Link) ResumeStats() ResumeStats {
 	if r == nil {
 		return ResumeStats{}
 	}
-	st := ResumeStats{Enable: true, Resumes: r.Resumes.Load(), Replayed: r.Replayed.Load(),
+	st := ResumeStats{Enable: true, Resumes: r.Resumes.Load(), Renewals: r.Renewals.Load(), Replayed: r.Replayed.Load(),
 		ReplayBytes: r.bytes.Load(), Received: r.recvSeq.Load()}
 	r.mu.Lock()
 	st.Sent, st.Acked = r.sendSeq, r.acked
@@ -358,11 +362,19 @@ func (l *Link) broke(gen uint64, err error) {
 	}
 	conn.Close()
 	rd.stop()
-	l.log.Warn("WAN link broken; its streams wait for it to resume", "peer", l.peer.Name, "link", l.index,
-		"remote", l.remoteAddr(), "within", l.rs.within, "err", err)
+	renewal := errors.Is(err, ErrRenewal)
+	if renewal {
+		l.log.Debug("WAN link renewal: the old connection ends", "peer", l.peer.Name, "link", l.index, "remote", l.remoteAddr())
+	} else {
+		l.log.Warn("WAN link broken; its streams wait for it to resume", "peer", l.peer.Name, "link", l.index,
+			"remote", l.remoteAddr(), "within", l.rs.within, "err", err)
+	}
 	select {
 	case l.rs.breaks <- struct{}{}:
 	default:
+	}
+	if renewal {
+		return // the link resumes at once: no stream needs to move
 	}
 	if ss := l.t.broken(l); len(ss) > 0 {
 		for _, s := range ss {
@@ -380,6 +392,49 @@ func (l *Link) Break(err error) {
 	gen := l.gen
 	l.mu.Unlock()
 	l.broke(gen, fmt.Errorf("%w: %w", errBreak, err))
+}
+
+// ErrRenewal, wrapped in the error given to Break, ends a working link's
+// connection for a renewal: the peer resumes the link on a new connection
+// at once (HELLO renew flag), so the break is logged as routine and no
+// stream is moved elsewhere (Stream.ResetOnBreak).
+var ErrRenewal = errors.New("relay: link renewed on a new connection")
+
+// Pause takes a working resumable link down without touching its
+// connection, so that a new connection can resume it (ResumeHello, then
+// Resume): the dialer renews a link this way. Its reader and writer stop
+// at once, wherever they wait, and the count of bytes received is final
+// when ResumeHello returns. Nothing reaches the peer: a reset or FIN
+// would, ahead of the HELLO that tells it the link is being renewed, and
+// would look like a failure there. The old connection closes when the
+// link resumes or fails. Pause on a link that is already down does nothing.
+func (l *Link) Pause() error {
+	if l.rs == nil {
+		return errors.New("relay: the link does not resume")
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return l.closedErr()
+	}
+	if l.broken {
+		l.mu.Unlock()
+		return nil
+	}
+	l.broken = true
+	l.down.Store(true)
+	l.rs.downAt, l.rs.downErr = time.Now(), ErrRenewal
+	conn, w, rd := l.conn, l.w, l.rd
+	l.mu.Unlock()
+	w.cancel()
+	// A deadline in the past ends every read and write on the socket,
+	// blocking or not (the poller's raw reads check it too); the errors
+	// they return come from an old generation or a broken link, and are
+	// ignored (broke).
+	conn.SetDeadline(time.Unix(1, 0))
+	rd.stop()
+	l.log.Debug("WAN link paused for a renewal", "peer", l.peer.Name, "link", l.index, "remote", l.remoteAddr())
+	return nil
 }
 
 // errNotDown: Resume or ResumeHello on a link that is not down.
@@ -490,6 +545,7 @@ func (l *Link) Resume(conn net.Conn, peer header.Hello) error {
 		}
 	}
 	l.urgent = slices.Insert(l.urgent, l.ui, again...)
+	old := l.conn
 	l.conn = conn
 	l.remote.Store(conn.RemoteAddr())
 	l.watchConn(conn)
@@ -500,16 +556,28 @@ func (l *Link) Resume(conn net.Conn, peer header.Hello) error {
 	l.broken = false
 	l.down.Store(false)
 	downFor := time.Since(l.rs.downAt)
+	renewal := errors.Is(l.rs.downErr, ErrRenewal)
 	l.rs.readerDone = rd.done
 	l.lastRecv.Store(time.Now().UnixNano())
 	l.mu.Unlock()
+	// A break closed the old connection already; a Pause left it open.
+	if tc := TCPOf(old); tc != nil {
+		tc.SetLinger(0) // what it still queues is replayed here
+	}
+	old.Close()
 	l.rs.resumedAt.Store(time.Now().UnixNano())
 	l.rs.ackSent.Store(l.rs.recvSeq.Load()) // the peer learnt it from our HELLO
-	l.rs.Resumes.Add(1)
 	l.rs.Replayed.Add(bytes)
 	rd.start()
 	kick(l.wake)
-	l.log.Info("WAN link resumed", "peer", l.peer.Name, "link", l.index, "remote", conn.RemoteAddr().String(),
+	lvl, msg := slog.LevelInfo, "WAN link resumed"
+	if renewal {
+		l.rs.Renewals.Add(1)
+		lvl, msg = slog.LevelDebug, "WAN link renewed"
+	} else {
+		l.rs.Resumes.Add(1)
+	}
+	l.log.Log(context.Background(), lvl, msg, "peer", l.peer.Name, "link", l.index, "remote", conn.RemoteAddr().String(),
 		"down_for", downFor.Round(time.Millisecond), "replayed_bytes", bytes, "frames", len(again))
 	return nil
 }
