@@ -808,12 +808,19 @@ func TestWANTimers(t *testing.T) {
 	}
 }
 
-// TestExpressRenew: the express link is replaced under traffic, once at the
+// TestExpressRenew: the express link is renewed under traffic, once at the
 // dialer's initiative and once at the acceptor's (RENEW), and a ping-pong
 // through the pair never notices; both gateways count the renewals, and
-// the new express sockets run the express congestion control again.
+// the new express sockets run the express congestion control again. With
+// resume (the default) the link goes on over a new connection and the old
+// one is closed; without, a new link takes its place and the old retires.
 func TestExpressRenew(t *testing.T) {
-	_, a, b := startPair(t, func(c *Config) { c.WAN.CC = "bbr" })
+	t.Run("resume", func(t *testing.T) { testExpressRenew(t, time.Minute) })
+	t.Run("retire", func(t *testing.T) { testExpressRenew(t, 0) })
+}
+
+func testExpressRenew(t *testing.T, resumeWithin time.Duration) {
+	_, a, b := startPair(t, func(c *Config) { c.WAN.CC = "bbr"; c.ResumeWithin = resumeWithin })
 	dst := testnet.Serve(t, nodeB, echoServer)
 	c, err := lanOpen(a.LANAddr(), nodeA, dst)
 	if err != nil {
@@ -862,6 +869,7 @@ func TestExpressRenew(t *testing.T) {
 		}
 	}
 	old := express(a, pa)
+	oldConns := []net.Conn{old.Conn(), express(b, pb).Conn()}
 	for i := 0; old.Stats.BytesSent.Load() == 0; i++ {
 		if i == 500 {
 			t.Fatal("the express link carried no message")
@@ -882,22 +890,34 @@ func TestExpressRenew(t *testing.T) {
 		t.Fatal("b did not send RENEW")
 	}
 	waitRenewed(2)
-	select {
-	case <-old.Done():
-		if !errors.Is(old.Err(), relay.ErrLinkRetired) {
-			t.Errorf("the first express link ended with %v", old.Err())
+	if resumeWithin == 0 {
+		select {
+		case <-old.Done():
+			if !errors.Is(old.Err(), relay.ErrLinkRetired) {
+				t.Errorf("the first express link ended with %v", old.Err())
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("the first express link did not retire")
 		}
-	case <-time.After(5 * time.Second):
-		t.Error("the first express link did not retire")
 	}
-	for name, g := range map[string]*testGW{"a": a, "b": b} {
-		p := pa
+	for k, name := range []string{"a", "b"} {
+		g, p := a, pa
 		if name == "b" {
-			p = pb
+			g, p = b, pb
 		}
 		l := express(g, p)
-		if l == nil || l == old {
-			t.Fatalf("%s: express link %v after two renewals", name, l)
+		switch {
+		case l == nil:
+			t.Fatalf("%s: no express link after two renewals", name)
+		case resumeWithin == 0 && l == old:
+			t.Fatalf("%s: the same express link after two renewals without resume", name)
+		case resumeWithin > 0 && (l.Err() != nil || name == "a" && l != old || l.ResumeStats().Renewals != 2 || l.ResumeStats().Resumes != 0):
+			t.Fatalf("%s: express link %v (err %v, %+v) after two renewals by resume, want the first one renewed twice and never resumed",
+				name, l, l.Err(), l.ResumeStats())
+		case resumeWithin > 0:
+			if _, err := oldConns[k].Write([]byte{0}); !errors.Is(err, net.ErrClosed) {
+				t.Errorf("%s: the express link's first connection is still open after its renewal: write %v", name, err)
+			}
 		}
 		var cc string
 		rc, _ := l.Conn().(*net.TCPConn).SyscallConn()

@@ -389,7 +389,7 @@ func (g *Gateway) dialLoop(p *peer, i int) {
 		for l != nil {
 			select {
 			case <-l.Breaks():
-				l = g.resumeLoop(p, i, l, log)
+				l = g.resumeLoop(p, i, l, log, nil, time.Time{})
 			case <-l.Done():
 				if g.draining.Load() || p.removed.Load() {
 					return
@@ -410,6 +410,10 @@ func (g *Gateway) dialLoop(p *peer, i int) {
 					continue
 				}
 				lastRenew = time.Now()
+				if l.Resumable() {
+					l = g.renewByResume(p, i, l, log)
+					continue
+				}
 				// The old link retires once the new one is in its place
 				// (relay.Trunk.Add); if the dial fails it simply stays.
 				if nl, err := g.dialOnce(p, i); err != nil {
@@ -499,28 +503,11 @@ func (g *Gateway) dialOnce(p *peer, i int) (*relay.Link, error) {
 // the map has keys, and exchanges HELLOs, ours h; since is a time before
 // the connection was established.
 func (g *Gateway) dialHello(p *peer, h header.Hello) (net.Conn, header.Hello, time.Time, error) {
-	d := net.Dialer{Timeout: 5 * time.Second, Control: g.wanCreate().Control(nil)}
-	if g.auth == nil {
-		d.LocalAddr = &net.TCPAddr{IP: g.me.WAN.Addr().AsSlice()} // a keyless acceptor checks our source address
-	}
-	since := time.Now()
-	tc, err := d.DialContext(g.ctx, "tcp", p.wan.String())
+	c, since, err := g.dialSecure(p)
 	if err != nil {
 		return nil, header.Hello{}, since, err
 	}
-	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
-	defer cancel()
-	c, err := g.secureDial(ctx, tc.(*net.TCPConn), p)
-	if err != nil {
-		tc.Close()
-		return nil, header.Hello{}, since, err
-	}
-	ph, err := relay.Handshake(ctx, c, h)
-	if err == nil {
-		// The acceptor's index is informational: only the dialer's is
-		// meaningful.
-		err = g.checkHello(ph, p, -1)
-	}
+	ph, err := g.helloOn(c, p, h)
 	if err != nil {
 		c.Close()
 		return nil, ph, since, err
@@ -528,28 +515,107 @@ func (g *Gateway) dialHello(p *peer, h header.Hello) (net.Conn, header.Hello, ti
 	return c, ph, since, nil
 }
 
+// dialSecure connects to p's gateway and runs TLS over the connection when
+// the map has keys; since is a time before the connection was established.
+func (g *Gateway) dialSecure(p *peer) (net.Conn, time.Time, error) {
+	d := net.Dialer{Timeout: 5 * time.Second, Control: g.wanCreate().Control(nil)}
+	if g.auth == nil {
+		d.LocalAddr = &net.TCPAddr{IP: g.me.WAN.Addr().AsSlice()} // a keyless acceptor checks our source address
+	}
+	since := time.Now()
+	tc, err := d.DialContext(g.ctx, "tcp", p.wan.String())
+	if err != nil {
+		return nil, since, err
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
+	defer cancel()
+	c, err := g.secureDial(ctx, tc.(*net.TCPConn), p)
+	if err != nil {
+		tc.Close()
+		return nil, since, err
+	}
+	return c, since, nil
+}
+
+// helloOn exchanges HELLOs, ours h, on c, a connection to p's gateway.
+func (g *Gateway) helloOn(c net.Conn, p *peer, h header.Hello) (header.Hello, error) {
+	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
+	defer cancel()
+	ph, err := relay.Handshake(ctx, c, h)
+	if err == nil {
+		// The acceptor's index is informational: only the dialer's is
+		// meaningful.
+		err = g.checkHello(ph, p, -1)
+	}
+	return ph, err
+}
+
+// renewByResume renews express link l to p, which still works, by
+// resuming it on a fresh connection (HELLO renew flag): the new socket
+// starts with a fresh congestion window, and whatever the old one still
+// held unacknowledged, often the very messages its losses delayed, is
+// written again on the new one from the byte the peer has. The new
+// connection is set up (TCP and TLS) before the old one stops, so the link
+// is down for one HELLO exchange. Without resume, a link is renewed by
+// retiring it (relay.Trunk.Add), and bytes stuck in a retiring link's
+// socket cost its streams when that socket breaks. It returns the link
+// that then serves as link i, as resumeLoop does.
+func (g *Gateway) renewByResume(p *peer, i int, l *relay.Link, log *slog.Logger) *relay.Link {
+	c, since, err := g.dialSecure(p)
+	if err != nil {
+		log.Warn("express link renewal failed; keeping the old connection", "err", err)
+		return l
+	}
+	if err := l.Pause(); err != nil {
+		c.Close()
+		return l // failed meanwhile: the dialLoop sees it done
+	}
+	return g.resumeLoop(p, i, l, log, c, since)
+}
+
 // resumeLoop reconnects link i to p, which broke, and resumes it on the
 // new connection, retrying with a short backoff until it resumes or fails
 // (down longer than --wan-resume-within). It returns the link that then
 // serves as link i: l, or a new link when the peer had no state left for
 // l (it restarted), or nil when l failed.
-func (g *Gateway) resumeLoop(p *peer, i int, l *relay.Link, log *slog.Logger) *relay.Link {
+//
+// A renewal (renewByResume) passes the connection it has set up as first,
+// and its HELLOs carry the renew flag: the peer ends its old connection as
+// planned. A renewal may resume what the dialer paused only.
+func (g *Gateway) resumeLoop(p *peer, i int, l *relay.Link, log *slog.Logger, first net.Conn, firstSince time.Time) *relay.Link {
+	renew := first != nil
 	backoff := time.Duration(0)
 	refused := false
 	for {
-		select {
-		case <-l.Done():
-			return nil // the dialLoop reconnects afresh
-		case <-g.ctx.Done():
-			return nil
-		case <-time.After(backoff):
+		if first == nil {
+			select {
+			case <-l.Done():
+				return nil // the dialLoop reconnects afresh
+			case <-g.ctx.Done():
+				return nil
+			case <-time.After(backoff):
+			}
+			backoff = min(max(2*backoff, 20*time.Millisecond), time.Second)
 		}
-		backoff = min(max(2*backoff, 20*time.Millisecond), time.Second)
 		h, err := l.ResumeHello(g.hello(i))
 		if err != nil {
+			if first != nil {
+				first.Close()
+			}
 			return nil // failed meanwhile
 		}
-		c, ph, since, err := g.dialHello(p, h)
+		h.Renew = renew
+		var c net.Conn
+		var ph header.Hello
+		var since time.Time
+		if first != nil {
+			c, since, first = first, firstSince, nil
+			if ph, err = g.helloOn(c, p, h); err != nil {
+				c.Close()
+			}
+		} else {
+			c, ph, since, err = g.dialHello(p, h)
+		}
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			// The peer's host answers and no gateway listens: it has
 			// exited, and the link's state with it. Only when a second
@@ -581,6 +647,10 @@ func (g *Gateway) resumeLoop(p *peer, i int, l *relay.Link, log *slog.Logger) *r
 			c.Close()
 			log.Warn("WAN link resume failed", "err", err)
 			continue
+		}
+		if renew {
+			p.renewed.Add(1)
+			log.Debug("express link renewed", "remote", c.RemoteAddr().String())
 		}
 		return l
 	}
@@ -671,7 +741,12 @@ func (g *Gateway) acceptWAN(tc *net.TCPConn) {
 			return header.Hello{}, err
 		}
 		if ph.Resume {
-			if l := g.resumable(p, i, ph.Session); l != nil {
+			l, err := g.resumable(p, i, ph.Session, ph.Renew)
+			if err != nil {
+				reason = "wan_link_in_use"
+				return header.Hello{}, err
+			}
+			if l != nil {
 				if h, err := l.ResumeHello(g.hello(i)); err == nil {
 					resume = l
 					return h, nil
@@ -700,6 +775,9 @@ func (g *Gateway) acceptWAN(tc *net.TCPConn) {
 			g.log.Warn("WAN link resume failed", "peer", p.name, "link", i, "remote", remote.String(), "err", err)
 			tc.SetLinger(0)
 			c.Close()
+		} else if ph.Renew {
+			p.renewed.Add(1)
+			g.log.Debug("express link renewed", "peer", p.name, "link", i, "remote", remote.String())
 		}
 		return
 	}
@@ -759,18 +837,43 @@ func (g *Gateway) watchDown(p *peer, l *relay.Link) {
 
 // resumable returns p's link i if its session is session, taking down
 // its connection if this side has not yet seen it break: the dialer saw
-// it fail first, and reconnects.
-func (g *Gateway) resumable(p *peer, i int, session uint64) *relay.Link {
+// it fail first, and reconnects, or it renews the link (renew), which
+// renewAllowed may refuse.
+func (g *Gateway) resumable(p *peer, i int, session uint64, renew bool) (*relay.Link, error) {
 	g.peersMu.Lock()
 	l := p.links[i]
 	g.peersMu.Unlock()
 	if l == nil || !l.Resumable() || l.Session() != session {
-		return nil
+		return nil, nil
 	}
-	if !l.Down() {
+	switch {
+	case l.Down():
+	case renew:
+		if err := g.renewAllowed(p, i); err != nil {
+			return nil, err
+		}
+		l.Break(relay.ErrRenewal)
+	default:
 		l.Break(errors.New("relay: the peer resumes the link on a new connection"))
 	}
-	return l
+	return l, nil
+}
+
+// renewAllowed refuses a renewal of p's link i that is not the express
+// link of a gateway that renews, or that comes less than half renewGap
+// after the last: the dialer waits renewGap between two, so more are a
+// peer gone wrong, and each costs the link a HELLO exchange.
+func (g *Gateway) renewAllowed(p *peer, i int) error {
+	if !g.isExpress(i) || !g.cfg.Renew {
+		return fmt.Errorf("renewal of link %d, which is not an express link that renews", i)
+	}
+	now := time.Now().UnixNano()
+	last := p.renewAccepted.Load()
+	if now-last < int64(renewGap/2) || !p.renewAccepted.CompareAndSwap(last, now) {
+		return fmt.Errorf("express link %d was renewed %v ago: at most one renewal per %v", i,
+			time.Duration(now-last).Round(time.Millisecond), renewGap/2)
+	}
+	return nil
 }
 
 // linkInUse refuses a new connection for p's link i while the link it
@@ -796,13 +899,7 @@ func (g *Gateway) linkInUse(p *peer, i int) error {
 		return nil // broken, and the peer starts afresh instead of resuming it
 	}
 	if g.isExpress(i) && g.cfg.Renew {
-		now := time.Now().UnixNano()
-		last := p.renewAccepted.Load()
-		if now-last < int64(renewGap/2) || !p.renewAccepted.CompareAndSwap(last, now) {
-			return fmt.Errorf("express link %d was renewed %v ago: at most one renewal per %v", i,
-				time.Duration(now-last).Round(time.Millisecond), renewGap/2)
-		}
-		return nil
+		return g.renewAllowed(p, i)
 	}
 	wait := max(probeWait, 4*time.Duration(old.Stats.RTT.Load()))
 	if old.Alive(min(wait, g.cfg.DeadAfter)) {
