@@ -26,6 +26,9 @@ const (
 	// Only WAN sockets running BBR export these.
 	metricProbeRTTs = "mpi5k_wan_bbr_probe_rtt_total"
 	metricSkips     = "mpi5k_wan_bbr_probe_rtt_skips_total"
+	// Only gateways with an express link that renews, and with resume on.
+	metricRenewals = "mpi5k_wan_express_renewals_total"
+	metricResumes  = "mpi5k_wan_resumes_total"
 	// The process's user + system CPU time (Prometheus' process collector).
 	metricCPU = "process_cpu_seconds_total"
 )
@@ -97,6 +100,8 @@ type pairStats struct {
 	retransRTO, rtos, idle       float64
 	dips, skips                  float64
 	bbr                          bool // a link to the peer runs BBR
+	renewals, resumes            float64
+	renews, resumable            bool // the gateway exports them
 }
 
 func scrape(addr string) (map[string]*dto.MetricFamily, error) {
@@ -185,6 +190,8 @@ func summary(gws []*gateway, start []usage, live *liveness) string {
 		perPeer(fams, metricIdleRestarts, "", stats, func(s *pairStats) *float64 { return &s.idle })
 		perPeer(fams, metricProbeRTTs, "", stats, func(s *pairStats) *float64 { s.bbr = true; return &s.dips })
 		perPeer(fams, metricSkips, "", stats, func(s *pairStats) *float64 { return &s.skips })
+		perPeer(fams, metricRenewals, "", stats, func(s *pairStats) *float64 { s.renews = true; return &s.renewals })
+		perPeer(fams, metricResumes, "", stats, func(s *pairStats) *float64 { s.resumable = true; return &s.resumes })
 		peers := make([]string, 0, len(stats))
 		for p := range stats {
 			peers = append(peers, p)
@@ -197,6 +204,14 @@ func summary(gws []*gateway, start []usage, live *liveness) string {
 			if st.bbr {
 				// Each dip cost the link ~200 ms at 4 segments per RTT.
 				line += fmt.Sprintf(", %.0f BBR PROBE_RTT dips (%.0f skipped)", st.dips, st.skips)
+			}
+			// Renewals follow losses on the express link; resumes are
+			// breaks of a link's connection that no stream saw.
+			if st.renews {
+				line += fmt.Sprintf(", %.0f express link renewals", st.renewals)
+			}
+			if st.resumable {
+				line += fmt.Sprintf(", %.0f links resumed after a break", st.resumes)
 			}
 			lines = append(lines, line)
 		}

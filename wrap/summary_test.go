@@ -11,7 +11,7 @@ import (
 
 // TestSummary: the summary sums each gateway's link series per peer site
 // and adds BBR's PROBE_RTT dips and skips only for peers reached over BBR
-// links, then each gateway's CPU time during the job (from the reading at
+// links, and express renewals and resumes only where they are exported, then each gateway's CPU time during the job (from the reading at
 // its start) and per GiB forwarded; a gateway without metrics gets a line
 // saying so.
 func TestSummary(t *testing.T) {
@@ -30,6 +30,11 @@ mpi5k_wan_tcp_retransmits_total{link="1",peer="b",site="a"} 1
 mpi5k_wan_bbr_probe_rtt_total{link="0",peer="b",site="a"} 1
 # TYPE mpi5k_wan_bbr_probe_rtt_skips_total counter
 mpi5k_wan_bbr_probe_rtt_skips_total{link="0",peer="b",site="a"} 4
+# TYPE mpi5k_wan_express_renewals_total counter
+mpi5k_wan_express_renewals_total{peer="b",site="a"} 3
+# TYPE mpi5k_wan_resumes_total counter
+mpi5k_wan_resumes_total{link="0",peer="b",site="a"} 1
+mpi5k_wan_resumes_total{link="1",peer="b",site="a"} 1
 # TYPE process_cpu_seconds_total counter
 process_cpu_seconds_total 2.5
 `
@@ -40,7 +45,7 @@ process_cpu_seconds_total 2.5
 	start := []usage{{cpu: 0.5, wan: 1 << 20, ok: true}, {}}
 	out := summary([]*gateway{{site: &Site{Name: "a"}, metrics: up}, {site: &Site{Name: "z"}, metrics: dead}}, start, nil)
 	for _, want := range []string{
-		"  a -> b: 4.0 MiB sent, 1.0 KiB received, 7 streams opened, 6 WAN retransmits (0 in RTO recovery), 0 RTOs, 0 idle restarts, 1 BBR PROBE_RTT dips (4 skipped)\n",
+		"  a -> b: 4.0 MiB sent, 1.0 KiB received, 7 streams opened, 6 WAN retransmits (0 in RTO recovery), 0 RTOs, 0 idle restarts, 1 BBR PROBE_RTT dips (4 skipped), 3 express link renewals, 2 links resumed after a break\n",
 		"  a -> c: 10 B sent, 0 B received, 0 streams opened, 0 WAN retransmits (0 in RTO recovery), 0 RTOs, 0 idle restarts\n",
 		// 2.0 s over 3,146,762 bytes (tx + rx since the start).
 		"  a: 2.00 s CPU (user+sys) during the job, 2.50 s since it started; 682.44 s per GiB forwarded (3.0 MiB over the WAN)\n",
