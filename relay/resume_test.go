@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -64,6 +65,13 @@ func handshakenS(t testing.TB, cfg *Config, index, count int, features uint8, sa
 // makes of a default one (site 1 "a" dials site 2 "b").
 func handshakenH(t testing.TB, cfg *Config, edit func(h *header.Hello, dialer bool)) (ca, cb net.Conn, ha, hb header.Hello) {
 	t.Helper()
+	return handshakenVia(t, cfg, edit, nil)
+}
+
+// handshakenVia is handshakenH with the dialer connecting to via(the
+// acceptor's address) when via is not nil: a proxy's address.
+func handshakenVia(t testing.TB, cfg *Config, edit func(h *header.Hello, dialer bool), via func(addr string) string) (ca, cb net.Conn, ha, hb header.Hello) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +82,11 @@ func handshakenH(t testing.TB, cfg *Config, edit func(h *header.Hello, dialer bo
 		c, _ := ln.Accept()
 		acc <- c
 	}()
-	ca, err = net.Dial("tcp", ln.Addr().String())
+	addr := ln.Addr().String()
+	if via != nil {
+		addr = via(addr)
+	}
+	ca, err = net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -475,4 +487,167 @@ func TestRenewalLossless(t *testing.T) {
 	marked.SetDeadline(time.Now().Add(5 * time.Second))
 	echoByte(t, marked, 'y')
 	t.Logf("%d bytes in checksummed streams across %d renewals, %d bytes written again", total, renewals, replayed)
+}
+
+// stallProxy forwards one TCP connection to target until stall is called;
+// from then on it reads nothing more and drops what it had read, as a path
+// that loses everything would, so the senders' socket buffers fill and
+// their writes block.
+func stallProxy(t testing.TB, target string) (addr string, stall func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stalled, done := make(chan struct{}), make(chan struct{})
+	var conns []net.Conn
+	var mu sync.Mutex
+	t.Cleanup(func() {
+		close(done)
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	pipe := func(dst, src net.Conn) {
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := src.Read(buf)
+			select {
+			case <-stalled:
+				<-done
+				return
+			default:
+			}
+			if err != nil {
+				return
+			}
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+	}
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		u, err := net.Dial("tcp", target)
+		if err != nil {
+			c.Close()
+			return
+		}
+		mu.Lock()
+		conns = append(conns, c, u)
+		mu.Unlock()
+		go pipe(u, c)
+		go pipe(c, u)
+	}()
+	var once sync.Once
+	return ln.Addr().String(), func() { once.Do(func() { close(stalled) }) }
+}
+
+// TestRenewalStalled: a link whose path stops carrying anything, with
+// bytes of a stream stuck in its socket and its writer blocked on a full
+// send buffer, is renewed (Pause, Break(ErrRenewal), resume on a new
+// connection) and the stream goes on without losing a byte: the case for
+// which renewal resumes rather than retires, since the link a gateway
+// renews is the one losses have slowed.
+func TestRenewalStalled(t *testing.T) {
+	// A window and a replay list larger than the stalled path's socket
+	// buffers (a few MiB on loopback), so the writer blocks in a write.
+	cfg := Config{Chunk: 64 << 10, Window: 48 << 20, ReplayMax: 64 << 20, Logger: testLogger(t), ResumeWithin: time.Minute}
+	ta, tb := NewTrunk(true, HandlerFunc(dialHandler)), NewTrunk(false, HandlerFunc(dialHandler))
+	features := header.FeatureTrunk | header.FeatureExpress | header.FeatureResume
+	var as, bs []*Link
+	var stall func()
+	for i := range 2 {
+		sa, sb := rand.Uint64()|1, rand.Uint64()|1
+		var via func(string) string
+		if i == 0 { // the bulk link, which homes the stream, crosses the proxy
+			via = func(addr string) string {
+				var a string
+				a, stall = stallProxy(t, addr)
+				return a
+			}
+		}
+		ca, cb, ha, hb := handshakenVia(t, &cfg, func(h *header.Hello, dialer bool) {
+			h.LinkIndex, h.LinkCount, h.Features = uint8(i), 2, features
+			h.Session = sb
+			if dialer {
+				h.Session = sa
+			}
+		}, via)
+		as = append(as, ta.AddResumable(ca, cfg, ha, i, i == 1, sa))
+		bs = append(bs, tb.AddResumable(cb, cfg, hb, i, i == 1, sb))
+	}
+	t.Cleanup(func() {
+		for i := range as {
+			as[i].Close()
+			bs[i].Close()
+		}
+	})
+	echo := testnet.Serve(t, loopback, func(c *net.TCPConn) { io.Copy(c, c); c.Close() })
+	app, _ := openVia(t, as[0], echo)
+	defer app.Close()
+	echoByte(t, app, 'x')
+
+	stall()
+	data := make([]byte, 40<<20)
+	for i := range data {
+		data[i] = byte(i*13 + i>>9)
+	}
+	got := make(chan error, 1)
+	go func() {
+		back := make([]byte, len(data))
+		app.SetReadDeadline(time.Now().Add(30 * time.Second))
+		_, err := io.ReadFull(app, back)
+		if err == nil && !bytes.Equal(back, data) {
+			err = errors.New("the echo differs from what was sent")
+		}
+		got <- err
+	}()
+	go app.Write(data)
+	// Wait until the link's writer is stuck on the stalled socket: what it
+	// has written stops growing, well short of the data.
+	for deadline, last := time.Now().Add(10*time.Second), uint64(0); ; time.Sleep(200 * time.Millisecond) {
+		n := as[0].Stats.BytesSent.Load()
+		if n >= 1<<20 && n == last {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("link 0 wrote %d bytes toward the stalled path and goes on", n)
+		}
+		last = n
+	}
+	if n := as[0].Stats.BytesSent.Load(); n >= uint64(len(data)) {
+		t.Fatalf("link 0 wrote all %d bytes toward the stalled path: the test did not stall it", n)
+	}
+	if err := as[0].Pause(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := as[0].ResumeHello(header.Hello{}); err != nil {
+		t.Fatal(err)
+	}
+	bs[0].Break(ErrRenewal)
+	resumed := make(chan error, 1)
+	go func() { resumed <- resume(t, cfg, as[0], bs[0]) }()
+	select {
+	case err := <-resumed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the paused link did not resume within 20 s: a writer blocked on the stalled socket?")
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("stream across the renewal of a stalled link: %v", err)
+	}
+	st := as[0].ResumeStats()
+	if st.Renewals != 1 || st.Replayed == 0 {
+		t.Fatalf("link 0: %+v, want one renewal that wrote stuck bytes again", st)
+	}
+	t.Logf("%d bytes written again after the renewal of a stalled link", st.Replayed+bs[0].ResumeStats().Replayed)
 }
