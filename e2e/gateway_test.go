@@ -763,8 +763,13 @@ func TestGatewayLossyExpress(t *testing.T) {
 	// Without renewal a cut window costs a whole extra round trip or more
 	// (44-102 ms medians measured), so renewal must save most of one. A
 	// ratio is the wrong measure near one extra round trip: 26.1 against
-	// 43.2 ms once failed a "3/5 of it" bound by 0.1 ms in CI.
-	if p50[true] > p50[false]-rtt*3/4 {
+	// 43.2 ms once failed a "3/5 of it" bound by 0.1 ms in CI. Where the
+	// losses fell, the run without renewal may not cut its windows below a
+	// message (26.2 ms once, cwnd 33-39 segments at the end): then there is
+	// nothing to save, and the bound above is the whole check.
+	if p50[false] <= 2*rtt+12*time.Millisecond {
+		t.Logf("without renewal the median kept within one extra round trip (%v): its windows were not cut below a message, so renewal had nothing to save", p50[false])
+	} else if p50[true] > p50[false]-rtt*3/4 {
 		t.Errorf("with renewal, 64 KiB p50 %v under 0.1 %% loss: not most of a round trip below %v without", p50[true], p50[false])
 	}
 }
