@@ -348,12 +348,7 @@ func (l *Link) broke(gen uint64, err error) {
 		l.fail(err)
 		return
 	}
-	l.broken = true
-	l.down.Store(true)
-	l.rs.downAt, l.rs.downErr = time.Now(), err
-	conn, w, rd := l.conn, l.w, l.rd
-	l.mu.Unlock()
-	w.cancel() // before the socket closes: its number may be reused
+	conn, rd := l.goDown(err)
 	if sc, ok := conn.(*SealedConn); ok && seal.IsRecordError(err) && !errors.Is(err, seal.ErrAlert) {
 		// An orderly close after the alert: a reset could discard it.
 		sc.alert()
@@ -382,6 +377,20 @@ func (l *Link) broke(gen uint64, err error) {
 		}
 		l.log.Info("streams that resume without the link reset", "peer", l.peer.Name, "link", l.index, "streams", len(ss))
 	}
+}
+
+// goDown marks the resuming link down for err, with l.mu held, which it
+// releases, and takes its socket back from the poller thread before the
+// caller closes it or times it out (its number may be reused). It returns
+// the connection and its reader, which the caller ends.
+func (l *Link) goDown(err error) (net.Conn, *linkReader) {
+	l.broken = true
+	l.down.Store(true)
+	l.rs.downAt, l.rs.downErr = time.Now(), err
+	conn, w, rd := l.conn, l.w, l.rd
+	l.mu.Unlock()
+	w.cancel()
+	return conn, rd
 }
 
 // Break ends the link's connection as a failure would, so that a new one
@@ -421,12 +430,7 @@ func (l *Link) Pause() error {
 		l.mu.Unlock()
 		return nil
 	}
-	l.broken = true
-	l.down.Store(true)
-	l.rs.downAt, l.rs.downErr = time.Now(), ErrRenewal
-	conn, w, rd := l.conn, l.w, l.rd
-	l.mu.Unlock()
-	w.cancel()
+	conn, rd := l.goDown(ErrRenewal)
 	// A deadline in the past ends every read and write on the socket,
 	// blocking or not (the poller's raw reads check it too); the errors
 	// they return come from an old generation or a broken link, and are
