@@ -150,6 +150,14 @@
 // streams end whole and DATA_AT offsets restore the order across the two
 // links. Figures: bench/figures/express.
 //
+// Against another flow that keeps the WAN queue full, the express link
+// helps no message: each waits in that queue on any link, and there the
+// loss-based express window is cut about once a second. A side can then
+// hold the express link aside (Trunk.HoldExpress): for the hold, its
+// messages take the bulk links, as in a trunk without an express link,
+// while the peer decides for its own direction. The gateway decides when
+// (gateway.Config.ExpressYield). Figures: bench/figures/computework.
+//
 // # Queue control
 //
 // A bulk link left to itself fills the WAN bottleneck's queue, and every

@@ -31,6 +31,9 @@ type Trunk struct {
 	rr      int     // rotates the first candidate of the least-loaded choice
 	queueOn bool    // controlQueue runs
 	onRenew func()  // the dialer's: renew the express link
+	// xHold: until when (unix ns) messages stay off the express link
+	// (HoldExpress).
+	xHold atomic.Int64
 	// early is the DATA bytes buffered for streams not yet connected to
 	// their destination (Config.MaxEarly).
 	early atomic.Int64
@@ -121,13 +124,32 @@ func (t *Trunk) add(conn net.Conn, cfg Config, peer header.Hello, index int, exp
 	return l
 }
 
+// HoldExpress sends this side's messages on the bulk links for d from now,
+// as if the trunk had no express link; d <= 0 ends a hold. The express
+// link stays up (and is renewed as before), so the peer may go on using
+// it. The gateway holds it while another flow keeps the WAN queue full:
+// the messages wait in that queue on any link, and there the express
+// link's loss-based window is cut again and again while a primed bulk
+// link's holds.
+func (t *Trunk) HoldExpress(d time.Duration) {
+	if d <= 0 {
+		t.xHold.Store(0)
+		return
+	}
+	t.xHold.Store(time.Now().Add(d).UnixNano())
+}
+
+// ExpressHeld reports whether a hold (HoldExpress) keeps messages off the
+// express link at now.
+func (t *Trunk) ExpressHeld(now time.Time) bool { return now.UnixNano() < t.xHold.Load() }
+
 // expressSent returns the DATA bytes the trunk's express link has sent,
-// and false when it has no working express link (messages then share the
-// bulk links).
+// and false when it has no working express link or a hold keeps messages
+// off it (messages then share the bulk links).
 func (t *Trunk) expressSent() (uint64, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.express < 0 || t.links[t.express] == nil || t.links[t.express].dead.Load() {
+	if t.ExpressHeld(time.Now()) || t.express < 0 || t.links[t.express] == nil || t.links[t.express].dead.Load() {
 		return 0, false
 	}
 	return t.links[t.express].Stats.BytesSent.Load(), true
@@ -252,7 +274,7 @@ func (t *Trunk) pick(s *Stream, k int, now time.Time) *Link {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if s.burst <= s.l.cfg.ExpressMax && t.express >= 0 {
+	if s.burst <= s.l.cfg.ExpressMax && t.express >= 0 && !t.ExpressHeld(now) {
 		if x := t.links[t.express]; x != nil && !x.dead.Load() && !x.down.Load() && s.expressBudget(k, time.Duration(x.Stats.RTT.Load()), now) {
 			return x
 		}

@@ -469,3 +469,61 @@ func TestPad(t *testing.T) {
 		t.Errorf("PAD from a peer without feature PAD accepted")
 	}
 }
+
+// TestTrunkHoldExpress: while one side holds the express link
+// (HoldExpress), its messages take the bulk link and arrive intact, the
+// peer's messages still take the express link, and queue control counts
+// the trunk as one without an express link; when the hold ends, messages
+// take the express link again.
+func TestTrunkHoldExpress(t *testing.T) {
+	ta, tb, as, bs := trunkPair(t, Config{}, 1, true)
+	app, _ := openVia(t, as[0], testnet.Echo(t, loopback))
+	defer app.Close()
+	app.SetDeadline(time.Now().Add(30 * time.Second))
+	got := make([]byte, 64)
+	pings := func(round byte) {
+		t.Helper()
+		for k := range 20 {
+			msg := bytes.Repeat([]byte{round, byte(k)}, 32)
+			if _, err := app.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(app, got); err != nil || !bytes.Equal(got, msg) {
+				t.Fatalf("round %d message %d: echo %x, %v", round, k, got[:4], err)
+			}
+			time.Sleep(2 * burstGap)
+		}
+	}
+	sent := func(ls []*Link) (bulk, x uint64) { return ls[0].Stats.BytesSent.Load(), ls[1].Stats.BytesSent.Load() }
+
+	pings(1)
+	if _, x := sent(as); x == 0 {
+		t.Fatal("before the hold, no message took the express link")
+	}
+	ta.HoldExpress(time.Minute)
+	if !ta.ExpressHeld(time.Now()) || tb.ExpressHeld(time.Now()) {
+		t.Fatal("the hold is not on the near trunk alone")
+	}
+	if _, ok := ta.expressSent(); ok {
+		t.Error("queue control still sees an express link carrying the messages during the hold")
+	}
+	b0, x0 := sent(as)
+	_, px0 := sent(bs)
+	pings(2)
+	b1, x1 := sent(as)
+	_, px1 := sent(bs)
+	if x1 != x0 {
+		t.Errorf("during the hold the express link sent %d more bytes", x1-x0)
+	}
+	if b1-b0 < 20*64 {
+		t.Errorf("during the hold the bulk link sent %d bytes, want the 20 messages' %d at least", b1-b0, 20*64)
+	}
+	if px1-px0 < 20*64 {
+		t.Errorf("the peer's echoes took its express link for %d bytes, want %d at least: a hold is one side's", px1-px0, 20*64)
+	}
+	ta.HoldExpress(0)
+	pings(3)
+	if _, x2 := sent(as); x2 == x1 {
+		t.Error("after the hold, no message took the express link again")
+	}
+}
