@@ -63,6 +63,13 @@ type Config struct {
 	// recovery has cut (see package relay, renewal). Both gateways of a
 	// pair must agree.
 	Renew bool
+	// ExpressYield holds the express link aside (relay.Trunk.HoldExpress)
+	// while another flow keeps the WAN queue full: when losses have cut
+	// the express link's window below one message and its round trip
+	// stands well above the path's (see yieldExpress), this side's
+	// messages take the bulk links for 10 s, doubling up to a minute
+	// while it recurs. Each side decides for what it sends.
+	ExpressYield bool
 	// ProbeRTTGuard idles a busy BBR bulk link across its min_rtt filter's
 	// expiry (tuning.ProbeGuard), which BBR then takes as a restart from idle
 	// instead of a dip into PROBE_RTT (cwnd 4 for 200 ms every 10 s of
@@ -194,7 +201,7 @@ func DefaultConfig() Config {
 	return Config{
 		WAN:   tuning.SockOpts{NotSentLowat: 128 << 10, RTOMin: 10 * time.Millisecond, DelackMax: 5 * time.Millisecond},
 		Chunk: 128 << 10, Window: 4 << 20, WANConns: 1,
-		Express: true, Renew: true, ProbeRTTGuard: true, Prime: true, KeepWarm: true,
+		Express: true, Renew: true, ExpressYield: true, ProbeRTTGuard: true, Prime: true, KeepWarm: true,
 		PollThread: true, QuietRuntime: true, WANQueue: time.Millisecond,
 		ResumeWithin: time.Minute,
 		AllowPorts:   DefaultAllowPorts,

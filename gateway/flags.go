@@ -69,6 +69,7 @@ func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
 	addBool(&c.Express, "wan-express", "one more WAN connection per site pair for small frames only, so they never wait behind bulk (the same on every gateway)")
 	add(cc(&c.ExpressCC), "wan-express-cc", "congestion control of the express link (default: cubic)")
 	addBool(&c.Renew, "wan-express-renew", "replace the express link with a fresh connection when losses have cut its congestion window below one --express-max message (the same on every gateway)")
+	addBool(&c.ExpressYield, "wan-express-yield", "send messages on the bulk links for a while (10s, doubling to 1m while it recurs) when another flow keeps the WAN queue full and losses have cut the express link's window below one --express-max message")
 	add(size(&c.ExpressMax, 0, header.MaxPayload), "express-max", "largest message (burst a rank writes without pausing) that takes the express link, at most --chunk (0: 68KiB, or --chunk if smaller)")
 	add(cli.Duration{P: &c.WANQueue}, "wan-queue", "queue control: WAN bottleneck queue a saturating bulk link may keep, by capping the peer's receive window at measured rate x (min RTT + this) (0: off)")
 	add(cli.Duration{P: &c.WAN.RTOMin}, "wan-rto-min", "floor of WAN sockets' retransmission timeout, TCP_RTO_MIN_US, at most 200ms (0: the kernel's 200ms)")

@@ -957,6 +957,55 @@ func TestExpressCold(t *testing.T) {
 	}
 }
 
+// TestForeignQueue: the express link's round trip against the path's min
+// RTT, taken from the long-lived bulk links, tells another flow's queue;
+// a bulk link with bytes waiting may be what queues, so it tells nothing.
+func TestForeignQueue(t *testing.T) {
+	ms := time.Millisecond
+	x := func(rtt, min time.Duration) tcpinfo.Info { return tcpinfo.Info{RTT: rtt, MinRTT: min} }
+	bulk := func(min time.Duration, notsent uint32) tcpinfo.Info {
+		return tcpinfo.Info{MinRTT: min, NotsentBytes: notsent}
+	}
+	for _, c := range []struct {
+		name   string
+		x      tcpinfo.Info
+		bulk   []tcpinfo.Info
+		want   bool
+		q, min time.Duration
+	}{
+		{"a foreign flow's 15 ms queue", x(35*ms, 33*ms), []tcpinfo.Info{bulk(20*ms, 0)}, true, 15 * ms, 20 * ms},
+		{"a fresh express link measured under it", x(36*ms, 35*ms), []tcpinfo.Info{bulk(20*ms, 0), bulk(21*ms, 0)}, true, 16 * ms, 20 * ms},
+		{"below a quarter of the round trip", x(24*ms, 20*ms), []tcpinfo.Info{bulk(20*ms, 0)}, false, 4 * ms, 20 * ms},
+		{"at least 4 ms on a short path", x(5*ms, 1*ms), []tcpinfo.Info{bulk(1*ms, 0)}, true, 4 * ms, 1 * ms},
+		{"3.9 ms on a short path", x(4900*time.Microsecond, 1*ms), nil, false, 3900 * time.Microsecond, 1 * ms},
+		{"our own bulk waits", x(40*ms, 20*ms), []tcpinfo.Info{bulk(20*ms, 0), bulk(20*ms, 1)}, false, 0, 0},
+		{"no bulk sample: the express link's own min", x(40*ms, 20*ms), nil, true, 20 * ms, 20 * ms},
+		{"no min RTT yet", x(40*ms, 0), []tcpinfo.Info{bulk(0, 0)}, false, 40 * ms, 0},
+	} {
+		q, min, ok := foreignQueue(c.x, c.bulk)
+		if ok != c.want || q != c.q || min != c.min {
+			t.Errorf("%s: queue %v over %v, foreign %v; want %v over %v, %v", c.name, q, min, ok, c.q, c.min, c.want)
+		}
+	}
+}
+
+// TestNextYield: holds of the express link double while they follow each
+// other, up to a minute, and start again at 10 s after a gap.
+func TestNextYield(t *testing.T) {
+	p := &peer{}
+	t0 := time.Unix(1000, 0)
+	at := t0
+	for i, want := range []time.Duration{10, 20, 40, 60, 60} {
+		if got := p.nextYield(at); got != want*time.Second {
+			t.Fatalf("hold %d: %v, want %vs", i, got, want)
+		}
+		at = p.yieldEnd.Add(2 * time.Second) // a renewal or two after its end
+	}
+	if got := p.nextYield(p.yieldEnd.Add(61 * time.Second)); got != yieldFirst {
+		t.Fatalf("after a minute with no hold: %v, want %v", got, yieldFirst)
+	}
+}
+
 // TestPrime: by the time a gateway reports ready it has filled every new
 // BBR WAN link with PAD frames (and no CUBIC one), in both directions;
 // --wan-prime=false sends none.

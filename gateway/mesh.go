@@ -18,6 +18,7 @@ import (
 	"github.com/mpi5k/mpi5k/header"
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/sitemap"
+	"github.com/mpi5k/mpi5k/tcpinfo"
 	"github.com/mpi5k/mpi5k/tuning"
 )
 
@@ -43,6 +44,12 @@ type peer struct {
 	// express link; renewed counts renewals (both sides).
 	renew   chan struct{}
 	renewed atomic.Uint64
+	// yields counts the holds of the express link (yieldExpress); yieldEnd
+	// and yieldNext, the sampler's alone, are when the last hold ends and
+	// how long the next one lasts.
+	yields    atomic.Uint64
+	yieldEnd  time.Time
+	yieldNext time.Duration
 	// streamsIn: streams the peer has open into this site (MaxPeerStreams).
 	streamsIn atomic.Int64
 	// renewAccepted: when the acceptor last let a new express link retire
@@ -459,27 +466,36 @@ const renewGap = time.Second
 // larger than it costs extra round trips; a fresh connection starts in
 // slow start and grows to twice the largest message within a few. Each
 // side judges the window it sends with: the dialer dials, the acceptor
-// asks it to with RENEW. Called at each WAN sample (sampleWAN), right after the
+// asks it to with RENEW. A cold window that comes with another flow's
+// queue also holds the express link aside (yieldExpress). Called at each WAN sample (sampleWAN), right after the
 // sampler has read every link's TCP_INFO, whose samples it uses.
 func (g *Gateway) checkExpress() {
-	if !g.cfg.Express || !g.cfg.Renew {
+	if !g.cfg.Express || !g.cfg.Renew && !g.cfg.ExpressYield {
 		return
 	}
 	g.peersMu.Lock()
 	type cand struct {
-		p *peer
-		l *relay.Link
+		p    *peer
+		l    *relay.Link
+		bulk []*relay.Link
 	}
 	var cs []cand
 	for _, p := range g.peers {
 		if l := p.links[g.cfg.WANConns]; l != nil && !l.Retiring() {
-			cs = append(cs, cand{p, l})
+			cs = append(cs, cand{p, l, slices.Clone(p.links[:g.cfg.WANConns])})
 		}
 	}
 	g.peersMu.Unlock()
+	now := time.Now()
 	for _, c := range cs {
 		in, ok := g.m.ev.last(c.l)
 		if !ok || !expressCold(in.SndCwnd, in.SndSsthresh, in.SndMSS, g.cfg.ExpressMax) {
+			continue
+		}
+		if g.cfg.ExpressYield {
+			g.yieldExpress(c.p, in, c.bulk, now)
+		}
+		if !g.cfg.Renew {
 			continue
 		}
 		if c.p.dialer {
@@ -488,6 +504,86 @@ func (g *Gateway) checkExpress() {
 			c.l.RequestRenew(renewGap)
 		}
 	}
+}
+
+// How long a hold of the express link lasts (yieldExpress): the first
+// one, and at most, doubling while holds follow each other.
+const (
+	yieldFirst = 10 * time.Second
+	yieldMax   = time.Minute
+)
+
+// yieldQueue is the standing queue, above a path's min RTT of base, that
+// only another flow keeps (yieldExpress): a quarter of the path's round
+// trip and at least 4 ms, above what the messages of one exchange and a
+// bulk link under queue control (1 ms by default) add.
+func yieldQueue(base time.Duration) time.Duration { return max(base/4, 4*time.Millisecond) }
+
+// yieldExpress holds p's express link aside (relay.Trunk.HoldExpress)
+// when its cold window x (checkExpress) comes with another flow's queue:
+// x's smoothed round trip stands yieldQueue above the path's min RTT,
+// taken from the long-lived bulk links (a fresh express link measured its
+// own under that queue), while no bulk link has bytes waiting (a queue of
+// our own bulk drains as it ends). Against such a flow a message waits in
+// its queue on any link, and there the CUBIC express link, renewed as
+// losses cut it, starts again from 10 segments about once a second, while
+// the primed BBR bulk link keeps its window (bench/figures/computework:
+// LU, MG and CG at 0.94-1.04 of direct without the express link, 1.23-2.23
+// with it). The hold doubles from yieldFirst to yieldMax while holds
+// follow each other, and starts over at yieldFirst after one hold's worth
+// of time with none; at its end the express link is tried again.
+func (g *Gateway) yieldExpress(p *peer, x tcpinfo.Info, bulk []*relay.Link, now time.Time) {
+	if p.trunk.ExpressHeld(now) {
+		return
+	}
+	var ins []tcpinfo.Info
+	for _, l := range bulk {
+		if l == nil {
+			continue
+		}
+		if in, ok := g.m.ev.last(l); ok {
+			ins = append(ins, in)
+		}
+	}
+	q, base, ok := foreignQueue(x, ins)
+	if !ok {
+		return
+	}
+	hold := p.nextYield(now)
+	p.trunk.HoldExpress(hold)
+	p.yields.Add(1)
+	g.log.Info("messages take the bulk links: another flow keeps the WAN queue full", "peer", p.name,
+		"queue", q.Round(100*time.Microsecond).String(), "min_rtt", base.Round(100*time.Microsecond).String(),
+		"express_cwnd", x.SndCwnd, "for", hold.String())
+}
+
+// foreignQueue reports whether the express link's TCP_INFO x shows
+// another flow's queue (yieldExpress), given the bulk links' bulk: its
+// standing queue q over the path's min RTT base.
+func foreignQueue(x tcpinfo.Info, bulk []tcpinfo.Info) (q, base time.Duration, ok bool) {
+	base = x.MinRTT
+	for _, in := range bulk {
+		if in.NotsentBytes > 0 {
+			return 0, 0, false // our own bulk may be what queues
+		}
+		if in.MinRTT > 0 && in.MinRTT < base {
+			base = in.MinRTT
+		}
+	}
+	q = x.RTT - base
+	return q, base, base > 0 && q >= yieldQueue(base)
+}
+
+// nextYield returns how long the hold that starts at now lasts, and
+// counts it: double the last one while holds follow each other, up to
+// yieldMax; yieldFirst after a gap as long as the next would have been.
+func (p *peer) nextYield(now time.Time) time.Duration {
+	hold := p.yieldNext
+	if hold == 0 || now.Sub(p.yieldEnd) > hold {
+		hold = yieldFirst
+	}
+	p.yieldEnd, p.yieldNext = now.Add(hold), min(2*hold, yieldMax)
+	return hold
 }
 
 func (g *Gateway) dialOnce(p *peer, i int) (*relay.Link, error) {

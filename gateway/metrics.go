@@ -36,7 +36,7 @@ type metrics struct {
 	// Derived from periodic TCP_INFO samples (tcpevents.go).
 	ev                                        wanEvents
 	samples, rtxFast, rtxRTO, rtos, idleRst   *prometheus.Desc
-	renewals                                  *prometheus.Desc
+	renewals, yields                          *prometheus.Desc
 	peerStreams, early                        *prometheus.Desc
 	probeRTTs, probeRTTTime, bbrBW, bbrMinRTT *prometheus.Desc
 	// The PROBE_RTT guard (tuning.ProbeGuard).
@@ -69,6 +69,9 @@ func newMetrics(g *Gateway) *metrics {
 		inUse("mpi5k_rank_listeners", "Host:ports of this site where ranks listen (LISTEN): streams from other sites may reach them.", &g.listens.n))
 	m.renewals = prometheus.NewDesc("mpi5k_wan_express_renewals_total",
 		"Times the site pair's express link was replaced by a fresh connection because losses had cut its congestion window below one message.",
+		[]string{"peer"}, prometheus.Labels{"site": g.site.Name})
+	m.yields = prometheus.NewDesc("mpi5k_wan_express_yields_total",
+		"Times this gateway sent its messages to the peer on the bulk links for a while, because another flow kept the WAN queue full (--wan-express-yield).",
 		[]string{"peer"}, prometheus.Labels{"site": g.site.Name})
 	m.peerStreams = prometheus.NewDesc("mpi5k_peer_streams_in", "Streams the peer site has open into this site (limit: MaxPeerStreams).",
 		[]string{"peer"}, prometheus.Labels{"site": g.site.Name})
@@ -124,7 +127,7 @@ func newMetrics(g *Gateway) *metrics {
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.bytes, m.pad, m.frames, m.polled, m.partial, m.inline, m.writes, m.stalls, m.streams, m.up, m.rtt,
 		m.clamp, m.peerClamp, m.queue, m.lifts,
-		m.cwnd, m.ssthresh, m.srtt, m.retrans, m.lost, m.notsent, m.samples, m.rtxFast, m.rtxRTO, m.rtos, m.idleRst, m.renewals, m.peerStreams, m.early,
+		m.cwnd, m.ssthresh, m.srtt, m.retrans, m.lost, m.notsent, m.samples, m.rtxFast, m.rtxRTO, m.rtos, m.idleRst, m.renewals, m.yields, m.peerStreams, m.early,
 		m.probeRTTs, m.probeRTTTime, m.bbrBW, m.bbrMinRTT, m.holds, m.skips, m.held, m.down, m.resumes, m.replayed, m.replay} {
 		ch <- d
 	}
@@ -142,7 +145,8 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.g.peersMu.Lock()
 	for _, p := range m.g.peers {
 		if m.g.cfg.Express {
-			renewed = append(renewed, prometheus.MustNewConstMetric(m.renewals, prometheus.CounterValue, float64(p.renewed.Load()), p.name))
+			renewed = append(renewed, prometheus.MustNewConstMetric(m.renewals, prometheus.CounterValue, float64(p.renewed.Load()), p.name),
+				prometheus.MustNewConstMetric(m.yields, prometheus.CounterValue, float64(p.yields.Load()), p.name))
 		}
 		renewed = append(renewed, prometheus.MustNewConstMetric(m.peerStreams, prometheus.GaugeValue, float64(p.streamsIn.Load()), p.name),
 			prometheus.MustNewConstMetric(m.early, prometheus.GaugeValue, float64(p.trunk.EarlyBytes()), p.name))
