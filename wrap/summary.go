@@ -28,23 +28,27 @@ const (
 	metricSkips     = "mpi5k_wan_bbr_probe_rtt_skips_total"
 	// Only gateways with an express link that renews, and with resume on.
 	metricRenewals = "mpi5k_wan_express_renewals_total"
+	metricYields   = "mpi5k_wan_express_yields_total"
 	metricResumes  = "mpi5k_wan_resumes_total"
 	// The process's user + system CPU time (Prometheus' process collector).
 	metricCPU = "process_cpu_seconds_total"
 )
 
 // GatewayTag starts the summary's machine-readable line per gateway:
-// "MPI5K-GATEWAY site=S cpu_s=F wan_bytes=N cpu_total_s=F": CPU seconds
-// (user + system) and WAN bytes sent plus received while the job ran, and
-// CPU seconds since the gateway started (priming included). mpi5k bench
-// records them beside each run's time.
+// "MPI5K-GATEWAY site=S cpu_s=F wan_bytes=N cpu_total_s=F renewals=N
+// yields=N": CPU seconds (user + system) and WAN bytes sent plus received
+// while the job ran, CPU seconds since the gateway started (priming
+// included), and the express link's renewals and yields (to another
+// flow's queue) while the job ran, over all peers. mpi5k bench records
+// them beside each run's time.
 const GatewayTag = "MPI5K-GATEWAY"
 
 // usage is one gateway's CPU time and WAN bytes (sent + received) at one
 // moment; ok is false when its metrics could not be read.
 type usage struct {
-	cpu, wan float64
-	ok       bool
+	cpu, wan         float64
+	renewals, yields float64
+	ok               bool
 }
 
 func usageOf(fams map[string]*dto.MetricFamily) usage {
@@ -54,9 +58,11 @@ func usageOf(fams map[string]*dto.MetricFamily) usage {
 	} else {
 		u.ok = false
 	}
-	if f := fams[metricBytes]; f != nil {
-		for _, m := range f.GetMetric() {
-			u.wan += value(m)
+	for name, v := range map[string]*float64{metricBytes: &u.wan, metricRenewals: &u.renewals, metricYields: &u.yields} {
+		if f := fams[name]; f != nil {
+			for _, m := range f.GetMetric() {
+				*v += value(m)
+			}
 		}
 	}
 	return u
@@ -80,8 +86,10 @@ func cpuLines(site string, start, end usage) []string {
 		return []string{fmt.Sprintf("  %s: no CPU time in its metrics", site)}
 	}
 	cpu, wan, during := end.cpu, end.wan, "since it started (no reading at the job's start)"
+	renewals, yields := end.renewals, end.yields
 	if start.ok {
 		cpu, wan, during = end.cpu-start.cpu, end.wan-start.wan, "during the job"
+		renewals, yields = end.renewals-start.renewals, end.yields-start.yields
 	}
 	line := fmt.Sprintf("  %s: %.2f s CPU (user+sys) %s, %.2f s since it started; ", site, cpu, during, end.cpu)
 	// Below a MiB the quotient says more about the idle cost than about
@@ -91,7 +99,8 @@ func cpuLines(site string, start, end usage) []string {
 	} else {
 		line += fmt.Sprintf("%s over the WAN, too little for a cost per GiB", human(wan))
 	}
-	return []string{line, fmt.Sprintf("  %s site=%s cpu_s=%.3f wan_bytes=%.0f cpu_total_s=%.3f", GatewayTag, site, cpu, wan, end.cpu)}
+	return []string{line, fmt.Sprintf("  %s site=%s cpu_s=%.3f wan_bytes=%.0f cpu_total_s=%.3f renewals=%.0f yields=%.0f",
+		GatewayTag, site, cpu, wan, end.cpu, renewals, yields)}
 }
 
 // pairStats is what one gateway says about its link to one peer site.
@@ -100,8 +109,8 @@ type pairStats struct {
 	retransRTO, rtos, idle       float64
 	dips, skips                  float64
 	bbr                          bool // a link to the peer runs BBR
-	renewals, resumes            float64
-	renews, resumable            bool // the gateway exports them
+	renewals, resumes, yields    float64
+	renews, resumable, yielding  bool // the gateway exports them
 }
 
 func scrape(addr string) (map[string]*dto.MetricFamily, error) {
@@ -191,6 +200,7 @@ func summary(gws []*gateway, start []usage, live *liveness) string {
 		perPeer(fams, metricProbeRTTs, "", stats, func(s *pairStats) *float64 { s.bbr = true; return &s.dips })
 		perPeer(fams, metricSkips, "", stats, func(s *pairStats) *float64 { return &s.skips })
 		perPeer(fams, metricRenewals, "", stats, func(s *pairStats) *float64 { s.renews = true; return &s.renewals })
+		perPeer(fams, metricYields, "", stats, func(s *pairStats) *float64 { s.yielding = true; return &s.yields })
 		perPeer(fams, metricResumes, "", stats, func(s *pairStats) *float64 { s.resumable = true; return &s.resumes })
 		peers := make([]string, 0, len(stats))
 		for p := range stats {
@@ -209,6 +219,11 @@ func summary(gws []*gateway, start []usage, live *liveness) string {
 			// breaks of a link's connection that no stream saw.
 			if st.renews {
 				line += fmt.Sprintf(", %.0f express link renewals", st.renewals)
+			}
+			// A yield sends the messages on the bulk links for a while,
+			// because another flow keeps the WAN queue full.
+			if st.yielding && st.yields > 0 {
+				line += fmt.Sprintf(", messages on the bulk links %.0f times (another flow filled the WAN queue)", st.yields)
 			}
 			if st.resumable {
 				line += fmt.Sprintf(", %.0f links resumed after a break", st.resumes)

@@ -32,6 +32,8 @@ mpi5k_wan_bbr_probe_rtt_total{link="0",peer="b",site="a"} 1
 mpi5k_wan_bbr_probe_rtt_skips_total{link="0",peer="b",site="a"} 4
 # TYPE mpi5k_wan_express_renewals_total counter
 mpi5k_wan_express_renewals_total{peer="b",site="a"} 3
+# TYPE mpi5k_wan_express_yields_total counter
+mpi5k_wan_express_yields_total{peer="b",site="a"} 2
 # TYPE mpi5k_wan_resumes_total counter
 mpi5k_wan_resumes_total{link="0",peer="b",site="a"} 1
 mpi5k_wan_resumes_total{link="1",peer="b",site="a"} 1
@@ -45,11 +47,11 @@ process_cpu_seconds_total 2.5
 	start := []usage{{cpu: 0.5, wan: 1 << 20, ok: true}, {}}
 	out := summary([]*gateway{{site: &Site{Name: "a"}, metrics: up}, {site: &Site{Name: "z"}, metrics: dead}}, start, nil)
 	for _, want := range []string{
-		"  a -> b: 4.0 MiB sent, 1.0 KiB received, 7 streams opened, 6 WAN retransmits (0 in RTO recovery), 0 RTOs, 0 idle restarts, 1 BBR PROBE_RTT dips (4 skipped), 3 express link renewals, 2 links resumed after a break\n",
+		"  a -> b: 4.0 MiB sent, 1.0 KiB received, 7 streams opened, 6 WAN retransmits (0 in RTO recovery), 0 RTOs, 0 idle restarts, 1 BBR PROBE_RTT dips (4 skipped), 3 express link renewals, messages on the bulk links 2 times (another flow filled the WAN queue), 2 links resumed after a break\n",
 		"  a -> c: 10 B sent, 0 B received, 0 streams opened, 0 WAN retransmits (0 in RTO recovery), 0 RTOs, 0 idle restarts\n",
 		// 2.0 s over 3,146,762 bytes (tx + rx since the start).
 		"  a: 2.00 s CPU (user+sys) during the job, 2.50 s since it started; 682.44 s per GiB forwarded (3.0 MiB over the WAN)\n",
-		"  MPI5K-GATEWAY site=a cpu_s=2.000 wan_bytes=3146762 cpu_total_s=2.500\n",
+		"  MPI5K-GATEWAY site=a cpu_s=2.000 wan_bytes=3146762 cpu_total_s=2.500 renewals=3 yields=2\n",
 		"  z: no metrics (",
 	} {
 		if !strings.Contains(out, want) {
@@ -66,12 +68,12 @@ func TestCPULines(t *testing.T) {
 		start, end usage
 		want       []string
 	}{
-		{usage{}, usage{cpu: 2, wan: 1.5 * (1 << 30), ok: true}, []string{
+		{usage{}, usage{cpu: 2, wan: 1.5 * (1 << 30), renewals: 4, yields: 1, ok: true}, []string{
 			"  a: 2.00 s CPU (user+sys) since it started (no reading at the job's start), 2.00 s since it started; 1.33 s per GiB forwarded (1.5 GiB over the WAN)",
-			"  MPI5K-GATEWAY site=a cpu_s=2.000 wan_bytes=1610612736 cpu_total_s=2.000"}},
-		{usage{cpu: 1, wan: 100, ok: true}, usage{cpu: 1.25, wan: 1124, ok: true}, []string{
+			"  MPI5K-GATEWAY site=a cpu_s=2.000 wan_bytes=1610612736 cpu_total_s=2.000 renewals=4 yields=1"}},
+		{usage{cpu: 1, wan: 100, renewals: 2, ok: true}, usage{cpu: 1.25, wan: 1124, renewals: 5, yields: 2, ok: true}, []string{
 			"  a: 0.25 s CPU (user+sys) during the job, 1.25 s since it started; 1.0 KiB over the WAN, too little for a cost per GiB",
-			"  MPI5K-GATEWAY site=a cpu_s=0.250 wan_bytes=1024 cpu_total_s=1.250"}},
+			"  MPI5K-GATEWAY site=a cpu_s=0.250 wan_bytes=1024 cpu_total_s=1.250 renewals=3 yields=2"}},
 		{usage{}, usage{}, []string{"  a: no CPU time in its metrics"}},
 	} {
 		if got := cpuLines("a", c.start, c.end); !slices.Equal(got, c.want) {

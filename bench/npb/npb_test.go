@@ -419,9 +419,14 @@ func TestParseNPB(t *testing.T) {
 // TestParseGatewayCPU: the summary's per-gateway line is read whole; a
 // garbled one is an error naming the field.
 func TestParseGatewayCPU(t *testing.T) {
-	o, err := ParseOutput(strings.NewReader("mpi5k: gateway summary\n  MPI5K-GATEWAY site=a cpu_s=0.250 wan_bytes=1024 cpu_total_s=1.5\n"))
-	if err != nil || len(o.Gateways) != 1 || o.Gateways[0] != (GatewayCPU{Site: "a", CPUS: 0.25, WANBytes: 1024, CPUTotalS: 1.5}) {
+	o, err := ParseOutput(strings.NewReader("mpi5k: gateway summary\n  MPI5K-GATEWAY site=a cpu_s=0.250 wan_bytes=1024 cpu_total_s=1.5\n" +
+		"  MPI5K-GATEWAY site=b cpu_s=0.5 wan_bytes=2048 cpu_total_s=2 renewals=7 yields=3\n"))
+	if err != nil || len(o.Gateways) != 2 || o.Gateways[0] != (GatewayCPU{Site: "a", CPUS: 0.25, WANBytes: 1024, CPUTotalS: 1.5}) ||
+		o.Gateways[1] != (GatewayCPU{Site: "b", CPUS: 0.5, WANBytes: 2048, CPUTotalS: 2, Renewals: 7, Yields: 3}) {
 		t.Fatalf("got %+v, %v", o.Gateways, err)
+	}
+	if _, err := ParseOutput(strings.NewReader("MPI5K-GATEWAY site=a cpu_s=1 wan_bytes=1 cpu_total_s=1 yields=-1\n")); err == nil || !strings.Contains(err.Error(), "yields") {
+		t.Errorf("garbled yields: %v", err)
 	}
 	if _, err := ParseOutput(strings.NewReader("MPI5K-GATEWAY site=a cpu_s=fast wan_bytes=1 cpu_total_s=1\n")); err == nil || !strings.Contains(err.Error(), "cpu_s") {
 		t.Errorf("garbled line: %v", err)

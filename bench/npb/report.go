@@ -151,7 +151,7 @@ func (r *Report) writeSummaryCSV(w io.Writer) error {
 func (r *Report) writeSamplesCSV(w io.Writer) error {
 	c := csv.NewWriter(w)
 	_ = c.Write([]string{"rep", "workload", "mode", "cross", "time_s", "compute_s", "bytes",
-		"wan_bytes", "msgs", "wan_msgs", "mpi", "ranks", "gw_cpu_s", "gw_wan_bytes", "error", "note"})
+		"wan_bytes", "msgs", "wan_msgs", "mpi", "ranks", "gw_cpu_s", "gw_wan_bytes", "gw_renewals", "gw_yields", "error", "note"})
 	for _, s := range r.Samples {
 		row := []string{strconv.Itoa(s.Rep + 1), s.Workload, s.Mode, strconv.FormatBool(s.Cross)}
 		if res := s.Result; res != nil && s.OK() {
@@ -164,9 +164,11 @@ func (r *Report) writeSamplesCSV(w io.Writer) error {
 			row = append(row, "", "", "", "", "", "", "", "")
 		}
 		if cpu, wan, ok := s.gatewayCPU(); ok {
-			row = append(row, strconv.FormatFloat(cpu, 'f', 3, 64), strconv.FormatUint(wan, 10))
+			r, y := s.expressEvents()
+			row = append(row, strconv.FormatFloat(cpu, 'f', 3, 64), strconv.FormatUint(wan, 10),
+				strconv.FormatUint(r, 10), strconv.FormatUint(y, 10))
 		} else {
-			row = append(row, "", "")
+			row = append(row, "", "", "", "")
 		}
 		row = append(row, s.Err, s.Note)
 		_ = c.Write(row)

@@ -50,6 +50,10 @@ type GatewayCPU struct {
 	CPUS      float64 `json:"cpu_s"`
 	WANBytes  uint64  `json:"wan_bytes"`
 	CPUTotalS float64 `json:"cpu_total_s"` // since the gateway started
+	// The express link's renewals, and its yields to another flow's
+	// queue, during the job (absent from the lines of older mpi5k run).
+	Renewals uint64 `json:"renewals,omitempty"`
+	Yields   uint64 `json:"yields,omitempty"`
 }
 
 // Output is everything machine-readable in one run's output.
@@ -170,6 +174,12 @@ func ParseGatewayCPU(s string) (GatewayCPU, error) {
 	}
 	p := &kv{m: m}
 	g := GatewayCPU{Site: p.str("site"), CPUS: p.f64("cpu_s"), WANBytes: p.u64("wan_bytes"), CPUTotalS: p.f64("cpu_total_s")}
+	if _, ok := m["renewals"]; ok {
+		g.Renewals = p.u64("renewals")
+	}
+	if _, ok := m["yields"]; ok {
+		g.Yields = p.u64("yields")
+	}
 	return g, p.err
 }
 

@@ -256,6 +256,9 @@ func (s Sample) summary() string {
 	msg := fmt.Sprintf("time %.3f s", s.Result.TimeS)
 	if cpu, _, ok := s.gatewayCPU(); ok {
 		msg += fmt.Sprintf(", gateways %.2f s CPU", cpu)
+		if r, y := s.expressEvents(); r+y > 0 {
+			msg += fmt.Sprintf(", %d express renewals, %d yields", r, y)
+		}
 	}
 	if s.Note != "" {
 		msg += " (" + s.Note + ")"
@@ -271,6 +274,16 @@ func (s Sample) gatewayCPU() (cpu float64, wan uint64, ok bool) {
 		wan += g.WANBytes
 	}
 	return cpu, wan, len(s.Gateways) > 0
+}
+
+// expressEvents sums the gateways' express link renewals and yields of
+// the run.
+func (s Sample) expressEvents() (renewals, yields uint64) {
+	for _, g := range s.Gateways {
+		renewals += g.Renewals
+		yields += g.Yields
+	}
+	return renewals, yields
 }
 
 // LabStalled is an Executor's error for a run during which the lab's WAN
