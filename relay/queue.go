@@ -23,7 +23,8 @@ import (
 type QueueController interface {
 	// Step takes the live bulk links' samples at now, and when the
 	// express link last sent a message (now when the trunk has none, as
-	// every message then shares the bulk links' path; zero: never).
+	// every message then shares the bulk links' path; zero: never, or
+	// queue control should stand aside: Trunk.lastMessage).
 	Step(now time.Time, links []QueueSample, lastMessage time.Time) QueueDecision
 }
 
@@ -103,8 +104,7 @@ func (t *Trunk) controlQueue(q QueueController, log *slog.Logger) {
 	var in tcpinfo.Info
 	var links []*Link
 	var ls []QueueSample
-	var xSent uint64
-	var xAt time.Time
+	var seen msgSeen
 	tm := time.NewTimer(queueFirstSample)
 	defer tm.Stop()
 	for {
@@ -121,14 +121,7 @@ func (t *Trunk) controlQueue(q QueueController, log *slog.Logger) {
 				Backlog: (in.NotsentBytes > 0 || l.queued.Load() > 0) && !l.held(), SndWnd: in.SndWnd, Inflight: in.Unacked * in.SndMSS})
 		}
 		now := time.Now()
-		lastMsg := now
-		if x, ok := t.expressSent(); ok {
-			if x != xSent {
-				xSent, xAt = x, now
-			}
-			lastMsg = xAt
-		}
-		d := q.Step(now, ls, lastMsg)
+		d := q.Step(now, ls, t.lastMessage(now, &seen))
 		if len(d.Send) > 0 {
 			log.Debug("queue control", append([]any{"peer", links[0].peer.Name, "links", len(ls)}, d.Log...)...)
 		}
@@ -144,6 +137,34 @@ func (t *Trunk) controlQueue(q QueueController, log *slog.Logger) {
 		}
 		tm.Reset(OnGrid(d.Next))
 	}
+}
+
+// msgSeen is what queue control last saw of the express link: the bytes
+// it had sent, and when that count last moved.
+type msgSeen struct {
+	sent uint64
+	at   time.Time
+}
+
+// lastMessage is what queue control is told of messages at now: when the
+// express link last sent one; now when the trunk has none (every message
+// then crosses the bulk links' path); zero (none) while a hold keeps this
+// side's messages off the express link. The gateway holds it only while
+// another flow keeps the WAN queue full (HoldExpress), where a cap would
+// only lose the bulk links' share of the path to that flow, so queue
+// control stands aside.
+func (t *Trunk) lastMessage(now time.Time, m *msgSeen) time.Time {
+	if t.ExpressHeld(now) {
+		return time.Time{}
+	}
+	x, ok := t.expressSent()
+	if !ok {
+		return now
+	}
+	if x != m.sent {
+		m.sent, m.at = x, now
+	}
+	return m.at
 }
 
 // applyClamp caps this side's receive window as the peer asked (CLAMP).

@@ -144,12 +144,12 @@ func (t *Trunk) HoldExpress(d time.Duration) {
 func (t *Trunk) ExpressHeld(now time.Time) bool { return now.UnixNano() < t.xHold.Load() }
 
 // expressSent returns the DATA bytes the trunk's express link has sent,
-// and false when it has no working express link or a hold keeps messages
-// off it (messages then share the bulk links).
+// and false when it has no working express link (messages then share the
+// bulk links).
 func (t *Trunk) expressSent() (uint64, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.ExpressHeld(time.Now()) || t.express < 0 || t.links[t.express] == nil || t.links[t.express].dead.Load() {
+	if t.express < 0 || t.links[t.express] == nil || t.links[t.express].dead.Load() {
 		return 0, false
 	}
 	return t.links[t.express].Stats.BytesSent.Load(), true

@@ -504,8 +504,9 @@ func TestTrunkHoldExpress(t *testing.T) {
 	if !ta.ExpressHeld(time.Now()) || tb.ExpressHeld(time.Now()) {
 		t.Fatal("the hold is not on the near trunk alone")
 	}
-	if _, ok := ta.expressSent(); ok {
-		t.Error("queue control still sees an express link carrying the messages during the hold")
+	var seen msgSeen
+	if !ta.lastMessage(time.Now(), &seen).IsZero() {
+		t.Error("queue control still hears of messages during the hold: it should stand aside")
 	}
 	b0, x0 := sent(as)
 	_, px0 := sent(bs)
@@ -522,6 +523,9 @@ func TestTrunkHoldExpress(t *testing.T) {
 		t.Errorf("the peer's echoes took its express link for %d bytes, want %d at least: a hold is one side's", px1-px0, 20*64)
 	}
 	ta.HoldExpress(0)
+	if ta.lastMessage(time.Now(), &seen).IsZero() {
+		t.Error("after the hold, queue control hears of no message on the express link")
+	}
 	pings(3)
 	if _, x2 := sent(as); x2 == x1 {
 		t.Error("after the hold, no message took the express link again")
