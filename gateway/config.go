@@ -31,6 +31,10 @@ type Config struct {
 	Chunk    int    // DATA chunk (default 128 KiB)
 	Window   uint32 // per-stream receive window (default 4 MiB)
 	WANConns int    // parallel bulk links per site pair (default 1); large writes are striped over them
+	// Stripe spreads a stream's bulk over every bulk link of its site
+	// pair; without it a stream's bulk stays on the link that homes it, as
+	// a rank pair's own TCP connection would carry it (relay.Config.NoStripe).
+	Stripe bool
 	// Express gives every site pair one more WAN connection that carries
 	// only messages (bursts of up to ExpressMax bytes), so a small message
 	// never waits behind bulk bytes queued in a bulk link's socket (see
@@ -200,7 +204,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		WAN:   tuning.SockOpts{NotSentLowat: 128 << 10, RTOMin: 10 * time.Millisecond, DelackMax: 5 * time.Millisecond},
-		Chunk: 128 << 10, Window: 4 << 20, WANConns: 1,
+		Chunk: 128 << 10, Window: 4 << 20, WANConns: 1, Stripe: true,
 		Express: true, Renew: true, ExpressYield: true, ProbeRTTGuard: true, Prime: true, KeepWarm: true,
 		PollThread: true, QuietRuntime: true, WANQueue: time.Millisecond,
 		ResumeWithin: time.Minute,

@@ -66,6 +66,7 @@ func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
 	add(size(&c.WAN.RcvBuf, 0, gib), "wan-rcvbuf", "SO_RCVBUF of WAN sockets (0: autotuning)")
 	add(size(&c.WAN.NotSentLowat, 1, gib), "wan-notsent-lowat", "TCP_NOTSENT_LOWAT of WAN sockets: unsent bytes a WAN socket keeps")
 	add(size(&c.Chunk, 1, header.MaxPayload), "chunk", "largest DATA frame on the WAN")
+	addBool(&c.Stripe, "wan-stripe", "spread each stream's bulk over every bulk link of its site pair (--wan-conns); false keeps it on one link, as the rank pair's own connection would")
 	addBool(&c.Express, "wan-express", "one more WAN connection per site pair for small frames only, so they never wait behind bulk (the same on every gateway)")
 	add(cc(&c.ExpressCC), "wan-express-cc", "congestion control of the express link (default: cubic)")
 	addBool(&c.Renew, "wan-express-renew", "replace the express link with a fresh connection when losses have cut its congestion window below one --express-max message (the same on every gateway)")

@@ -248,7 +248,7 @@ func New(cfg Config) (*Gateway, error) {
 	g.guard = tuning.NewProbeGuard()
 	g.degraded = degraded
 	g.sources.m = map[netip.Addr]int{}
-	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, ExpressMax: cfg.ExpressMax,
+	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, ExpressMax: cfg.ExpressMax, NoStripe: !cfg.Stripe,
 		PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log,
 		NoPoller: !cfg.PollThread, RuntimeWakes: !cfg.QuietRuntime, QueueControl: tuning.QueueControl(cfg.WANQueue),
 		MaxControl: cfg.MaxControl, MaxEarly: cfg.MaxEarly,

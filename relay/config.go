@@ -16,7 +16,12 @@ type Config struct {
 	Window     uint32 // credit granted to the peer on every new stream (default 1 MiB)
 	SmallFrame int    // DATA up to this many bytes is scheduled ahead of bulk (default 16 KiB)
 	ExpressMax int    // largest burst a trunk's express link takes (default SmallFrame; see Trunk)
-	MaxBatch   int    // most frames per writev (default 64)
+	// NoStripe keeps a stream's DATA that does not take the express link
+	// on its home link while that link is up, as the stream's own TCP
+	// connection would carry it, instead of striping it over the trunk's
+	// bulk links.
+	NoStripe bool
+	MaxBatch int // most frames per writev (default 64)
 	// Pipeline is how many chunks of one stream may wait for the link
 	// writer (default 2): with two, a stream reads chunk B from its
 	// application while the writer sends chunk A (double buffering), and no

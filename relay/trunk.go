@@ -279,6 +279,9 @@ func (t *Trunk) pick(s *Stream, k int, now time.Time) *Link {
 			return x
 		}
 	}
+	if s.l.cfg.NoStripe && !s.l.dead.Load() && !s.l.down.Load() {
+		return s.l
+	}
 	// Least bytes waiting in user space; the rotation spreads equal ones, so
 	// a stream's consecutive chunks go out on different links (striping).
 	// A link that is down (waiting to resume) only when all are.

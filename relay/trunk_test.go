@@ -531,3 +531,27 @@ func TestTrunkHoldExpress(t *testing.T) {
 		t.Error("after the hold, no message took the express link again")
 	}
 }
+
+// TestTrunkNoStripe: with NoStripe, each stream's bulk stays on its home
+// link in both directions (the bulk links other streams home carry none
+// of it), and its messages still take the express link.
+func TestTrunkNoStripe(t *testing.T) {
+	_, _, as, bs := trunkPair(t, Config{Chunk: 32 << 10, Window: 512 << 10, NoStripe: true}, 3, true)
+	echoStreams(t, as[1], 2, func(i int, app *net.TCPConn) error { return mixedEcho(app, byte(i)) })
+	for i := range 3 {
+		if i == 1 {
+			continue
+		}
+		if a, b := as[i].Stats.BytesSent.Load(), bs[i].Stats.BytesSent.Load(); a != 0 || b != 0 {
+			t.Errorf("bulk link %d, which homes no stream, carried %d and %d bytes", i, a, b)
+		}
+	}
+	// The blocks, 2 streams x 12 rounds x 300 KiB, less the first bytes of
+	// each burst, which may take the express link.
+	if blocks := uint64(2 * 12 * 300 << 10); as[1].Stats.BytesSent.Load() < blocks*9/10 || bs[1].Stats.BytesSent.Load() < blocks*9/10 {
+		t.Errorf("the home link carried %d and %d bytes, not the streams' blocks", as[1].Stats.BytesSent.Load(), bs[1].Stats.BytesSent.Load())
+	}
+	if as[3].Stats.BytesSent.Load() == 0 || bs[3].Stats.BytesSent.Load() == 0 {
+		t.Error("no message took the express link")
+	}
+}
