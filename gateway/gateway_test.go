@@ -981,6 +981,7 @@ func TestForeignQueue(t *testing.T) {
 		{"our own bulk waits", x(40*ms, 20*ms), []tcpinfo.Info{bulk(20*ms, 0), bulk(20*ms, 1)}, false, 0, 0},
 		{"no bulk sample: the express link's own min", x(40*ms, 20*ms), nil, true, 20 * ms, 20 * ms},
 		{"no min RTT yet", x(40*ms, 0), []tcpinfo.Info{bulk(0, 0)}, false, 40 * ms, 0},
+		{"only the bulk link's min RTT", x(40*ms, 0), []tcpinfo.Info{bulk(0, 0), bulk(20*ms, 0)}, true, 20 * ms, 20 * ms},
 	} {
 		q, min, ok := foreignQueue(c.x, c.bulk)
 		if ok != c.want || q != c.q || min != c.min {

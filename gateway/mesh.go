@@ -467,8 +467,9 @@ const renewGap = time.Second
 // slow start and grows to twice the largest message within a few. Each
 // side judges the window it sends with: the dialer dials, the acceptor
 // asks it to with RENEW. A cold window that comes with another flow's
-// queue also holds the express link aside (yieldExpress). Called at each WAN sample (sampleWAN), right after the
-// sampler has read every link's TCP_INFO, whose samples it uses.
+// queue also holds the express link aside (yieldExpress). Called at each
+// WAN sample (sampleWAN), right after the sampler has read every link's
+// TCP_INFO, whose samples it uses.
 func (g *Gateway) checkExpress() {
 	if !g.cfg.Express || !g.cfg.Renew && !g.cfg.ExpressYield {
 		return
@@ -566,7 +567,7 @@ func foreignQueue(x tcpinfo.Info, bulk []tcpinfo.Info) (q, base time.Duration, o
 		if in.NotsentBytes > 0 {
 			return 0, 0, false // our own bulk may be what queues
 		}
-		if in.MinRTT > 0 && in.MinRTT < base {
+		if in.MinRTT > 0 && (base == 0 || in.MinRTT < base) {
 			base = in.MinRTT
 		}
 	}
@@ -574,9 +575,9 @@ func foreignQueue(x tcpinfo.Info, bulk []tcpinfo.Info) (q, base time.Duration, o
 	return q, base, base > 0 && q >= yieldQueue(base)
 }
 
-// nextYield returns how long the hold that starts at now lasts, and
-// counts it: double the last one while holds follow each other, up to
-// yieldMax; yieldFirst after a gap as long as the next would have been.
+// nextYield returns how long the hold that starts at now lasts: double
+// the last one while holds follow each other, up to yieldMax; yieldFirst
+// after a gap as long as the next would have been.
 func (p *peer) nextYield(now time.Time) time.Duration {
 	hold := p.yieldNext
 	if hold == 0 || now.Sub(p.yieldEnd) > hold {
