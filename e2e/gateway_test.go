@@ -747,6 +747,12 @@ func TestGatewayLossyExpress(t *testing.T) {
 		g := run(t, w.ctx, w.l, w.src, "pingpong", w.echo, w.gwLAN, n, strconv.Itoa(64<<10))
 		t.Logf("gateways, --wan-express-renew=%v: 64 KiB ping-pong p50/p99 %.2f/%.2f ms; site1 %s; site2 %s",
 			renew, g[0]/1e3, g[1]/1e3, w.windows(t, w.src, site1.LAN.Addr()), w.windows(t, w.dstHost, site2.LAN.Addr()))
+		// Random losses cut the express window, but no other flow keeps
+		// a queue: the messages stay on the express link.
+		if y := w.counter(t, w.src, site1.LAN.Addr(), "mpi5k_wan_express_yields_total") +
+			w.counter(t, w.dstHost, site2.LAN.Addr(), "mpi5k_wan_express_yields_total"); y != 0 {
+			t.Errorf("--wan-express-renew=%v: %.0f yields of the express link under random loss and no competing flow", renew, y)
+		}
 		stop()
 		p50[renew] = time.Duration(g[0]) * time.Microsecond
 	}
@@ -771,6 +777,55 @@ func TestGatewayLossyExpress(t *testing.T) {
 		t.Logf("without renewal the median kept within one extra round trip (%v): its windows were not cut below a message, so renewal had nothing to save", p50[false])
 	} else if p50[true] > p50[false]-rtt*3/4 {
 		t.Errorf("with renewal, 64 KiB p50 %v under 0.1 %% loss: not most of a round trip below %v without", p50[true], p50[false])
+	}
+}
+
+// counter sums the samples of the metric name (a counter or gauge) in the
+// /metrics of the gateway at gw, fetched from host.
+func (w *wanLab) counter(t *testing.T, host string, gw netip.Addr, name string) float64 {
+	t.Helper()
+	out, err := w.scrape(t, host, gw)
+	if err != nil {
+		t.Fatalf("metrics of the gateway at %v: %v", gw, err)
+	}
+	var sum float64
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
+			v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			if err != nil {
+				t.Fatalf("metrics of the gateway at %v: %q: %v", gw, line, err)
+			}
+			sum += v
+		}
+	}
+	return sum
+}
+
+// TestGatewayYield: while a direct TCP flow keeps the WAN queue full,
+// the express link's window is cut and its round trip stands a queue
+// above the path's, and the sending gateway moves its messages to the
+// bulk link for a while (--wan-express-yield): 64 KiB ping-pongs through
+// the gateways beside the flow count yields at site1's gateway, whose
+// direction the flow shares. Without the flow (TestGatewayLossyExpress,
+// whose random losses cut the express window just as well) there are
+// none.
+func TestGatewayYield(t *testing.T) {
+	const rtt = 20 * time.Millisecond
+	w := newWANLab(t, rtt)
+	site1, _ := w.m.Site("site1")
+	stop := startLabGateways(t, w.ctx, w.l, "--metrics", "0.0.0.0:9105")
+	defer stop()
+	flow := make(chan []float64, 1)
+	go func() { flow <- run(t, w.ctx, w.l, w.src, "send", w.sink, "-", "16") }()
+	time.Sleep(2 * time.Second) // the flow fills the queue
+	g := run(t, w.ctx, w.l, w.src, "pingpong", w.echo, w.gwLAN, "200", strconv.Itoa(64<<10))
+	yields := w.counter(t, w.src, site1.LAN.Addr(), "mpi5k_wan_express_yields_total")
+	renewals := w.counter(t, w.src, site1.LAN.Addr(), "mpi5k_wan_express_renewals_total")
+	d := <-flow
+	t.Logf("beside a direct flow (%.0f Mbit/s): 64 KiB ping-pong through the gateways p50/p99 %.2f/%.2f ms; site1: %.0f express renewals, %.0f yields; %s",
+		d[0]*8/d[1]/1e6, g[0]/1e3, g[1]/1e3, renewals, yields, w.windows(t, w.src, site1.LAN.Addr()))
+	if yields == 0 {
+		t.Errorf("site1's gateway never moved its messages to the bulk link while a direct flow kept the WAN queue full (%.0f express renewals)", renewals)
 	}
 }
 
