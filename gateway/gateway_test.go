@@ -966,6 +966,9 @@ func TestForeignQueue(t *testing.T) {
 	bulk := func(min time.Duration, notsent uint32) tcpinfo.Info {
 		return tcpinfo.Info{MinRTT: min, NotsentBytes: notsent}
 	}
+	flying := func(min time.Duration, bytes, rate float64) tcpinfo.Info {
+		return tcpinfo.Info{MinRTT: min, SndMSS: 1000, Unacked: uint32(bytes / 1000), DeliveryRate: uint64(rate)}
+	}
 	for _, c := range []struct {
 		name   string
 		x      tcpinfo.Info
@@ -979,6 +982,11 @@ func TestForeignQueue(t *testing.T) {
 		{"at least 4 ms on a short path", x(5*ms, 1*ms), []tcpinfo.Info{bulk(1*ms, 0)}, true, 4 * ms, 1 * ms},
 		{"3.9 ms on a short path", x(4900*time.Microsecond, 1*ms), nil, false, 3900 * time.Microsecond, 1 * ms},
 		{"our own bulk waits", x(40*ms, 20*ms), []tcpinfo.Info{bulk(20*ms, 0), bulk(20*ms, 1)}, false, 0, 0},
+		// 1 MB in flight at 25 MB/s takes 40 ms: 20 ms of the queue is ours.
+		{"our own bulk in flight", x(40*ms, 20*ms), []tcpinfo.Info{flying(20*ms, 1e6, 25e6)}, false, 20 * ms, 20 * ms},
+		// 600 KB at 25 MB/s: 4 ms of a 15 ms queue is ours, 11 ms foreign.
+		{"a foreign queue beside a little of our own", x(35*ms, 20*ms), []tcpinfo.Info{flying(20*ms, 600e3, 25e6)}, true, 15 * ms, 20 * ms},
+		{"bytes in flight and no rate yet", x(40*ms, 20*ms), []tcpinfo.Info{flying(20*ms, 10e3, 0)}, false, 20 * ms, 20 * ms},
 		{"no bulk sample: the express link's own min", x(40*ms, 20*ms), nil, true, 20 * ms, 20 * ms},
 		{"no min RTT yet", x(40*ms, 0), []tcpinfo.Info{bulk(0, 0)}, false, 40 * ms, 0},
 		{"only the bulk link's min RTT", x(40*ms, 0), []tcpinfo.Info{bulk(0, 0), bulk(20*ms, 0)}, true, 20 * ms, 20 * ms},

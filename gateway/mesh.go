@@ -560,19 +560,38 @@ func (g *Gateway) yieldExpress(p *peer, x tcpinfo.Info, bulk []*relay.Link, now 
 
 // foreignQueue reports whether the express link's TCP_INFO x shows
 // another flow's queue (yieldExpress), given the bulk links' bulk: its
-// standing queue q over the path's min RTT base.
+// standing queue q over the path's min RTT base, less what our own bulk
+// in flight can account for. By Little's law bytes in flight take
+// inflight / rate to cross, so at most inflight / rate - base of the
+// queue is ours: a transfer that just left the socket (FT's and IS's, in
+// runs with no other flow) still holds a queue for a round trip. The rate
+// is the bulk links' latest delivery rates summed; at a burst's tail they
+// read low, which leaves more of the queue to our own bulk.
 func foreignQueue(x tcpinfo.Info, bulk []tcpinfo.Info) (q, base time.Duration, ok bool) {
 	base = x.MinRTT
+	var inflight, rate float64 // bytes, bytes/s
 	for _, in := range bulk {
 		if in.NotsentBytes > 0 {
-			return 0, 0, false // our own bulk may be what queues
+			return 0, 0, false // our own bulk waits: it may be what queues
 		}
 		if in.MinRTT > 0 && (base == 0 || in.MinRTT < base) {
 			base = in.MinRTT
 		}
+		inflight += float64(in.Unacked) * float64(in.SndMSS)
+		rate += float64(in.DeliveryRate)
 	}
 	q = x.RTT - base
-	return q, base, base > 0 && q >= yieldQueue(base)
+	if base <= 0 {
+		return q, base, false
+	}
+	var own time.Duration
+	if inflight > 0 {
+		if rate <= 0 {
+			return q, base, false
+		}
+		own = max(time.Duration(inflight/rate*float64(time.Second))-base, 0)
+	}
+	return q, base, q-own >= yieldQueue(base)
 }
 
 // nextYield returns how long the hold that starts at now lasts: double
