@@ -69,7 +69,7 @@ type Config struct {
 	Renew bool
 	// ExpressYield holds the express link aside (relay.Trunk.HoldExpress)
 	// while another flow keeps the WAN queue full: when losses have cut
-	// the express link's window below one message and its round trip
+	// the express link's window below one message and its min RTT
 	// stands well above the path's (see yieldExpress), this side's
 	// messages take the bulk links for 10 s, doubling up to a minute
 	// while it recurs. Each side decides for what it sends.

@@ -957,9 +957,11 @@ func TestExpressCold(t *testing.T) {
 	}
 }
 
-// TestForeignQueue: the express link's round trip against the path's min
-// RTT, taken from the long-lived bulk links, tells another flow's queue;
-// a bulk link with bytes waiting may be what queues, so it tells nothing.
+// TestForeignQueue: the express link's min RTT against the path's, taken
+// from the long-lived bulk links, tells another flow's standing queue; a
+// queue in its smoothed RTT alone comes and goes with our own bursts; our
+// own bulk waiting, or in flight enough to account for the queue, may be
+// what queues.
 func TestForeignQueue(t *testing.T) {
 	ms := time.Millisecond
 	x := func(rtt, min time.Duration) tcpinfo.Info { return tcpinfo.Info{RTT: rtt, MinRTT: min} }
@@ -976,20 +978,19 @@ func TestForeignQueue(t *testing.T) {
 		want   bool
 		q, min time.Duration
 	}{
-		{"a foreign flow's 15 ms queue", x(35*ms, 33*ms), []tcpinfo.Info{bulk(20*ms, 0)}, true, 15 * ms, 20 * ms},
-		{"a fresh express link measured under it", x(36*ms, 35*ms), []tcpinfo.Info{bulk(20*ms, 0), bulk(21*ms, 0)}, true, 16 * ms, 20 * ms},
-		{"below a quarter of the round trip", x(24*ms, 20*ms), []tcpinfo.Info{bulk(20*ms, 0)}, false, 4 * ms, 20 * ms},
-		{"at least 4 ms on a short path", x(5*ms, 1*ms), []tcpinfo.Info{bulk(1*ms, 0)}, true, 4 * ms, 1 * ms},
-		{"3.9 ms on a short path", x(4900*time.Microsecond, 1*ms), nil, false, 3900 * time.Microsecond, 1 * ms},
-		{"our own bulk waits", x(40*ms, 20*ms), []tcpinfo.Info{bulk(20*ms, 0), bulk(20*ms, 1)}, false, 0, 0},
+		{"a foreign flow's 15 ms queue under every sample", x(40*ms, 35*ms), []tcpinfo.Info{bulk(20*ms, 0), bulk(21*ms, 0)}, true, 15 * ms, 20 * ms},
+		{"a queue in the smoothed RTT only: our burst's", x(40*ms, 21*ms), []tcpinfo.Info{bulk(20*ms, 0)}, false, 1 * ms, 20 * ms},
+		{"below a quarter of the round trip", x(30*ms, 24*ms), []tcpinfo.Info{bulk(20*ms, 0)}, false, 4 * ms, 20 * ms},
+		{"at least 4 ms on a short path", x(6*ms, 5*ms), []tcpinfo.Info{bulk(1*ms, 0)}, true, 4 * ms, 1 * ms},
+		{"3.9 ms on a short path", x(6*ms, 4900*time.Microsecond), []tcpinfo.Info{bulk(1*ms, 0)}, false, 3900 * time.Microsecond, 1 * ms},
+		{"our own bulk waits", x(45*ms, 40*ms), []tcpinfo.Info{bulk(20*ms, 0), bulk(20*ms, 1)}, false, 0, 0},
 		// 1 MB in flight at 25 MB/s takes 40 ms: 20 ms of the queue is ours.
-		{"our own bulk in flight", x(40*ms, 20*ms), []tcpinfo.Info{flying(20*ms, 1e6, 25e6)}, false, 20 * ms, 20 * ms},
+		{"our own bulk in flight", x(45*ms, 40*ms), []tcpinfo.Info{flying(20*ms, 1e6, 25e6)}, false, 20 * ms, 20 * ms},
 		// 600 KB at 25 MB/s: 4 ms of a 15 ms queue is ours, 11 ms foreign.
-		{"a foreign queue beside a little of our own", x(35*ms, 20*ms), []tcpinfo.Info{flying(20*ms, 600e3, 25e6)}, true, 15 * ms, 20 * ms},
-		{"bytes in flight and no rate yet", x(40*ms, 20*ms), []tcpinfo.Info{flying(20*ms, 10e3, 0)}, false, 20 * ms, 20 * ms},
-		{"no bulk sample: the express link's own min", x(40*ms, 20*ms), nil, true, 20 * ms, 20 * ms},
-		{"no min RTT yet", x(40*ms, 0), []tcpinfo.Info{bulk(0, 0)}, false, 40 * ms, 0},
-		{"only the bulk link's min RTT", x(40*ms, 0), []tcpinfo.Info{bulk(0, 0), bulk(20*ms, 0)}, true, 20 * ms, 20 * ms},
+		{"a foreign queue beside a little of our own", x(40*ms, 35*ms), []tcpinfo.Info{flying(20*ms, 600e3, 25e6)}, true, 15 * ms, 20 * ms},
+		{"bytes in flight and no rate yet", x(45*ms, 40*ms), []tcpinfo.Info{flying(20*ms, 10e3, 0)}, false, 20 * ms, 20 * ms},
+		{"no bulk link: the path's min RTT unknown", x(45*ms, 40*ms), nil, false, 0, 0},
+		{"no min RTT on the express link yet", x(45*ms, 0), []tcpinfo.Info{bulk(20*ms, 0)}, false, 0, 20 * ms},
 	} {
 		q, min, ok := foreignQueue(c.x, c.bulk)
 		if ok != c.want || q != c.q || min != c.min {

@@ -522,15 +522,14 @@ func yieldQueue(base time.Duration) time.Duration { return max(base/4, 4*time.Mi
 
 // yieldExpress holds p's express link aside (relay.Trunk.HoldExpress)
 // when its cold window x (checkExpress) comes with another flow's queue:
-// x's smoothed round trip stands yieldQueue above the path's min RTT,
-// taken from the long-lived bulk links (a fresh express link measured its
-// own under that queue), while no bulk link has bytes waiting (a queue of
-// our own bulk drains as it ends). Against such a flow a message waits in
-// its queue on any link, and there the CUBIC express link, renewed as
-// losses cut it, starts again from 10 segments about once a second, while
-// the primed BBR bulk link keeps its window (bench/figures/computework:
-// LU, MG and CG at 0.94-1.04 of direct without the express link, 1.23-2.23
-// with it). The hold doubles from yieldFirst to yieldMax while holds
+// x's min RTT stands yieldQueue above the path's (foreignQueue), which
+// the first cold window of an express link that started before that flow
+// does not show, and the one after its renewal does. Against such a flow
+// a message waits in its queue on any link, and there the CUBIC express
+// link, renewed as losses cut it, starts again from 10 segments about
+// once a second, while the primed BBR bulk link keeps its window
+// (bench/figures/computework: LU, MG and CG at 0.94-1.04 of direct
+// without the express link, 1.23-2.23 with it). The hold doubles from yieldFirst to yieldMax while holds
 // follow each other, and starts over at yieldFirst after one hold's worth
 // of time with none; at its end the express link is tried again.
 func (g *Gateway) yieldExpress(p *peer, x tcpinfo.Info, bulk []*relay.Link, now time.Time) {
@@ -559,16 +558,19 @@ func (g *Gateway) yieldExpress(p *peer, x tcpinfo.Info, bulk []*relay.Link, now 
 }
 
 // foreignQueue reports whether the express link's TCP_INFO x shows
-// another flow's queue (yieldExpress), given the bulk links' bulk: its
-// standing queue q over the path's min RTT base, less what our own bulk
-// in flight can account for. By Little's law bytes in flight take
-// inflight / rate to cross, so at most inflight / rate - base of the
-// queue is ours: a transfer that just left the socket (FT's and IS's, in
-// runs with no other flow) still holds a queue for a round trip. The rate
-// is the bulk links' latest delivery rates summed; at a burst's tail they
-// read low, which leaves more of the queue to our own bulk.
+// another flow's queue (yieldExpress), given the bulk links' bulk. The
+// queue q is x's min RTT over the path's, base: what stood under every
+// round trip x measured in its life. The long-lived bulk links know the
+// path's min RTT; an express link renewed under another flow's queue
+// never sees it. A queue of our own comes and goes with our bursts (the
+// first segments after a pause cross an empty one), so it does not stand
+// under all of a link's samples, unless our own bulk kept it full all
+// along: so none may wait in a bulk link's socket, and the part of q that
+// the bulk links' bytes in flight can account for does not count (by
+// Little's law they take inflight / rate to cross, rate being the bulk
+// links' latest delivery rates summed, which read low at a burst's tail
+// and leave more to our own bulk).
 func foreignQueue(x tcpinfo.Info, bulk []tcpinfo.Info) (q, base time.Duration, ok bool) {
-	base = x.MinRTT
 	var inflight, rate float64 // bytes, bytes/s
 	for _, in := range bulk {
 		if in.NotsentBytes > 0 {
@@ -580,10 +582,10 @@ func foreignQueue(x tcpinfo.Info, bulk []tcpinfo.Info) (q, base time.Duration, o
 		inflight += float64(in.Unacked) * float64(in.SndMSS)
 		rate += float64(in.DeliveryRate)
 	}
-	q = x.RTT - base
-	if base <= 0 {
-		return q, base, false
+	if base <= 0 || x.MinRTT <= 0 {
+		return 0, base, false
 	}
+	q = x.MinRTT - base
 	var own time.Duration
 	if inflight > 0 {
 		if rate <= 0 {
