@@ -476,14 +476,13 @@ func (g *Gateway) checkExpress() {
 	}
 	g.peersMu.Lock()
 	type cand struct {
-		p    *peer
-		l    *relay.Link
-		bulk []*relay.Link
+		p *peer
+		l *relay.Link
 	}
 	var cs []cand
 	for _, p := range g.peers {
 		if l := p.links[g.cfg.WANConns]; l != nil && !l.Retiring() {
-			cs = append(cs, cand{p, l, slices.Clone(p.links[:g.cfg.WANConns])})
+			cs = append(cs, cand{p, l})
 		}
 	}
 	g.peersMu.Unlock()
@@ -494,7 +493,7 @@ func (g *Gateway) checkExpress() {
 			continue
 		}
 		if g.cfg.ExpressYield {
-			g.yieldExpress(c.p, in, c.bulk, now)
+			g.yieldExpress(c.p, in, now)
 		}
 		if !g.cfg.Renew {
 			continue
@@ -529,13 +528,18 @@ func yieldQueue(base time.Duration) time.Duration { return max(base/4, 4*time.Mi
 // link, renewed as losses cut it, starts again from 10 segments about
 // once a second, while the primed BBR bulk link keeps its window
 // (bench/figures/computework: LU, MG and CG at 0.94-1.04 of direct
-// without the express link, 1.23-2.23 with it). The hold doubles from yieldFirst to yieldMax while holds
-// follow each other, and starts over at yieldFirst after one hold's worth
-// of time with none; at its end the express link is tried again.
-func (g *Gateway) yieldExpress(p *peer, x tcpinfo.Info, bulk []*relay.Link, now time.Time) {
+// without the express link, 1.23-2.23 with it). The hold doubles from
+// yieldFirst to yieldMax while holds follow each other, and starts over
+// at yieldFirst after one hold's worth of time with none; at its end the
+// express link is tried again. It runs only on a cold window, so the
+// sampler reads p's bulk links here rather than at every sample.
+func (g *Gateway) yieldExpress(p *peer, x tcpinfo.Info, now time.Time) {
 	if p.trunk.ExpressHeld(now) {
 		return
 	}
+	g.peersMu.Lock()
+	bulk := slices.Clone(p.links[:g.cfg.WANConns])
+	g.peersMu.Unlock()
 	var ins []tcpinfo.Info
 	for _, l := range bulk {
 		if l == nil {
