@@ -110,7 +110,7 @@ type pairStats struct {
 	dips, skips                  float64
 	bbr                          bool // a link to the peer runs BBR
 	renewals, resumes, yields    float64
-	renews, resumable, yielding  bool // the gateway exports them
+	renews, resumable            bool // the gateway exports them
 }
 
 func scrape(addr string) (map[string]*dto.MetricFamily, error) {
@@ -200,7 +200,7 @@ func summary(gws []*gateway, start []usage, live *liveness) string {
 		perPeer(fams, metricProbeRTTs, "", stats, func(s *pairStats) *float64 { s.bbr = true; return &s.dips })
 		perPeer(fams, metricSkips, "", stats, func(s *pairStats) *float64 { return &s.skips })
 		perPeer(fams, metricRenewals, "", stats, func(s *pairStats) *float64 { s.renews = true; return &s.renewals })
-		perPeer(fams, metricYields, "", stats, func(s *pairStats) *float64 { s.yielding = true; return &s.yields })
+		perPeer(fams, metricYields, "", stats, func(s *pairStats) *float64 { return &s.yields })
 		perPeer(fams, metricResumes, "", stats, func(s *pairStats) *float64 { s.resumable = true; return &s.resumes })
 		peers := make([]string, 0, len(stats))
 		for p := range stats {
@@ -222,7 +222,7 @@ func summary(gws []*gateway, start []usage, live *liveness) string {
 			}
 			// A yield sends the messages on the bulk links for a while,
 			// because another flow keeps the WAN queue full.
-			if st.yielding && st.yields > 0 {
+			if st.yields > 0 {
 				line += fmt.Sprintf(", messages on the bulk links %.0f times (another flow filled the WAN queue)", st.yields)
 			}
 			if st.resumable {
