@@ -131,13 +131,7 @@ func (t *Trunk) add(conn net.Conn, cfg Config, peer header.Hello, index int, exp
 // the messages wait in that queue on any link, and there the express
 // link's loss-based window is cut again and again while a primed bulk
 // link's holds.
-func (t *Trunk) HoldExpress(d time.Duration) {
-	if d <= 0 {
-		t.xHold.Store(0)
-		return
-	}
-	t.xHold.Store(time.Now().Add(d).UnixNano())
-}
+func (t *Trunk) HoldExpress(d time.Duration) { t.xHold.Store(time.Now().Add(d).UnixNano()) }
 
 // ExpressHeld reports whether a hold (HoldExpress) keeps messages off the
 // express link at now.
