@@ -788,17 +788,7 @@ func (w *wanLab) counter(t *testing.T, host string, gw netip.Addr, name string) 
 	if err != nil {
 		t.Fatalf("metrics of the gateway at %v: %v", gw, err)
 	}
-	var sum float64
-	for _, line := range strings.Split(out, "\n") {
-		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
-			v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-			if err != nil {
-				t.Fatalf("metrics of the gateway at %v: %q: %v", gw, line, err)
-			}
-			sum += v
-		}
-	}
-	return sum
+	return metricSum(out, name)
 }
 
 // TestGatewayYield: while a direct TCP flow keeps the WAN queue full,
