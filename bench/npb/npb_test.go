@@ -432,3 +432,16 @@ func TestParseGatewayCPU(t *testing.T) {
 		t.Errorf("garbled line: %v", err)
 	}
 }
+
+// TestExpressEvents: both gateways of a pair count a renewal, so the
+// run's renewals are half their sum (rounded up); yields are one side's
+// each and add up.
+func TestExpressEvents(t *testing.T) {
+	s := Sample{Gateways: []GatewayCPU{{Site: "a", Renewals: 7, Yields: 3}, {Site: "b", Renewals: 6, Yields: 1}}}
+	if r, y := s.expressEvents(); r != 7 || y != 4 {
+		t.Errorf("renewals %d (want 7), yields %d (want 4)", r, y)
+	}
+	if r, y := (Sample{}).expressEvents(); r != 0 || y != 0 {
+		t.Errorf("no gateways: %d renewals, %d yields", r, y)
+	}
+}

@@ -276,14 +276,16 @@ func (s Sample) gatewayCPU() (cpu float64, wan uint64, ok bool) {
 	return cpu, wan, len(s.Gateways) > 0
 }
 
-// expressEvents sums the gateways' express link renewals and yields of
-// the run.
+// expressEvents counts the express link renewals and yields of the run.
+// Both gateways of a site pair count each renewal, so the sum over the
+// gateways is halved (rounded up: a gateway may read its counter just
+// before the renewal its peer has counted); a yield is one side's.
 func (s Sample) expressEvents() (renewals, yields uint64) {
 	for _, g := range s.Gateways {
 		renewals += g.Renewals
 		yields += g.Yields
 	}
-	return renewals, yields
+	return (renewals + 1) / 2, yields
 }
 
 // LabStalled is an Executor's error for a run during which the lab's WAN
