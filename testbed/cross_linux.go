@@ -121,3 +121,49 @@ func (l *Lab) StopCross() (int, error) {
 	}
 	return len(pids), nil
 }
+
+// CrossSent sums the bytes the lab's traffic hosts have sent on their
+// interfaces: the competing flows of Cross, and the ACKs of the flows
+// coming the other way. Two readings around a run give the competing
+// flows' share of the WAN while it ran.
+func (l *Lab) CrossSent() (uint64, error) {
+	var sum uint64
+	for _, h := range l.ExtraHosts("") {
+		var dev []byte
+		if err := l.Do(h, func() error {
+			var err error
+			dev, err = os.ReadFile("/proc/thread-self/net/dev")
+			return err
+		}); err != nil {
+			return 0, fmt.Errorf("traffic host %s: %w", h, err)
+		}
+		n, err := txBytes(dev)
+		if err != nil {
+			return 0, fmt.Errorf("traffic host %s: /proc/net/dev: %w", h, err)
+		}
+		sum += n
+	}
+	return sum, nil
+}
+
+// txBytes sums the transmitted bytes (the ninth number of an interface's
+// line) of every interface but lo in a /proc/net/dev table.
+func txBytes(dev []byte) (uint64, error) {
+	var sum uint64
+	for _, line := range strings.Split(string(dev), "\n") {
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok || strings.TrimSpace(name) == "lo" {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) < 16 {
+			return 0, fmt.Errorf("interface %s: %d counters, want 16", strings.TrimSpace(name), len(f))
+		}
+		n, err := strconv.ParseUint(f[8], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("interface %s: tx bytes %q: %w", strings.TrimSpace(name), f[8], err)
+		}
+		sum += n
+	}
+	return sum, nil
+}

@@ -26,7 +26,11 @@ type Summary struct {
 	// forwarded under a MiB left out). Unset for direct runs.
 	GatewayCPUS      *float64 `json:"gw_cpu_s,omitempty"`
 	GatewayCPUPerGiB *float64 `json:"gw_cpu_s_per_gib,omitempty"`
-	Errors           []string `json:"errors,omitempty"` // distinct failure reasons
+	// The competing flows' mean rate while the job ran, Mbit/s, median
+	// over the repetitions (runs beside them on the lab): what a mode
+	// left them of the WAN.
+	CompetingMbit *float64 `json:"competing_mbit_s,omitempty"`
+	Errors        []string `json:"errors,omitempty"` // distinct failure reasons
 }
 
 // PingSummary is one point of a ping-pong curve over the repetitions: the
@@ -71,6 +75,7 @@ func Summarize(samples []Sample, modes []string, ref string) []Summary {
 	times := map[cellKey][]float64{}
 	cpus := map[cellKey][]float64{}
 	perGiB := map[cellKey][]float64{}
+	competing := map[cellKey][]float64{}
 	sums := map[cellKey]*Summary{}
 	for _, s := range samples {
 		if !seenW[s.Workload] {
@@ -93,6 +98,9 @@ func Summarize(samples []Sample, modes []string, ref string) []Summary {
 					perGiB[k] = append(perGiB[k], cpu/(float64(wan)/(1<<30)))
 				}
 			}
+			if s.Competing != nil {
+				competing[k] = append(competing[k], s.Competing.Mbit())
+			}
 		} else {
 			sum.Failed++
 			if !slices.Contains(sum.Errors, s.Err) {
@@ -109,6 +117,9 @@ func Summarize(samples []Sample, modes []string, ref string) []Summary {
 	}
 	for k, v := range perGiB {
 		sums[k].GatewayCPUPerGiB = ptr(Median(v))
+	}
+	for k, v := range competing {
+		sums[k].CompetingMbit = ptr(Median(v))
 	}
 	var out []Summary
 	for _, w := range workloads {

@@ -158,11 +158,13 @@ func (e *LabExecutor) Run(ctx context.Context, job Job) ([]byte, error) {
 		ctx, cancel = context.WithTimeout(ctx, job.Timeout)
 		defer cancel()
 	}
+	var meter *crossMeter
 	if job.Cross {
 		if err := e.startCross(job.Timeout); err != nil {
 			return nil, err
 		}
 		defer func() { _, _ = e.Lab.StopCross() }()
+		meter = startCrossMeter(e.Lab.CrossSent)
 	}
 	first, _ := e.hosts(job.Ranks)
 	cmd := e.Lab.CommandContext(context.Background(), first[0], argv[0], argv[1:]...)
@@ -174,9 +176,13 @@ func (e *LabExecutor) Run(ctx context.Context, job Job) ([]byte, error) {
 		grace = 30 * time.Second
 	}
 	stalled0 := e.stalled()
-	out, err := RunCommand(ctx, cmd, e.Echo, grace)
+	echo := io.Writer(&resultClock{w: e.Echo})
+	out, err := RunCommand(ctx, cmd, echo, grace)
 	if n := e.stalled() - stalled0; n > 0 {
 		err = &LabStalled{Packets: n, Err: err}
+	}
+	if meter != nil {
+		out = append(out, meter.stop(out, echo.(*resultClock).end())...)
 	}
 	return out, err
 }

@@ -283,7 +283,7 @@ func TestRunAggregatesAndMarksFailures(t *testing.T) {
 		t.Errorf("want json + 3 csv, got %v", files)
 	}
 	sum, _ := os.ReadFile(filepath.Join(dir, "summary.csv"))
-	if !strings.Contains(string(sum), "ft,gateways,false,0,3,,,,,,,FAILED: verification failed") {
+	if !strings.Contains(string(sum), "ft,gateways,false,0,3,,,,,,,,FAILED: verification failed") {
 		t.Errorf("summary.csv does not mark the failed cell:\n%s", sum)
 	}
 	back, err := ReadReport(filepath.Join(dir, "results.json"))

@@ -132,7 +132,7 @@ func (r *Report) WriteFiles(dir string) ([]string, error) {
 func (r *Report) writeSummaryCSV(w io.Writer) error {
 	c := csv.NewWriter(w)
 	_ = c.Write([]string{"workload", "mode", "cross", "n", "failed", "min_s", "median_s",
-		"ratio_min", "ratio_median", "gw_cpu_s", "gw_cpu_s_per_gib", "status"})
+		"ratio_min", "ratio_median", "gw_cpu_s", "gw_cpu_s_per_gib", "competing_mbit_s", "status"})
 	for _, s := range r.Summary {
 		status := "ok"
 		if s.N == 0 {
@@ -142,7 +142,7 @@ func (r *Report) writeSummaryCSV(w io.Writer) error {
 		}
 		_ = c.Write([]string{s.Workload, s.Mode, strconv.FormatBool(s.Cross), strconv.Itoa(s.N),
 			strconv.Itoa(s.Failed), fmtOpt(s.MinS, 6), fmtOpt(s.MedianS, 6),
-			fmtOpt(s.RatioMin, 4), fmtOpt(s.RatioMedian, 4), fmtOpt(s.GatewayCPUS, 3), fmtOpt(s.GatewayCPUPerGiB, 3), status})
+			fmtOpt(s.RatioMin, 4), fmtOpt(s.RatioMedian, 4), fmtOpt(s.GatewayCPUS, 3), fmtOpt(s.GatewayCPUPerGiB, 3), fmtOpt(s.CompetingMbit, 1), status})
 	}
 	c.Flush()
 	return c.Error()
@@ -151,7 +151,7 @@ func (r *Report) writeSummaryCSV(w io.Writer) error {
 func (r *Report) writeSamplesCSV(w io.Writer) error {
 	c := csv.NewWriter(w)
 	_ = c.Write([]string{"rep", "workload", "mode", "cross", "time_s", "compute_s", "bytes",
-		"wan_bytes", "msgs", "wan_msgs", "mpi", "ranks", "gw_cpu_s", "gw_wan_bytes", "gw_renewals", "gw_yields", "error", "note"})
+		"wan_bytes", "msgs", "wan_msgs", "mpi", "ranks", "gw_cpu_s", "gw_wan_bytes", "gw_renewals", "gw_yields", "cross_mbit_s", "error", "note"})
 	for _, s := range r.Samples {
 		row := []string{strconv.Itoa(s.Rep + 1), s.Workload, s.Mode, strconv.FormatBool(s.Cross)}
 		if res := s.Result; res != nil && s.OK() {
@@ -170,7 +170,11 @@ func (r *Report) writeSamplesCSV(w io.Writer) error {
 		} else {
 			row = append(row, "", "", "", "")
 		}
-		row = append(row, s.Err, s.Note)
+		cross := ""
+		if s.Competing != nil {
+			cross = strconv.FormatFloat(s.Competing.Mbit(), 'f', 1, 64)
+		}
+		row = append(row, cross, s.Err, s.Note)
 		_ = c.Write(row)
 	}
 	c.Flush()
@@ -200,8 +204,8 @@ func (r *Report) WriteTable(w io.Writer) {
 	if h.Lab != "" {
 		fmt.Fprintf(w, "# lab: %s\n", h.Lab)
 	}
-	fmt.Fprintf(w, "%-9s %-12s %-5s %3s %10s %10s %9s %9s %8s %10s  %s\n",
-		"workload", "mode", "cross", "n", "min_s", "median_s", "ratio", "ratio_med", "gw_cpu_s", "gw_s/GiB", "status")
+	fmt.Fprintf(w, "%-9s %-12s %-5s %3s %10s %10s %9s %9s %8s %10s %9s  %s\n",
+		"workload", "mode", "cross", "n", "min_s", "median_s", "ratio", "ratio_med", "gw_cpu_s", "gw_s/GiB", "comp_Mbit", "status")
 	for _, s := range r.Summary {
 		status := "ok"
 		if s.N == 0 {
@@ -215,8 +219,8 @@ func (r *Report) WriteTable(w io.Writer) {
 			}
 			return strconv.FormatFloat(*p, 'f', prec, 64)
 		}
-		fmt.Fprintf(w, "%-9s %-12s %-5s %3d %10s %10s %9s %9s %8s %10s  %s\n", s.Workload, s.Mode,
+		fmt.Fprintf(w, "%-9s %-12s %-5s %3d %10s %10s %9s %9s %8s %10s %9s  %s\n", s.Workload, s.Mode,
 			yesNo(s.Cross), s.N, dash(s.MinS, 3), dash(s.MedianS, 3), dash(s.RatioMin, 3),
-			dash(s.RatioMedian, 3), dash(s.GatewayCPUS, 2), dash(s.GatewayCPUPerGiB, 2), status)
+			dash(s.RatioMedian, 3), dash(s.GatewayCPUS, 2), dash(s.GatewayCPUPerGiB, 2), dash(s.CompetingMbit, 0), status)
 	}
 }

@@ -56,11 +56,27 @@ type GatewayCPU struct {
 	Yields   uint64 `json:"yields,omitempty"`
 }
 
+// CrossBytes is the MPI5K-CROSS line of a lab run beside competing
+// flows: the bytes they sent while the job ran, over its seconds.
+type CrossBytes struct {
+	Bytes   uint64  `json:"bytes"`
+	Seconds float64 `json:"seconds"`
+}
+
+// Mbit is the competing flows' mean rate in Mbit/s.
+func (c CrossBytes) Mbit() float64 {
+	if c.Seconds <= 0 {
+		return 0
+	}
+	return float64(c.Bytes) * 8 / c.Seconds / 1e6
+}
+
 // Output is everything machine-readable in one run's output.
 type Output struct {
 	Results   []Result
 	PingPong  []PingPoint
 	Gateways  []GatewayCPU
+	Cross     *CrossBytes
 	VerifyErr []string // "VERIFICATION FAILED ..." lines, verbatim
 }
 
@@ -281,6 +297,17 @@ func ParseOutput(r io.Reader) (Output, error) {
 				return out, fmt.Errorf("line %d: %s: %w", n, wrap.GatewayTag, err)
 			}
 			out.Gateways = append(out.Gateways, g)
+		case strings.HasPrefix(line, crossTag+" "):
+			m, err := fields(line[len(crossTag)+1:])
+			if err != nil {
+				return out, fmt.Errorf("line %d: %s: %w", n, crossTag, err)
+			}
+			p := &kv{m: m}
+			c := CrossBytes{Bytes: p.u64("bytes"), Seconds: p.f64("seconds")}
+			if p.err != nil {
+				return out, fmt.Errorf("line %d: %s: %w", n, crossTag, p.err)
+			}
+			out.Cross = &c
 		case strings.Contains(line, verifyTag):
 			out.VerifyErr = append(out.VerifyErr, line)
 		default:

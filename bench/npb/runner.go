@@ -171,8 +171,11 @@ type Sample struct {
 	// The gateways' CPU during the run (gateway modes; from the summary
 	// of `mpi5k run`).
 	Gateways []GatewayCPU `json:"gateways,omitempty"`
-	Err      string       `json:"error,omitempty"`
-	Note     string       `json:"note,omitempty"` // e.g. exit status of a job whose result was complete
+	// What the competing flows sent while the job ran (lab runs beside
+	// them).
+	Competing *CrossBytes `json:"competing,omitempty"`
+	Err       string      `json:"error,omitempty"`
+	Note      string      `json:"note,omitempty"` // e.g. exit status of a job whose result was complete
 }
 
 // OK reports whether the sample has a verified result.
@@ -260,6 +263,9 @@ func (s Sample) summary() string {
 			msg += fmt.Sprintf(", %d express renewals, %d yields", r, y)
 		}
 	}
+	if s.Competing != nil {
+		msg += fmt.Sprintf(", competing flows %.0f Mbit/s", s.Competing.Mbit())
+	}
 	if s.Note != "" {
 		msg += " (" + s.Note + ")"
 	}
@@ -340,6 +346,7 @@ func judge(cell Cell, out []byte, runErr error) Sample {
 		s.Result = &r
 		s.PingPong = o.PingPong
 		s.Gateways = o.Gateways
+		s.Competing = o.Cross
 		if runErr != nil {
 			s.Note = "result complete, then: " + runErr.Error()
 		}
