@@ -67,10 +67,9 @@ func (m *crossMeter) sample() {
 	m.at, m.n = append(m.at, now), append(m.n, n)
 }
 
-// stop ends the sampling and returns the MPI5K-CROSS line for a job whose
-// output is out and whose result line appeared at end (zero: not seen),
-// or a line saying why there is none.
-func (m *crossMeter) stop(out []byte, end time.Time) []byte {
+// stop ends the sampling and returns the MPI5K-CROSS line for a job
+// whose result line clock saw, or a line saying why there is none.
+func (m *crossMeter) stop(clock *resultClock) []byte {
 	m.sample()
 	close(m.done)
 	m.wg.Wait()
@@ -79,16 +78,16 @@ func (m *crossMeter) stop(out []byte, end time.Time) []byte {
 	if m.err != nil {
 		return []byte(fmt.Sprintf("# %s: no reading of the competing flows: %v\n", crossTag, m.err))
 	}
-	o, err := ParseOutput(bytes.NewReader(out))
-	if err != nil || len(o.Results) != 1 || end.IsZero() {
+	end, secs := clock.result()
+	if end.IsZero() || secs <= 0 {
 		return nil // the run has no time to read them over; judge says why
 	}
-	start := end.Add(-time.Duration(o.Results[0].TimeS * float64(time.Second)))
+	start := end.Add(-time.Duration(secs * float64(time.Second)))
 	b0, ok0 := interpolate(m.at, m.n, start)
 	b1, ok1 := interpolate(m.at, m.n, end)
 	if !ok0 || !ok1 {
 		return []byte(fmt.Sprintf("# %s: the job's %.3f s are not inside the %d readings of the competing flows\n",
-			crossTag, o.Results[0].TimeS, len(m.at)))
+			crossTag, secs, len(m.at)))
 	}
 	return []byte(fmt.Sprintf("%s bytes=%d seconds=%.3f\n", crossTag, uint64(b1-b0), end.Sub(start).Seconds()))
 }
@@ -113,25 +112,31 @@ func interpolate(at []time.Time, n []uint64, t time.Time) (float64, bool) {
 }
 
 // resultClock passes a job's output lines on to w (when not nil) and
-// notes when the result line went by: the end of the job's own time.
+// notes when the result line went by, the end of the job's own time, and
+// the time_s it reports.
 type resultClock struct {
-	w  io.Writer
-	mu sync.Mutex
-	at time.Time
+	w     io.Writer
+	mu    sync.Mutex
+	at    time.Time
+	timeS float64
 }
 
-// end is when the result line went by (zero: it did not).
-func (r *resultClock) end() time.Time {
+// result is when the result line went by (zero: it did not) and its
+// time_s (0 when it did not parse: judge says why).
+func (r *resultClock) result() (time.Time, float64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.at
+	return r.at, r.timeS
 }
 
 func (r *resultClock) Write(p []byte) (int, error) {
-	if bytes.HasPrefix(bytes.TrimSpace(p), []byte(resultTag+" ")) {
+	if line := bytes.TrimSpace(p); bytes.HasPrefix(line, []byte(resultTag+" ")) {
 		r.mu.Lock()
 		if r.at.IsZero() {
 			r.at = time.Now()
+			if res, err := ParseResult(string(line[len(resultTag)+1:])); err == nil {
+				r.timeS = res.TimeS
+			}
 		}
 		r.mu.Unlock()
 	}

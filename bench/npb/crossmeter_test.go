@@ -38,10 +38,11 @@ func TestCrossMeter(t *testing.T) {
 	read := func() (uint64, error) { return uint64(time.Since(start).Seconds() * 1e6), nil }
 	m := startCrossMeter(read)
 	time.Sleep(900 * time.Millisecond)
-	end := time.Now()
-	time.Sleep(300 * time.Millisecond) // teardown: not the job's
 	out := []byte("MPI5K-RESULT workload=bt mpi=openmpi ranks=4 sites=2 time_s=0.500 compute_s=0.1 bytes=1 msgs=1 wan_bytes=1 wan_msgs=1 failures=0 loops_per_us=1 verified=yes\n")
-	line := m.stop(out, end)
+	clock := &resultClock{}
+	clock.Write(out)
+	time.Sleep(300 * time.Millisecond) // teardown: not the job's
+	line := m.stop(clock)
 	o, err := ParseOutput(bytes.NewReader(append(out, line...)))
 	if err != nil || o.Cross == nil {
 		t.Fatalf("%q: %v, %+v", line, err, o.Cross)
@@ -57,7 +58,7 @@ func TestCrossMeter(t *testing.T) {
 	}
 
 	bad := startCrossMeter(func() (uint64, error) { return 0, errors.New("no traffic host") })
-	if l := string(bad.stop(out, time.Now())); !strings.HasPrefix(l, "# MPI5K-CROSS") || !strings.Contains(l, "no traffic host") {
+	if l := string(bad.stop(clock)); !strings.HasPrefix(l, "# MPI5K-CROSS") || !strings.Contains(l, "no traffic host") {
 		t.Errorf("unreadable counter: %q", l)
 	}
 	if o, err := ParseOutput(strings.NewReader("MPI5K-CROSS bytes=x seconds=1\n")); err == nil {

@@ -176,13 +176,13 @@ func (e *LabExecutor) Run(ctx context.Context, job Job) ([]byte, error) {
 		grace = 30 * time.Second
 	}
 	stalled0 := e.stalled()
-	echo := io.Writer(&resultClock{w: e.Echo})
-	out, err := RunCommand(ctx, cmd, echo, grace)
+	clock := &resultClock{w: e.Echo}
+	out, err := RunCommand(ctx, cmd, clock, grace)
 	if n := e.stalled() - stalled0; n > 0 {
 		err = &LabStalled{Packets: n, Err: err}
 	}
 	if meter != nil {
-		out = append(out, meter.stop(out, echo.(*resultClock).end())...)
+		out = append(out, meter.stop(clock)...)
 	}
 	return out, err
 }
