@@ -95,6 +95,7 @@ func (ep *Endpoint) newChannel(to Addr) *channel {
 		rto: ep.e.cfg.RTOMin * 5}
 	ch.rto = min(max(ch.rto, ep.e.cfg.RTOMin), ep.e.cfg.RTOMax)
 	ep.chans[to] = ch
+	delete(ep.ended, to)
 	return ch
 }
 
@@ -416,7 +417,14 @@ func (ch *channel) resendHoles(h *wire.Header, now time.Time) {
 		return
 	}
 	highest := h.Ack + 1 + uint32(top)
-	gap := max(ch.srtt, ch.ep.e.cfg.RTOMin/4)
+	// Without a round-trip sample yet the gap is the RTO: a LAN round
+	// trip on a loaded host can be milliseconds, and resending every hole
+	// on every SACK then feeds itself (each duplicate draws an ACK, each
+	// ACK more resends, and Karn's rule keeps the sample from coming).
+	gap := ch.curRTO()
+	if ch.srtt > 0 {
+		gap = max(ch.srtt, ch.ep.e.cfg.RTOMin/4)
+	}
 	for _, f := range ch.inflight {
 		if wire.SeqLess(highest, f.seq) {
 			break
@@ -736,6 +744,7 @@ func (ch *channel) fail(err error) {
 	ep.failPosted(ch.peer, err)
 	if ep.chans[ch.peer] == ch {
 		delete(ep.chans, ch.peer)
+		ep.ended[ch.peer] = err
 	}
 	e.pumpAll()
 }

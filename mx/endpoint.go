@@ -14,6 +14,7 @@ type Endpoint struct {
 	e     *Engine
 	id    uint16
 	chans map[Addr]*channel
+	ended map[Addr]error // why the last channel to a peer ended, until a new one opens
 	// Posted receives. A receive from one peer that matches every bit but
 	// the low eight (a stream's: its id and direction, any kind) waits in
 	// exact, by peer and match bits, so a message finds it without a scan
@@ -134,6 +135,19 @@ func (ep *Endpoint) onConnectAck(from Addr, h *wire.Header, p []byte) {
 	ch.open(h.Session, int(c.MaxFrame), h.Window)
 }
 
+// notOpen is the error for a request to a peer whose channel ch is not
+// open (ch may be nil): why that channel, or the last one, ended, so that
+// a send after a failure names the failure rather than a missing Connect.
+func (ep *Endpoint) notOpen(to Addr, ch *channel) error {
+	if ch != nil && ch.err != nil {
+		return ch.err
+	}
+	if err := ep.ended[to]; err != nil {
+		return fmt.Errorf("%w (Connect again)", err)
+	}
+	return fmt.Errorf("%w: %v", ErrNotConnected, to)
+}
+
 // Isend sends buf to a connected peer with match bits. buf must stay
 // unchanged until the request completes: at once for an eager message
 // once its frames are built, after the receiver pulled it for a large one.
@@ -149,10 +163,7 @@ func (ep *Endpoint) Isend(to Addr, match uint64, buf []byte) (*Request, error) {
 	}
 	ch := ep.chans[to]
 	if ch == nil || ch.state != stateOpen {
-		if ch != nil && ch.err != nil {
-			return nil, ch.err
-		}
-		return nil, fmt.Errorf("%w: %v", ErrNotConnected, to)
+		return nil, ep.notOpen(to, ch)
 	}
 	r := &Request{done: make(chan struct{}), ep: ep, buf: buf, n: len(buf)}
 	msg := ch.msgNext
@@ -229,11 +240,7 @@ func (ep *Endpoint) post(r *Request) {
 	}
 	if from != nil {
 		if ch := ep.chans[*from]; ch == nil || ch.state != stateOpen {
-			err := fmt.Errorf("%w: %v", ErrNotConnected, *from)
-			if ch != nil && ch.err != nil {
-				err = ch.err
-			}
-			r.finish(err)
+			r.finish(ep.notOpen(*from, ch))
 			return
 		}
 	}

@@ -247,7 +247,7 @@ func (e *Engine) Open(id uint16) (*Endpoint, error) {
 	if e.eps[id] != nil {
 		return nil, fmt.Errorf("mx: endpoint %d is already open on %v", id, e.mac)
 	}
-	ep := &Endpoint{e: e, id: id, chans: map[Addr]*channel{}}
+	ep := &Endpoint{e: e, id: id, chans: map[Addr]*channel{}, ended: map[Addr]error{}}
 	e.eps[id] = ep
 	return ep, nil
 }

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/mpi5k/mpi5k/mx/wire"
 )
 
 var (
@@ -90,7 +92,15 @@ func exchange(t *testing.T, a, b *Endpoint, sizes []int) {
 		buf := make([]byte, n)
 		got, match, from, err := b.Recv(ctx, buf, 0, 0) // any message: order is the test
 		if err != nil {
-			t.Fatalf("message %d: %v", i, err)
+			t.Logf("sender %+v", a.e.Stats())
+			t.Logf("receiver %+v", b.e.Stats())
+			// The sender's error, if any, names the end that gave up first.
+			select {
+			case serr := <-errc:
+				t.Fatalf("message %d: %v (sender: %v)", i, err, serr)
+			case <-time.After(100 * time.Millisecond):
+				t.Fatalf("message %d: %v (sender still sending)", i, err)
+			}
 		}
 		if match != uint64(i) || got != n || from != a.Addr() {
 			t.Fatalf("message %d: got match %d, %d bytes from %v; want %d bytes from %v", i, match, got, from, n, a.Addr())
@@ -386,8 +396,9 @@ func TestPeerVanishes(t *testing.T) {
 	if st := ea.Stats(); st.Timeouts < 3 {
 		t.Fatalf("only %d RTO expiries before giving up", st.Timeouts)
 	}
-	if _, err := a.Isend(b.Addr(), 1, nil); err == nil {
-		t.Fatal("send on a failed channel accepted")
+	// A send after the failure names it, not a missing Connect.
+	if _, err := a.Isend(b.Addr(), 1, nil); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("send on a failed channel: %v", err)
 	}
 	// Connecting to nobody times out too, with the peer named.
 	c, _ := ea.Open(5)
@@ -403,6 +414,43 @@ func TestPeerVanishes(t *testing.T) {
 	}
 }
 
+// Before a round-trip sample a SACK resends a hole only once it is an RTO
+// old: a loaded host's LAN round trip can be milliseconds, and resending
+// every hole on every SACK fed a storm (each duplicate drew an ACK) that
+// Karn's rule kept from ever yielding the sample that would end it.
+func TestHoleResendBeforeSample(t *testing.T) {
+	clk := &fakeClock{now: time.Unix(1e9, 0)}
+	var cut atomic.Bool
+	fault := func([]byte) Fault { return Fault{Drop: cut.Load()} }
+	_, ea, _, a, b := pair(t, fault, Config{Clock: clk})
+	cut.Store(true)
+	for i := range 3 {
+		if _, err := a.Isend(b.Addr(), uint64(i), payload(uint64(i), 100)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ea.mu.Lock()
+	defer ea.mu.Unlock()
+	ch := a.chans[b.Addr()]
+	if len(ch.inflight) != 3 {
+		t.Fatalf("%d frames in flight, want 3", len(ch.inflight))
+	}
+	clk.now = clk.now.Add(100 * time.Microsecond) // beyond RTOMin/4, inside the RTO
+	una := ch.inflight[0].seq
+	sack := &wire.Header{Ack: una, Sack: 1 << 1} // the third frame held, two holes
+	ch.srtt = 0
+	before := ea.c.retransmits.Load()
+	ch.resendHoles(sack, clk.now)
+	if n := ea.c.retransmits.Load() - before; n != 0 {
+		t.Fatalf("no RTT sample, holes 100 µs old, RTO %v: %d resent, want 0", ch.curRTO(), n)
+	}
+	ch.srtt = 20 * time.Microsecond
+	ch.resendHoles(sack, clk.now)
+	if n := ea.c.retransmits.Load() - before; n != 2 {
+		t.Fatalf("20 µs round trips, holes 100 µs old: %d resent, want 2", n)
+	}
+}
+
 func TestRejectAndDisconnect(t *testing.T) {
 	_, _, _, a, b := pair(t, nil, Config{})
 	ctx := ctx10(t)
@@ -413,6 +461,9 @@ func TestRejectAndDisconnect(t *testing.T) {
 	b.Close()
 	if _, err := r.Wait(ctx); !errors.Is(err, ErrPeerClosed) {
 		t.Fatalf("receive from a peer that closed: %v", err)
+	}
+	if _, err := a.Isend(b.Addr(), 1, nil); !errors.Is(err, ErrPeerClosed) {
+		t.Fatalf("send to a peer that closed: %v", err)
 	}
 }
 
