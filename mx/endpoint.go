@@ -135,13 +135,11 @@ func (ep *Endpoint) onConnectAck(from Addr, h *wire.Header, p []byte) {
 	ch.open(h.Session, int(c.MaxFrame), h.Window)
 }
 
-// notOpen is the error for a request to a peer whose channel ch is not
-// open (ch may be nil): why that channel, or the last one, ended, so that
-// a send after a failure names the failure rather than a missing Connect.
-func (ep *Endpoint) notOpen(to Addr, ch *channel) error {
-	if ch != nil && ch.err != nil {
-		return ch.err
-	}
+// notOpen is the error for a request to a peer with no open channel: why
+// the last one ended, so that a send after a failure names the failure
+// rather than a missing Connect. (A failed channel leaves ep.chans at
+// once: one found there is connecting or open, never failed.)
+func (ep *Endpoint) notOpen(to Addr) error {
 	if err := ep.ended[to]; err != nil {
 		return fmt.Errorf("%w (Connect again)", err)
 	}
@@ -163,7 +161,7 @@ func (ep *Endpoint) Isend(to Addr, match uint64, buf []byte) (*Request, error) {
 	}
 	ch := ep.chans[to]
 	if ch == nil || ch.state != stateOpen {
-		return nil, ep.notOpen(to, ch)
+		return nil, ep.notOpen(to)
 	}
 	r := &Request{done: make(chan struct{}), ep: ep, buf: buf, n: len(buf)}
 	msg := ch.msgNext
@@ -240,7 +238,7 @@ func (ep *Endpoint) post(r *Request) {
 	}
 	if from != nil {
 		if ch := ep.chans[*from]; ch == nil || ch.state != stateOpen {
-			r.finish(ep.notOpen(*from, ch))
+			r.finish(ep.notOpen(*from))
 			return
 		}
 	}
