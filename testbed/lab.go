@@ -35,6 +35,7 @@ type Lab struct {
 	st     state
 	hosts  []hostPlan
 	byName map[string]*hostPlan
+	notes  []string // what Up changed outside the lab
 }
 
 func labDir(name string) string { return filepath.Join(RunDir, name) }
@@ -87,6 +88,11 @@ func Open(name string) (*Lab, error) {
 	}
 	return newLab(st), nil
 }
+
+// Notes tells what Up changed outside the lab's namespaces (an algorithm
+// added to net.ipv4.tcp_allowed_congestion_control, a module loaded, a
+// crashed lab's addition undone), one line each.
+func (l *Lab) Notes() []string { return l.notes }
 
 // Name is the lab's name.
 func (l *Lab) Name() string { return l.name }

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -60,8 +59,17 @@ func Up(ctx context.Context, c Config) (*Lab, error) {
 	if err := c.Normalize(); err != nil {
 		return nil, err
 	}
-	if err := checkHostCC(c.HostCC); err != nil {
+	var notes []string
+	// A crash may have left algorithms added for labs that are gone.
+	if note, err := sysCC.settle(""); err != nil {
 		return nil, err
+	} else if note != "" {
+		notes = append(notes, note)
+	}
+	if note, err := sysCC.check(c.HostCC); err != nil {
+		return nil, err
+	} else if note != "" {
+		notes = append(notes, note)
 	}
 	if lanLossScript(&c, planHosts(&c)) != "" {
 		if _, err := exec.LookPath("nft"); err != nil {
@@ -82,6 +90,7 @@ func Up(ctx context.Context, c Config) (*Lab, error) {
 		return nil, fmt.Errorf("lab %q already exists (%s): run `mpi5k lab down --name %s` first", c.Name, dir, c.Name)
 	}
 	l := newLab(state{Config: c, Binary: bin})
+	l.notes = notes
 	if err := l.build(ctx); err != nil {
 		if derr := Down(c.Name); derr != nil {
 			err = fmt.Errorf("%w (and cleanup failed: %v)", err, derr)
@@ -105,6 +114,15 @@ func (l *Lab) build(ctx context.Context) error {
 	}
 	if err := l.saveState(); err != nil {
 		return err
+	}
+	// After lab.json, which names the need: another lab's settling must
+	// not take the algorithm away in between.
+	note, err := sysCC.hold(l.name, c.HostCC)
+	if err != nil {
+		return err
+	}
+	if note != "" {
+		l.notes = append(l.notes, note)
 	}
 	if err := os.WriteFile(l.HostsFilePath(), []byte(hostsFile(c, l.hosts)), 0o644); err != nil {
 		return err
@@ -459,16 +477,25 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 
 // Down removes everything a lab made: processes running in its namespaces
 // (the emulator, iperf3, MPI daemons...), namespaces, UTS files and
-// /run/mpi5k/<lab>. Idempotent and usable after a crash.
+// /run/mpi5k/<lab>, and takes out of net.ipv4.tcp_allowed_congestion_control
+// what labs added that no lab still up needs. Idempotent and usable after a
+// crash.
 func Down(name string) error {
+	_, err := DownNotes(name)
+	return err
+}
+
+// DownNotes is Down, also telling what it changed outside the lab (the
+// allowed congestion control list).
+func DownNotes(name string) ([]string, error) {
 	if name == "" {
 		name = DefaultName
 	}
 	if err := ValidName(name); err != nil {
-		return err
+		return nil, err
 	}
 	if os.Geteuid() != 0 {
-		return errNotRoot
+		return nil, errNotRoot
 	}
 	dir := labDir(name)
 	nsNames := map[string]bool{}
@@ -517,10 +544,17 @@ func Down(name string) error {
 	if err := os.RemoveAll(dir); err != nil {
 		errs = append(errs, err.Error())
 	}
-	if len(errs) > 0 {
-		return fmt.Errorf("lab %s down: %s", name, strings.Join(errs, "; "))
+	// 4. The allowed congestion controls, once lab.json is gone.
+	var notes []string
+	if note, err := sysCC.settle(name); err != nil {
+		errs = append(errs, err.Error())
+	} else if note != "" {
+		notes = append(notes, note)
 	}
-	return nil
+	if len(errs) > 0 {
+		return notes, fmt.Errorf("lab %s down: %s", name, strings.Join(errs, "; "))
+	}
+	return notes, nil
 }
 
 func killEmulator(dir string) {
@@ -618,25 +652,4 @@ func isZombie(pid int) bool {
 		return s[i+2] == 'Z' || s[i+2] == 'X'
 	}
 	return false
-}
-
-// checkHostCC fails early, before anything is built, if the kernel would
-// refuse cc as a namespace's default: outside the initial namespace only
-// the algorithms of the global tcp_allowed_congestion_control may be
-// defaults (on this project's machines: reno and bbr, not cubic), and the
-// lab never changes global sysctls.
-func checkHostCC(cc string) error {
-	if cc == "" {
-		return nil
-	}
-	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
-	if err != nil {
-		return fmt.Errorf("host-cc: %w", err)
-	}
-	allowed := strings.Fields(string(b))
-	if !slices.Contains(allowed, cc) {
-		return fmt.Errorf("host-cc: %q cannot be a lab host's default here; the kernel allows %s "+
-			"(net.ipv4.tcp_allowed_congestion_control, a global setting the lab does not change)", cc, strings.Join(allowed, ", "))
-	}
-	return nil
 }

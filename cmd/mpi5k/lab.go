@@ -179,7 +179,7 @@ func labUp(args []string) error {
 	crossMTU := fs.Int("cross-mtu", 0, "MTU of the traffic hosts (lab cross), up to 9000 (0: --mtu): competing flows in jumbo frames cost the user-space WAN emulator a sixth of the packets, so a small machine carries them beside a job; nodes and gateways keep --mtu")
 	gwNICs := fs.Int("gateway-nics", 1, "gateway interfaces: 1 (LAN) or 2 (LAN + WAN leg)")
 	gateways := fs.Int("gateways", 1, fmt.Sprintf("gateway hosts per site, 1..%d: gw.<site>, gw2.<site>, ... each listed in the site map and $MPI5K_GATEWAYS, so mpi5k run starts a gateway on every one", testbed.MaxGateways))
-	hostCC := fs.String("host-cc", "system", "default TCP congestion control of the lab's hosts, e.g. reno (loss-based, as a classic cluster node); system keeps the machine's")
+	hostCC := fs.String("host-cc", "system", "default TCP congestion control of the lab's hosts, e.g. cubic (Linux's default, what cluster nodes run) or reno; system keeps the machine's. One missing from net.ipv4.tcp_allowed_congestion_control is added while a lab uses it")
 	matrix := fs.String("matrix", "", "distance matrix file: per-pair rtt, rate, loss, jitter, queue (testbed/README.md); its sites replace --sites, its pairs override the flags")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
@@ -265,6 +265,9 @@ func labUp(args []string) error {
 	if err != nil {
 		return err
 	}
+	for _, n := range l.Notes() {
+		fmt.Println(n)
+	}
 	cfg := l.Config()
 	rttText := cfg.RTT.String()
 	if len(cfg.Pairs) > 0 {
@@ -311,7 +314,11 @@ func labDown(args []string) error {
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
-	return testbed.Down(*name)
+	notes, err := testbed.DownNotes(*name)
+	for _, n := range notes {
+		fmt.Println(n)
+	}
+	return err
 }
 
 func labExec(args []string) error {
