@@ -91,13 +91,13 @@ func (b ccBook) lock() (unlock func(), err error) {
 // check fails, before anything is built, if the kernel cannot run cc at
 // all. An algorithm built as a module is loaded (it stays loaded: other
 // sockets may use it by then); note says so.
-func (b ccBook) check(cc string) (note string, err error) {
+func (b ccBook) check(flag, cc string) (note string, err error) {
 	if cc == "" {
 		return "", nil
 	}
 	avail, err := readCCList(b.available)
 	if err != nil {
-		return "", fmt.Errorf("host-cc: %w", err)
+		return "", fmt.Errorf("%s: %w", flag, err)
 	}
 	if slices.Contains(avail, cc) {
 		return "", nil
@@ -108,12 +108,12 @@ func (b ccBook) check(cc string) (note string, err error) {
 	}
 	if lerr == nil {
 		if avail2, err := readCCList(b.available); err == nil && slices.Contains(avail2, cc) {
-			return fmt.Sprintf("loaded kernel module tcp_%s for --host-cc %s (it stays loaded)", cc, cc), nil
+			return fmt.Sprintf("loaded kernel module tcp_%s for --%s %s (it stays loaded)", cc, flag, cc), nil
 		}
 		lerr = errors.New("loaded, yet not listed")
 	}
-	return "", fmt.Errorf("host-cc: %q is not available in this kernel (net.ipv4.tcp_available_congestion_control: %s) and module tcp_%s does not load (%v): pick one of %s",
-		cc, strings.Join(avail, " "), cc, lerr, strings.Join(avail, ", "))
+	return "", fmt.Errorf("%s: %q is not available in this kernel (net.ipv4.tcp_available_congestion_control: %s) and module tcp_%s does not load (%v): pick one of %s",
+		flag, cc, strings.Join(avail, " "), cc, lerr, strings.Join(avail, ", "))
 }
 
 // modprobeCC loads tcp_<cc> if modprobe finds such a module.

@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,11 +15,20 @@ import (
 // CrossLogDir holds the iperf3 logs of `lab cross`.
 func (l *Lab) CrossLogDir() string { return filepath.Join(l.dir, "cross") }
 
-// Cross starts flows competing iperf3 TCP flows from the traffic host of
-// site from to the one of site to (never the MPI nodes), each with its own
-// one-shot server (`iperf3 -s -1`: a daemonized server kept answering
-// "busy"). They run detached for dur; StopCross ends them earlier.
+// Cross starts flows competing bulk iperf3 TCP flows from site from to site
+// to with the hosts' default congestion control (StartCross with a plain
+// mix).
 func (l *Lab) Cross(from, to string, flows int, dur time.Duration) error {
+	return l.StartCross(from, to, &CrossMix{Flows: flows, Duration: dur})
+}
+
+// StartCross starts the competing flows of m (normalized in place: the
+// seed it picked is in m) from the traffic host of site from to the one of
+// site to (never the MPI nodes). A bulk flow is iperf3 with its own
+// one-shot server (`iperf3 -s -1`: a daemonized server kept answering
+// "busy"), an on/off flow `mpi5k lab _onoff` against `mpi5k lab _sink`.
+// They run detached for m.Duration; StopCross ends them earlier.
+func (l *Lab) StartCross(from, to string, m *CrossMix) error {
 	if !slices.Contains(l.st.Config.Sites, from) {
 		return fmt.Errorf("--from: no site %q in lab %s", from, l.name)
 	}
@@ -28,12 +38,17 @@ func (l *Lab) Cross(from, to string, flows int, dur time.Duration) error {
 	if from == to {
 		return fmt.Errorf("--from and --to are the same site %q: cross traffic must cross the WAN", from)
 	}
-	if flows < 1 || flows > 64 {
-		return fmt.Errorf("--flows: need 1..64, got %d", flows)
+	if err := m.Normalize(); err != nil {
+		return err
 	}
-	if dur < time.Second {
-		return fmt.Errorf("--duration: at least 1s, got %v", dur)
+	// Root in the traffic hosts may set any algorithm the kernel has on a
+	// socket, allowed as a namespace default or not.
+	for _, cc := range m.CC {
+		if _, err := sysCC.check("cc", cc); err != nil {
+			return err
+		}
 	}
+	flows := m.Flows
 	src, dst := l.ExtraHosts(from)[0], l.ExtraHosts(to)[0]
 	dir := l.CrossLogDir()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -52,17 +67,39 @@ func (l *Lab) Cross(from, to string, flows int, dur time.Duration) error {
 	if err := os.WriteFile(filepath.Join(dir, "next-port"), []byte(strconv.Itoa(next+flows)), 0o644); err != nil {
 		return err
 	}
-	secs := strconv.Itoa(int((dur + time.Second - 1) / time.Second))
+	secs := strconv.Itoa(int((m.Duration + time.Second - 1) / time.Second))
+	daddr := l.Addr(dst).String()
 	for i := 0; i < flows; i++ {
 		port := strconv.Itoa(next + i)
-		if err := l.spawn(dst, filepath.Join(dir, port+".server.log"), "iperf3", "-s", "-1", "-B", l.Addr(dst).String(), "-p", port); err != nil {
+		cc := m.FlowCC(i)
+		logBase := filepath.Join(dir, port)
+		if m.FlowPattern(i) == PatternOnOff {
+			if err := l.spawn(dst, logBase+".sink.log", l.st.Binary, "lab", "_sink", "--name", l.name,
+				"--listen", net.JoinHostPort(daddr, port), "--duration", (m.Duration + 10*time.Second).String()); err != nil {
+				return err
+			}
+			if err := l.waitListen(dst, next+i, 3*time.Second); err != nil {
+				return err
+			}
+			if err := l.spawn(src, logBase+".onoff.log", l.st.Binary, "lab", "_onoff", "--name", l.name,
+				"--to", net.JoinHostPort(daddr, port), "--cc", cc, "--mean-size", strconv.Itoa(m.MeanSize),
+				"--mean-gap", m.MeanGap.String(), "--shape", strconv.FormatFloat(m.Shape, 'g', -1, 64),
+				"--seed", strconv.FormatUint(m.Seed+uint64(i), 10), "--duration", m.Duration.String()); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := l.spawn(dst, logBase+".server.log", "iperf3", "-s", "-1", "-B", daddr, "-p", port); err != nil {
 			return err
 		}
 		if err := l.waitListen(dst, next+i, 3*time.Second); err != nil {
 			return err
 		}
-		if err := l.spawn(src, filepath.Join(dir, port+".client.log"), "iperf3", "-c", l.Addr(dst).String(),
-			"-p", port, "-t", secs, "-i", "0"); err != nil {
+		args := []string{"-c", daddr, "-p", port, "-t", secs, "-i", "0"}
+		if cc != "" {
+			args = append(args, "-C", cc)
+		}
+		if err := l.spawn(src, logBase+".client.log", "iperf3", args...); err != nil {
 			return err
 		}
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/mpi5k/mpi5k/internal/cli"
 	"github.com/mpi5k/mpi5k/testbed"
+	"github.com/mpi5k/mpi5k/units"
 	"github.com/spf13/pflag"
 )
 
@@ -31,7 +32,10 @@ const labUsage = `usage: mpi5k lab <subcommand> [--name L] [flags]
           [--matrix FILE (per-pair rtt/rate/loss; sets the sites)]
   exec    run a command inside a lab host:  mpi5k lab exec HOST -- CMD ARGS...
   hosts   list host names:  [--site S] [--gateways]
-  cross   competing iperf3 TCP flows:  --from S1 --to S2 [--flows 1] [--duration 60s] | --stop
+  cross   competing TCP flows:  --from S1 --to S2 [--flows 1] [--duration 60s]
+          [--cc cubic,bbr (one for all flows, or one per flow)] [--pattern bulk|onoff|bulk,onoff]
+          [--mean-size 2MiB] [--mean-gap 200ms] [--shape 1.5] [--seed N] (onoff: Pareto sizes,
+          exponential gaps) | --stop
   stats   WAN counters per pair and direction  [--json] [--pairs: the per-pair table only]
   tamper  a man in the middle: flip a bit in every Nth WAN data segment of a port's flows
           (checksum fixed):  --every N [--count N] [--port 5001] [--pair S1,S2] | --stop
@@ -76,6 +80,10 @@ func runLab(args []string) int {
 			}
 			return testbed.Enter(name, a[0], a[2:])
 		})
+	case "_onoff":
+		err = labOnOff(rest)
+	case "_sink":
+		err = labSink(rest)
 	case "_ssh":
 		// ssh options must not be parsed as ours: only a leading --name.
 		name := testbed.DefaultName
@@ -365,14 +373,23 @@ func labCross(args []string) error {
 	fs, name := labFlags("cross")
 	from := fs.String("from", "", "site sending the flows")
 	to := fs.String("to", "", "site receiving the flows")
-	flows := fs.Int("flows", 1, "number of TCP flows")
+	flows := fs.Int("flows", 0, "number of TCP flows (default: as many as --cc or --pattern list, else 1)")
 	dur := fs.Duration("duration", 60*time.Second, "how long the flows run")
+	cc := fs.String("cc", "", "congestion control of the flows: one for all (cubic) or one per flow (cubic,bbr); default the hosts'")
+	pattern := fs.String("pattern", testbed.PatternBulk, "bulk (one iperf3 flow for the whole run) or onoff (transfers of Pareto sizes, each on a new connection, with exponential gaps); one for all or one per flow (bulk,onoff)")
+	meanSize := fs.String("mean-size", "2MiB", "onoff: mean transfer size (Pareto)")
+	meanGap := fs.Duration("mean-gap", testbed.DefaultMeanGap, "onoff: mean pause between transfers (exponential)")
+	shape := fs.Float64("shape", testbed.DefaultShape, "onoff: Pareto shape of the sizes, > 1; nearer 1 is heavier-tailed")
+	seed := fs.Uint64("seed", 0, "onoff: seed of the sizes and pauses (flow i uses seed+i); 0 picks one and prints it")
 	stop := fs.Bool("stop", false, "stop all running cross traffic")
-	l, err := parseOpen(fs, name, args)
-	if err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	if *stop {
+		l, err := testbed.Open(*name)
+		if err != nil {
+			return err
+		}
 		n, err := l.StopCross()
 		if err == nil {
 			fmt.Printf("stopped %d cross-traffic processes\n", n)
@@ -382,12 +399,57 @@ func labCross(args []string) error {
 	if *from == "" || *to == "" {
 		return labUsageError{errors.New("--from and --to are required (or --stop)")}
 	}
-	if err := l.Cross(*from, *to, *flows, *dur); err != nil {
+	m := testbed.CrossMix{Flows: *flows, CC: testbed.ParseCrossList(*cc), Pattern: testbed.ParseCrossList(*pattern),
+		MeanGap: *meanGap, Shape: *shape, Seed: *seed, Duration: *dur}
+	if fs.Changed("flows") && *flows == 0 {
+		return labUsageError{errors.New("--flows: need at least 1, got 0")}
+	}
+	var err error
+	if m.MeanSize, err = units.Size(*meanSize); err != nil {
+		return labUsageError{fmt.Errorf("--mean-size: %w", err)}
+	}
+	if err := m.Normalize(); err != nil {
+		return labUsageError{err}
+	}
+	l, err := testbed.Open(*name)
+	if err != nil {
 		return err
 	}
-	fmt.Printf("%d iperf3 flow(s) %s -> %s for %v (logs in %s); stop with: mpi5k lab cross --name %s --stop\n",
-		*flows, *from, *to, *dur, l.CrossLogDir(), *name)
+	if err := l.StartCross(*from, *to, &m); err != nil {
+		return err
+	}
+	fmt.Printf("%s %s -> %s for %v (logs in %s); stop with: mpi5k lab cross --name %s --stop\n",
+		m.String(), *from, *to, *dur, l.CrossLogDir(), *name)
 	return nil
+}
+
+// labOnOff is the client of an on/off competing flow, run by lab cross
+// inside a traffic host.
+func labOnOff(args []string) error {
+	fs, _ := labFlags("_onoff")
+	var o testbed.OnOff
+	fs.StringVar(&o.Addr, "to", "", "sink address")
+	fs.StringVar(&o.CC, "cc", "", "congestion control")
+	fs.IntVar(&o.MeanSize, "mean-size", testbed.DefaultMeanSize, "mean transfer size, bytes")
+	fs.DurationVar(&o.MeanGap, "mean-gap", testbed.DefaultMeanGap, "mean pause")
+	fs.Float64Var(&o.Shape, "shape", testbed.DefaultShape, "Pareto shape")
+	fs.Uint64Var(&o.Seed, "seed", 1, "seed")
+	fs.DurationVar(&o.Duration, "duration", time.Minute, "run time")
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	return o.Run(os.Stdout)
+}
+
+// labSink is the server of on/off flows.
+func labSink(args []string) error {
+	fs, _ := labFlags("_sink")
+	addr := fs.String("listen", "", "address to listen on")
+	dur := fs.Duration("duration", time.Minute, "how long to accept")
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	return testbed.RunSink(*addr, *dur)
 }
 
 func labTamper(args []string) error {
