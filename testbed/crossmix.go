@@ -155,7 +155,11 @@ func (m *CrossMix) String() string {
 	}
 	s := fmt.Sprintf("%d flow(s): %s", m.Flows, strings.Join(parts, ", "))
 	if onoff {
-		s += fmt.Sprintf(" (on/off: Pareto sizes mean %d B shape %g, exponential gaps mean %v, seed %d)", m.MeanSize, m.Shape, m.MeanGap, m.Seed)
+		seed := "seeds picked per run"
+		if m.Seed != 0 {
+			seed = fmt.Sprintf("seed %d", m.Seed)
+		}
+		s += fmt.Sprintf(" (on/off: Pareto sizes mean %d B shape %g, exponential gaps mean %v, %s)", m.MeanSize, m.Shape, m.MeanGap, seed)
 	}
 	return s
 }

@@ -26,9 +26,13 @@ type LabExecutor struct {
 	Workload   string // absolute path of mpi5k-workload built for Flavour
 	Mpi5k      string // absolute path of bin/mpi5k (its `run` subcommand)
 	WorkDir    string // host files and gateway work directories
-	CrossFlows int    // competing flows per direction (default 1)
-	Echo       io.Writer
-	DryRun     bool // Command writes no host file: `mpi5k bench --dry-run` leaves nothing behind
+	CrossFlows int    // competing flows per direction (default 1, or one per entry of CrossMix's lists)
+	// CrossMix gives the competing flows their congestion controls and
+	// patterns (testbed.CrossMix, as `mpi5k lab cross`); CrossFlows and the
+	// run's limit set its Flows and Duration.
+	CrossMix testbed.CrossMix
+	Echo     io.Writer
+	DryRun   bool // Command writes no host file: `mpi5k bench --dry-run` leaves nothing behind
 }
 
 // Describe is the lab line of the report header.
@@ -43,15 +47,30 @@ func (e *LabExecutor) Describe() string {
 		cross = fmt.Sprintf(" in %d-byte frames", c.LinkMTU())
 	}
 	return fmt.Sprintf("lab %s: %d sites x %d nodes, RTT %v, WAN %s per direction, queue %d B, loss %g, MTU %d, "+
-		"host TCP %s, competing traffic %d iperf3 flow(s) per direction%s", e.Lab.Name(), len(c.Sites), c.Nodes, c.RTT, rate,
-		c.Queue, c.Loss, c.MTU, c.HostTCP(), e.crossFlows(), cross)
+		"host TCP %s, competing traffic %s per direction%s", e.Lab.Name(), len(c.Sites), c.Nodes, c.RTT, rate,
+		c.Queue, c.Loss, c.MTU, c.HostTCP(), e.describeCross(), cross)
 }
 
-func (e *LabExecutor) crossFlows() int {
-	if e.CrossFlows < 1 {
-		return 1
+// crossMix is the competing traffic of one direction of a run lasting d.
+func (e *LabExecutor) crossMix(d time.Duration, dir int) testbed.CrossMix {
+	m := e.CrossMix
+	m.Flows, m.Duration = e.CrossFlows, d
+	if m.Seed != 0 {
+		m.Seed += uint64(dir * testbed.MaxCrossFlows) // the directions draw apart
 	}
-	return e.CrossFlows
+	return m
+}
+
+func (e *LabExecutor) describeCross() string {
+	m := e.crossMix(time.Minute, 0)
+	if err := m.Normalize(); err != nil {
+		return "invalid: " + err.Error()
+	}
+	m.Seed = e.CrossMix.Seed // 0: each run picks its own
+	if len(m.CC) == 0 && len(m.Pattern) == 0 {
+		return fmt.Sprintf("%d iperf3 flow(s)", m.Flows) // as the reports always said
+	}
+	return m.String()
 }
 
 // hosts picks job.Ranks nodes, the same number at every site, in site order
@@ -207,8 +226,9 @@ func (e *LabExecutor) startCross(d time.Duration) error {
 	if d <= 0 {
 		d = 10 * time.Minute
 	}
-	for _, p := range [][2]string{{sites[0], sites[1]}, {sites[1], sites[0]}} {
-		if err := e.Lab.Cross(p[0], p[1], e.crossFlows(), d); err != nil {
+	for i, p := range [][2]string{{sites[0], sites[1]}, {sites[1], sites[0]}} {
+		m := e.crossMix(d, i)
+		if err := e.Lab.StartCross(p[0], p[1], &m); err != nil {
 			_, _ = e.Lab.StopCross()
 			return fmt.Errorf("competing traffic %s -> %s: %w", p[0], p[1], err)
 		}

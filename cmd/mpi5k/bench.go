@@ -51,6 +51,9 @@ func runBench(args []string) int {
 		reps       = fs.Int("reps", 2, "repetitions of every cell (modes interleaved A B A B); 2 keep the defaults within ~16 min on a 2-core lab")
 		cross      = fs.String("cross", "both", "competing WAN traffic: none, with, or both")
 		crossFlows = new(int)
+		crossCC    = fs.String("cross-cc", "", "congestion control of the competing flows, as lab cross --cc: one for all (cubic) or one per flow (cubic,bbr)")
+		crossPat   = fs.String("cross-pattern", "", "pattern of the competing flows, as lab cross --pattern: bulk, onoff, or one per flow (bulk,onoff)")
+		crossSeed  = fs.Uint64("cross-seed", 0, "seed of the on/off competing flows' sizes and gaps (0: each run picks one)")
 		scale      = fs.Float64("scale", 1, "workload --scale (iteration counts)")
 		ranks      = new(int)
 		compute    = fs.String("compute", "work", "compute gaps: work (the verdict: calibrated arithmetic, the rate of the first run pinned for all, so CPU the gateways take shows in the times), clock or yield (isolating tools, not a verdict: the gaps spin on the clock, yield giving the core away meanwhile, so the network alone shows)")
@@ -65,7 +68,7 @@ func runBench(args []string) int {
 	)
 	fs.Var(cli.IntRange{P: wanConns, Min: 0, Max: 63, What: "bulk WAN connections"}, "wan-conns", "WAN connections per site pair in the gateway modes (0: the gateways' default)")
 	*crossFlows, *timeout = 1, 3*time.Minute
-	fs.Var(cli.IntRange{P: crossFlows, Min: 1, Max: 64, What: "flows"}, "cross-flows", "competing iperf3 flows per direction")
+	fs.Var(cli.IntRange{P: crossFlows, Min: 1, Max: 64, What: "flows"}, "cross-flows", "competing flows per direction (default 1, or one per --cross-cc or --cross-pattern entry)")
 	fs.Var(cli.IntRange{P: ranks, Min: 0, Max: 1 << 16, What: "ranks"}, "ranks", "ranks for the pattern workloads (0: every node of the lab)")
 	fs.Var(cli.Duration{P: timeout}, "timeout", "limit per run (10m at --size A unless given)")
 	if code, done := cmd.Parse(fs, args); done {
@@ -135,6 +138,16 @@ func runBench(args []string) int {
 			c.NPB[filepath.Base(p)] = p
 			c.Workloads = append(c.Workloads, filepath.Base(p))
 		}
+	}
+	crossMix := testbed.CrossMix{CC: testbed.ParseCrossList(*crossCC), Pattern: testbed.ParseCrossList(*crossPat), Seed: *crossSeed}
+	if !fs.Changed("cross-flows") {
+		*crossFlows = 0 // one per list entry, else 1
+	}
+	check := crossMix
+	check.Flows, check.Duration = *crossFlows, time.Minute
+	if err := check.Normalize(); err != nil {
+		// The mix speaks lab cross's flags; these are bench's.
+		return fail(2, "%s", strings.ReplaceAll(err.Error(), "--", "--cross-"))
 	}
 	switch *cross {
 	case "none":
@@ -238,7 +251,7 @@ func runBench(args []string) int {
 		return fail(1, "%v", err)
 	}
 	ex := &npb.LabExecutor{Lab: lab, Flavour: *flavour, Workload: wl, Mpi5k: self,
-		WorkDir: filepath.Join(absOut, "work"), CrossFlows: *crossFlows, DryRun: *dryRun}
+		WorkDir: filepath.Join(absOut, "work"), CrossFlows: *crossFlows, CrossMix: crossMix, DryRun: *dryRun}
 
 	if *size == "A" {
 		// What each workload stands for at this size, and how sure that is.
