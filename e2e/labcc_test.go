@@ -225,3 +225,58 @@ func labCCOfConnection(t *testing.T, l *testbed.Lab, cc string) {
 	}
 	t.Logf("ss -ti in %s:\n%s", client, strings.TrimSpace(string(out)))
 }
+
+// TestLabCrossMix: lab cross runs a CUBIC and a BBR bulk flow and a CUBIC
+// on/off flow together, each with its algorithm (ss in the traffic host),
+// all crossing the WAN; an algorithm the kernel lacks is refused naming
+// --cc.
+func TestLabCrossMix(t *testing.T) {
+	labRequireRoot(t)
+	avail := strings.Fields(readSysctl(t, "/proc/sys/net/ipv4/tcp_available_congestion_control"))
+	if !slices.Contains(avail, "cubic") || !slices.Contains(avail, "bbr") {
+		t.Skipf("needs cubic and bbr (available: %v)", avail)
+	}
+	l := labUp(t, testbed.Config{Nodes: 1, RTT: 10 * time.Millisecond, WANRate: 100e6})
+	bin, _ := testbed.Binary()
+	run := labCommand(t, bin)
+	out, err := exec.Command(bin, "lab", "cross", "--name", l.Name(), "--from", "site1", "--to", "site2", "--cc", "cubic,nosuchcc").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `--cc: "nosuchcc" is not available`) {
+		t.Errorf("lab cross --cc cubic,nosuchcc: %v\n%s", err, out)
+	}
+	got := run("cross", "--name", l.Name(), "--from", "site1", "--to", "site2", "--cc", "cubic,bbr,cubic",
+		"--pattern", "bulk,bulk,onoff", "--mean-size", "256KiB", "--mean-gap", "50ms", "--seed", "3", "--duration", "4s")
+	if !strings.Contains(got, "3 flow(s): cubic bulk, bbr bulk, cubic onoff") {
+		t.Errorf("lab cross says: %s", got)
+	}
+	time.Sleep(2 * time.Second)
+	ss, err := l.Command("x-1.site1", "ss", "-tin", "dst", l.Addr("x-1.site2").String()).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cc := range []string{"cubic", "bbr"} {
+		if !strings.Contains(string(ss), "\t "+cc+" ") && !strings.Contains(string(ss), " "+cc+" ") {
+			t.Errorf("no %s connection in the traffic host:\n%s", cc, ss)
+		}
+	}
+	time.Sleep(3 * time.Second)
+	s, err := l.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, port := range []int{5201, 5202, 5203} {
+		var bytes uint64
+		for _, f := range s.Link("site1", "site2").Flows {
+			if strings.HasSuffix(f.Dst, fmt.Sprintf(":%d", port)) {
+				bytes += f.Bytes
+			}
+		}
+		t.Logf("flow to port %d: %d bytes across the WAN", port, bytes)
+		if bytes < 256<<10 {
+			t.Errorf("flow to port %d: only %d bytes crossed the WAN", port, bytes)
+		}
+	}
+	log, err := os.ReadFile(filepath.Join(l.CrossLogDir(), "5203.onoff.log"))
+	if err != nil || !strings.Contains(string(log), "done: ") || !strings.Contains(string(log), " 0 failed (cc cubic, seed 5)") {
+		t.Errorf("on/off log (%v):\n%s", err, log)
+	}
+}

@@ -108,7 +108,7 @@ func (b ccBook) check(flag, cc string) (note string, err error) {
 	}
 	if lerr == nil {
 		if avail2, err := readCCList(b.available); err == nil && slices.Contains(avail2, cc) {
-			return fmt.Sprintf("loaded kernel module tcp_%s for --%s %s (it stays loaded)", cc, flag, cc), nil
+			return fmt.Sprintf("loaded kernel module tcp_%s for %s %s (it stays loaded)", cc, flag, cc), nil
 		}
 		lerr = errors.New("loaded, yet not listed")
 	}

@@ -201,30 +201,30 @@ func TestAllowedCCNeverRemovesOthers(t *testing.T) {
 
 func TestAllowedCCCheck(t *testing.T) {
 	b := testBook(t, "reno bbr", "reno bbr cubic")
-	if note, err := b.check("host-cc", "cubic"); err != nil || note != "" {
+	if note, err := b.check("--host-cc", "cubic"); err != nil || note != "" {
 		t.Errorf("check cubic: %q, %v", note, err)
 	}
-	_, err := b.check("host-cc", "vegas")
+	_, err := b.check("--host-cc", "vegas")
 	for _, want := range []string{`host-cc: "vegas" is not available`, "reno bbr cubic", "tcp_vegas", "pick one of reno, bbr, cubic"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("check vegas without a loader: %v, want %q", err, want)
 		}
 	}
 	b.load = func(cc string) error { return errors.New("modprobe tcp_" + cc + ": not found") }
-	if _, err := b.check("host-cc", "vegas"); err == nil || !strings.Contains(err.Error(), "modprobe tcp_vegas: not found") {
+	if _, err := b.check("--host-cc", "vegas"); err == nil || !strings.Contains(err.Error(), "modprobe tcp_vegas: not found") {
 		t.Errorf("check vegas, module missing: %v", err)
 	}
 	// A module that loads makes the algorithm available.
 	b.load = func(cc string) error {
 		return os.WriteFile(b.available, []byte("reno bbr cubic "+cc+"\n"), 0o644)
 	}
-	note, err := b.check("host-cc", "vegas")
+	note, err := b.check("--host-cc", "vegas")
 	if err != nil || !strings.Contains(note, "loaded kernel module tcp_vegas") {
 		t.Errorf("check vegas with a loadable module: %q, %v", note, err)
 	}
 	// A loader that claims success without the algorithm appearing.
 	b.load = func(string) error { return nil }
-	if _, err := b.check("host-cc", "hybla"); err == nil || !strings.Contains(err.Error(), "not listed") {
+	if _, err := b.check("--host-cc", "hybla"); err == nil || !strings.Contains(err.Error(), "not listed") {
 		t.Errorf("check hybla, loader lying: %v", err)
 	}
 }

@@ -44,7 +44,7 @@ func (l *Lab) StartCross(from, to string, m *CrossMix) error {
 	// Root in the traffic hosts may set any algorithm the kernel has on a
 	// socket, allowed as a namespace default or not.
 	for _, cc := range m.CC {
-		if _, err := sysCC.check("cc", cc); err != nil {
+		if _, err := sysCC.check("--cc", cc); err != nil {
 			return err
 		}
 	}

@@ -66,7 +66,7 @@ func Up(ctx context.Context, c Config) (*Lab, error) {
 	} else if note != "" {
 		notes = append(notes, note)
 	}
-	if note, err := sysCC.check("host-cc", c.HostCC); err != nil {
+	if note, err := sysCC.check("--host-cc", c.HostCC); err != nil {
 		return nil, err
 	} else if note != "" {
 		notes = append(notes, note)
