@@ -29,6 +29,8 @@ const labUsage = `usage: mpi5k lab <subcommand> [--name L] [flags]
           [--seed N] [--queue 1bdp|BYTES] [--mtu 1500] [--cross-mtu 9000] [--lan-loss 1%|SITE=1%,...]
           [--lan-reorder 1%|SITE=1%,... [--lan-reorder-delay 5ms]]
           [--gateway-nics 1|2] [--gateways 1..8 (gateway hosts per site: gw, gw2, ...)]
+          [--host-cc cubic|reno|bbr|system (hosts' default TCP; one the kernel does not allow
+          namespaces is added to net.ipv4.tcp_allowed_congestion_control while a lab needs it)]
           [--matrix FILE (per-pair rtt/rate/loss; sets the sites)]
   exec    run a command inside a lab host:  mpi5k lab exec HOST -- CMD ARGS...
   hosts   list host names:  [--site S] [--gateways]
