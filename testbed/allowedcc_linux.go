@@ -77,8 +77,14 @@ func (b ccBook) lock() (unlock func(), err error) {
 	if err := os.MkdirAll(b.runDir, 0o755); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(filepath.Join(b.runDir, "tcp-allowed-cc.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	// 0600: flock needs only an open file, and a user who could open it
+	// could hold the lock and stall every lab up and down.
+	f, err := os.OpenFile(filepath.Join(b.runDir, "tcp-allowed-cc.lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
+		return nil, err
+	}
+	if err := f.Chmod(0o600); err != nil {
+		f.Close()
 		return nil, err
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {

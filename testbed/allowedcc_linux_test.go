@@ -247,3 +247,21 @@ func TestAllowedCCCorruptRecord(t *testing.T) {
 		t.Errorf("list changed to %q", got)
 	}
 }
+
+// Only the lab's user may open the lock: anyone who can open a file can
+// flock it and stall every lab up and down.
+func TestAllowedCCLockPrivate(t *testing.T) {
+	b := testBook(t, "reno bbr", "reno bbr cubic")
+	if err := os.MkdirAll(b.runDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	lock := filepath.Join(b.runDir, "tcp-allowed-cc.lock")
+	if err := os.WriteFile(lock, nil, 0o666); err != nil { // left by an older run
+		t.Fatal(err)
+	}
+	b.mustHold(t, "a", "cubic")
+	st, err := os.Stat(lock)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("lock file mode %v (%v), want 0600", st.Mode().Perm(), err)
+	}
+}
