@@ -100,6 +100,7 @@ type Gateway struct {
 	// Limits (Config.Max*): what is in use, and the refusal log.
 	lanConns, lanPending, wanPending atomic.Int64
 	sources                          sourceTable
+	admit                            wanAdmit // WAN pending slots by source (admit.go)
 	refusals                         ratelog.Limiter
 
 	ctx     context.Context
@@ -248,6 +249,7 @@ func New(cfg Config) (*Gateway, error) {
 	g.guard = tuning.NewProbeGuard()
 	g.degraded = degraded
 	g.sources.m = map[netip.Addr]int{}
+	g.admit.own, g.admit.other = map[netip.Addr]int{}, map[netip.Addr]int{}
 	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, ExpressMax: cfg.ExpressMax, NoStripe: !cfg.Stripe,
 		PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log,
 		NoPoller: !cfg.PollThread, RuntimeWakes: !cfg.QuietRuntime, QueueControl: tuning.QueueControl(cfg.WANQueue),

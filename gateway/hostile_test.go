@@ -404,31 +404,73 @@ func toConns(cs []*net.TCPConn) []net.Conn {
 	return r
 }
 
-// TestPendingWAN: WAN connections that never send HELLO are capped.
+// TestPendingWAN: WAN connections to a keyed gateway from sources that
+// are no map gateway's address, which never send a byte, are capped per
+// source and in all, and reset at accept past the caps, while the map
+// peer's address still gets a slot. (A keyless gateway resets them at
+// once: their source is no peer's.)
 func TestPendingWAN(t *testing.T) {
-	b := startGW(t, testMap(t), "b", func(c *Config) { c.MaxPendingWAN = 2 })
+	ks := newKeys(t, "a", "b")
+	lanA, wanA, lanB, wanB := ports(t)
+	b := startGW(t, keyedMap(t, lanA, wanA, lanB, wanB, ks), "b", func(c *Config) {
+		withKey(ks)(c)
+		c.MaxPendingWAN, c.MaxSourcePendingWAN = 4, 2
+	})
+	dial := func(src netip.Addr) (*net.TCPConn, error) {
+		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: src.AsSlice()}, net.TCPAddrFromAddrPort(b.WANAddr()))
+		if err == nil {
+			t.Cleanup(func() { c.Close() })
+		}
+		return c, err
+	}
+	// The gateway's HELLO never comes: the connection is reset at accept
+	// (so quickly that the reset may already fail the dial).
+	expectReset := func(c *net.TCPConn, err error, what string) {
+		t.Helper()
+		if err == nil {
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, err = c.Read(make([]byte, 1))
+		}
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("%s: %v, want a reset", what, err)
+		}
+	}
+	one := netip.MustParseAddr("127.9.0.1")
 	for range 2 {
-		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: gwA.AsSlice()}, net.TCPAddrFromAddrPort(b.WANAddr()))
-		if err != nil {
+		if _, err := dial(one); err != nil {
 			t.Fatal(err)
 		}
-		defer c.Close()
 	}
 	for b.wanPending.Load() < 2 {
 		time.Sleep(5 * time.Millisecond)
 	}
-	// The gateway's HELLO never comes: the connection is reset at accept
-	// (so quickly that the reset may already fail the dial).
-	c, err := net.DialTCP("tcp", &net.TCPAddr{IP: gwA.AsSlice()}, net.TCPAddrFromAddrPort(b.WANAddr()))
-	if err == nil {
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		_, err = c.Read(make([]byte, 1))
+	c, err := dial(one)
+	expectReset(c, err, "third pending WAN connection from one source")
+	if n := refusedFor(t, b, "wan_pending_source"); n != 1 {
+		t.Fatalf("wan_pending_source refusals %v, want 1", n)
 	}
-	if !errors.Is(err, syscall.ECONNRESET) {
-		t.Fatalf("third pending WAN connection: %v, want a reset", err)
+	// Past half of MaxPendingWAN some are dropped at random: dial from
+	// fresh sources until the pool is full.
+	for i := 2; b.admit.nshared.Load() < 4; i++ {
+		if i > 200 {
+			t.Fatalf("pool not full after 200 dials: %d pending", b.admit.nshared.Load())
+		}
+		dial(netip.AddrFrom4([4]byte{127, 9, 0, byte(i)}))
+		time.Sleep(2 * time.Millisecond)
 	}
+	c, err = dial(netip.MustParseAddr("127.9.1.1"))
+	expectReset(c, err, "a pending WAN connection past MaxPendingWAN")
 	if n := refusedFor(t, b, "wan_pending"); n != 1 {
 		t.Fatalf("wan_pending refusals %v, want 1", n)
+	}
+	// The peer's own address has its pool: it is not refused.
+	c, err = dial(gwA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("connection from the map peer's address with the shared pool full: %v, want it held", err)
 	}
 }
 

@@ -65,7 +65,8 @@ func newMetrics(g *Gateway) *metrics {
 	m.reg.MustRegister(m.refusals,
 		inUse("mpi5k_lan_connections", "LAN connections open (limit: MaxLANConns).", &g.lanConns),
 		inUse("mpi5k_lan_pending_connections", "LAN connections waiting for their first frame (limit: MaxPendingLAN).", &g.lanPending),
-		inUse("mpi5k_wan_pending_connections", "WAN connections in their HELLO exchange (limit: MaxPendingWAN).", &g.wanPending),
+		inUse("mpi5k_wan_pending_connections", "WAN connections in their handshake (TLS and HELLO), from every source.", &g.wanPending),
+		inUse("mpi5k_wan_pending_shared_connections", "WAN connections in their handshake from sources that are no map gateway's address (limit: MaxPendingWAN).", &g.admit.nshared),
 		inUse("mpi5k_rank_listeners", "Host:ports of this site where ranks listen (LISTEN): streams from other sites may reach them.", &g.listens.n))
 	m.renewals = prometheus.NewDesc("mpi5k_wan_express_renewals_total",
 		"Times the site pair's express link was replaced by a fresh connection because losses had cut its congestion window below one message.",
