@@ -332,8 +332,8 @@ func (g *Gateway) Run(ctx context.Context) error {
 			g.closeListeners()
 			return fmt.Errorf("gateway: metrics listener: %w", err)
 		}
-		srv = &http.Server{Handler: g.m.handler(), ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(ln)
+		srv = metricsServer(g.m.handler())
+		go srv.Serve(newLimitListener(ln, maxMetricsConns))
 	}
 	keepWarmState := "not checked (--wan-keep-warm=false)"
 	if g.cfg.KeepWarm && !tuning.RestartsAfterIdle(g.cfg.WAN.CC, g.cfg.ExpressCC, g.cfg.Express) {

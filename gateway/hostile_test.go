@@ -534,3 +534,47 @@ func TestEarlyDataBound(t *testing.T) {
 		t.Fatalf("early_data refusals %v, want %d", n, limited)
 	}
 }
+
+// TestMetricsConnCap: the /metrics server holds at most maxMetricsConns
+// connections; one more waits, unanswered, until the server closes the
+// silent ones (metricsHeaderTime), and is then answered.
+func TestMetricsConnCap(t *testing.T) {
+	addr := netip.AddrPortFrom(gwB, freePort(t, gwB))
+	startGW(t, testMap(t), "b", func(c *Config) { c.MetricsAddr = addr.String() })
+	var silent []net.Conn
+	for range maxMetricsConns {
+		c, err := net.Dial("tcp", addr.String())
+		for i := 0; err != nil && i < 50; i++ { // the listener opens in Run
+			time.Sleep(20 * time.Millisecond)
+			c, err = net.Dial("tcp", addr.String())
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		silent = append(silent, c)
+	}
+	start := time.Now()
+	late, err := net.Dial("tcp", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	if _, err := late.Write([]byte("GET /ready HTTP/1.1\r\nHost: gw\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	late.SetReadDeadline(time.Now().Add(time.Second))
+	if n, err := late.Read(make([]byte, 64)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("connection %d past the cap of %d: read %d bytes, %v; want it held unanswered", maxMetricsConns+1, maxMetricsConns, n, err)
+	}
+	for _, c := range silent {
+		c.SetReadDeadline(time.Now().Add(metricsHeaderTime + 3*time.Second))
+		if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("a connection that sends nothing is still open after %v: %v", time.Since(start), err)
+		}
+	}
+	late.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := late.Read(make([]byte, 64)); err != nil {
+		t.Fatalf("the waiting connection, once the silent ones closed: %v", err)
+	}
+}

@@ -2,10 +2,13 @@ package gateway
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/tcpinfo"
@@ -259,4 +262,65 @@ func (m *metrics) handler() http.Handler {
 		http.Error(w, "not ready: a WAN link is down or being primed", http.StatusServiceUnavailable)
 	})
 	return mux
+}
+
+// The /metrics and /ready server holds at most maxMetricsConns
+// connections: the descriptors are the ones the LAN and WAN budgets
+// count on (limits.go), and a scraper needs one or two. Further
+// connections wait in the kernel's accept queue, where they hold none. A
+// connection that sends no request header within metricsHeaderTime, or
+// stays idle between requests for metricsIdleTime, is closed.
+const (
+	maxMetricsConns   = 32
+	metricsHeaderTime = 5 * time.Second
+	metricsIdleTime   = 30 * time.Second
+)
+
+func metricsServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h,
+		ReadHeaderTimeout: metricsHeaderTime, ReadTimeout: 2 * metricsHeaderTime, WriteTimeout: metricsIdleTime,
+		IdleTimeout: metricsIdleTime, MaxHeaderBytes: 16 << 10}
+}
+
+// limitListener accepts at most cap(sem) connections at once, as
+// golang.org/x/net/netutil.LimitListener does.
+type limitListener struct {
+	net.Listener
+	sem  chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+func newLimitListener(l net.Listener, n int) *limitListener {
+	return &limitListener{Listener: l, sem: make(chan struct{}, n), done: make(chan struct{})}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	select {
+	case l.sem <- struct{}{}:
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.sem
+		return nil, err
+	}
+	return &limitConn{Conn: c, release: sync.OnceFunc(func() { <-l.sem })}, nil
+}
+
+func (l *limitListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+type limitConn struct {
+	net.Conn
+	release func()
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.release()
+	return err
 }
