@@ -329,4 +329,3 @@ func tlsClientHello(t *testing.T) []byte {
 	}
 	return append(hdr[:], body...)
 }
-
