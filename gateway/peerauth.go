@@ -316,6 +316,7 @@ func (a *peerAuth) handshake(ctx context.Context, c net.Conn, cfg *tls.Config, c
 	if client {
 		tc = tls.Client(tr, cfg)
 	} else {
+		tr.mute = true // until a ClientHello offers an mpi5k protocol
 		cfg = cfg.Clone()
 		cfg.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
 			ours := false
@@ -325,15 +326,13 @@ func (a *peerAuth) handshake(ctx context.Context, c net.Conn, cfg *tls.Config, c
 				}
 			}
 			if !ours {
-				// Reset before the server's flight: a stranger learns
-				// neither our certificate nor that TLS runs here.
-				if t, ok := c.(*net.TCPConn); ok {
-					t.SetLinger(0)
-				}
-				c.Close()
+				// Reset before the server's flight (tr stays mute): a
+				// stranger learns neither our certificate nor that TLS
+				// runs here.
 				notGateway = fmt.Errorf("ClientHello offers protocols %q, none of mpi5k's: not a gateway", h.SupportedProtos)
 				return nil, notGateway
 			}
+			tr.mute = false
 			offered = h.SupportedProtos[0]
 			return nil, nil
 		}
@@ -427,12 +426,23 @@ func certsDER(cs []*x509.Certificate) [][]byte {
 // so do more than maxHandshakeBytes in all. Every record of a gateway's
 // handshake is far smaller (the largest, a ClientHello with a post-quantum
 // key share, is under 2 KB).
+//
+// mute drops what TLS writes: the acceptor's alerts to what is not a
+// gateway's ClientHello.
 type tlsRecords struct {
 	net.Conn
 	hdr  [5]byte
 	hn   int // bytes of the record header read
 	left int // bytes of the record body not yet read
 	read int // bytes read in all
+	mute bool
+}
+
+func (r *tlsRecords) Write(p []byte) (int, error) {
+	if r.mute {
+		return len(p), nil
+	}
+	return r.Conn.Write(p)
 }
 
 const (
@@ -528,7 +538,13 @@ func (g *Gateway) secureDial(ctx context.Context, c *net.TCPConn, p *peer) (net.
 // refusal.
 func (g *Gateway) admitWAN(ctx context.Context, c *net.TCPConn, remote netip.AddrPort) (net.Conn, []*peer, string, error) {
 	if g.auth != nil {
+		// A handshake that fails, its time up included (crypto/tls then
+		// closes the connection itself), ends with a reset.
+		c.SetLinger(0)
 		wc, s, err := g.auth.handshake(ctx, c, g.acceptTLS, false)
+		if err == nil {
+			c.SetLinger(-1)
+		}
 		switch {
 		case errors.Is(err, errUnknownKey):
 			return nil, nil, "wan_auth", err

@@ -206,9 +206,11 @@ func TestStrangerFlood(t *testing.T) {
 }
 
 // TestStrangerSilence: what a stranger reads from a keyed gateway's WAN
-// port. A ClientHello without an mpi5k protocol, and a TLS record longer
-// than a gateway's handshake has, get a reset and not a byte: neither
-// the certificate nor a TLS alert.
+// port. Whatever is not a ClientHello offering an mpi5k protocol (other
+// protocols, none, a record longer than a gateway's handshake has, not
+// TLS, a malformed record) gets a reset and not a byte: neither the
+// certificate nor a TLS alert; so does a ClientHello left unfinished,
+// once its time is up.
 func TestStrangerSilence(t *testing.T) {
 	ks := newKeys(t, "a", "b")
 	lanA, wanA, lanB, wanB := ports(t)
@@ -225,14 +227,21 @@ func TestStrangerSilence(t *testing.T) {
 		return buf[:n]
 	}
 	big := []byte{22, 3, 1, 0x40, 0} // a handshake record of 16 KiB
-	for _, tc := range []struct {
+	full := clientHello(t)
+	cases := []struct {
 		what string
 		send []byte
 	}{
 		{"ClientHello without ALPN", hello()},
 		{"ClientHello offering h2", hello("h2", "http/1.1")},
 		{"a 16 KiB record", big},
-	} {
+		{"HTTP", []byte("GET / HTTP/1.1\r\nHost: gw\r\n\r\n")},
+		{"a malformed handshake record", []byte{22, 3, 1, 0, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}},
+		{"a record of an unknown version", []byte{22, 9, 9, 0, 4, 1, 2, 3, 4}},
+		{"application data first", []byte{23, 3, 3, 0, 4, 1, 2, 3, 4}},
+		{"half a ClientHello (then silence: strangerAuthTime)", full[:len(full)/2]},
+	}
+	for _, tc := range cases {
 		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: strangerAddr(0).AsSlice()}, net.TCPAddrFromAddrPort(wanB))
 		if err != nil {
 			t.Fatal(err)
@@ -245,8 +254,12 @@ func TestStrangerSilence(t *testing.T) {
 			t.Errorf("%s: read %d bytes, then %v; want a reset and nothing", tc.what, n, err)
 		}
 	}
-	if n := refusedFor(t, b, "wan_tls"); n != 3 {
-		t.Errorf("wan_tls refusals %v, want 3", n)
+	// The last is counted just after its reset.
+	for deadline := time.Now().Add(time.Second); refusedFor(t, b, "wan_tls") < float64(len(cases)) && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := refusedFor(t, b, "wan_tls"); n != float64(len(cases)) {
+		t.Errorf("wan_tls refusals %v, want %d", n, len(cases))
 	}
 }
 
