@@ -28,7 +28,7 @@ import (
 // (site a 127.77.1.1 dials, site b 127.77.2.1 accepts) while strangers
 // (127.78.0.0/16, in no site) flood b's WAN port from 1, 16 and 256
 // source addresses: connections that send nothing, half a ClientHello,
-// garbage, and a ClientHello a byte at a time. With each flood, gateway a
+// garbage, a ClientHello a byte at a time, and a whole one. With each flood, gateway a
 // restarts (the time until every link of both is up again) and both WAN
 // connections are killed with ss -K (the time until they resumed), beside
 // the same without a flood; b's resident memory and descriptors are
@@ -140,15 +140,17 @@ func TestGatewayStrangers(t *testing.T) {
 				}
 			}
 		}()
+		cpu0 := procCPU(b.Process.Pid)
 		stop := strangers(t, wanB, sources, 64)
 		time.Sleep(time.Second) // the flood fills what it can
 		up, res := restart(), resume()
 		n := stop()
+		cpu := procCPU(b.Process.Pid) - cpu0
 		close(sdone)
 		swg.Wait()
-		t.Logf("%3d sources, %6d connections: restarted peer's links up in %v, killed connections resumed in %v; b's peak RSS %d KiB (+%d), %d descriptors (+%d)",
+		t.Logf("%3d sources, %6d connections: restarted peer's links up in %v, killed connections resumed in %v; b's peak RSS %d KiB (+%d), %d descriptors (+%d), CPU %v",
 			sources, n, up.Round(time.Millisecond), res.Round(time.Millisecond),
-			peakRSS.Load()>>10, (peakRSS.Load()-idleRSS)>>10, peakFDs.Load(), peakFDs.Load()-idleFDs)
+			peakRSS.Load()>>10, (peakRSS.Load()-idleRSS)>>10, peakFDs.Load(), peakFDs.Load()-idleFDs, cpu.Round(10*time.Millisecond))
 		if up > baseUp+time.Second || res > baseRes+time.Second {
 			t.Errorf("%d stranger sources: links up in %v (%v without the flood), resumed in %v (%v without)", sources, up, baseUp, res, baseRes)
 		}
@@ -239,7 +241,7 @@ func procFDs(pid int) int64 {
 
 // strangers floods target from sources addresses of 127.78.0.0/16 with
 // workers connections at a time, each of one kind (nothing, half a
-// ClientHello, garbage, a ClientHello a byte per 100 ms), held until the
+// ClientHello, garbage, a ClientHello a byte per 100 ms, a whole one), held until the
 // gateway ends it or 4 s pass. stop ends it and returns the connections
 // made.
 func strangers(t *testing.T, target netip.AddrPort, sources, workers int) (stop func() int64) {
@@ -277,9 +279,13 @@ func strangers(t *testing.T, target netip.AddrPort, sources, workers int) (stop 
 					_, err := c.Read(buf)
 					return err == nil || errors.Is(err, os.ErrDeadlineExceeded)
 				}
-				switch w % 4 {
+				switch w % 5 {
 				case 1:
 					c.Write(hello[:len(hello)/2])
+				case 4: // the server's flight costs it a key exchange and a signature
+					c.Write(hello)
+					alive(time.Second) // the flight; then at once the next one
+					end = time.Now()
 				case 2:
 					junk := make([]byte, 256)
 					for k := range junk {

@@ -47,8 +47,8 @@ func clientHello(t testing.TB) []byte {
 
 // flood runs workers that connect to target from sources stranger
 // addresses, each in its way: connect and send nothing, send half a
-// ClientHello and stop, send garbage, or send a ClientHello a byte every
-// 100 ms. Each connection lasts until the gateway ends it or 4 s pass.
+// ClientHello and stop, send garbage, send a ClientHello a byte every
+// 100 ms, or send a whole one (the gateway answers with its flight). Each connection lasts until the gateway ends it or 4 s pass.
 // stop ends the flood and returns the connections made.
 func flood(t testing.TB, target netip.AddrPort, sources, workers int) (stop func() int64) {
 	hello := clientHello(t)
@@ -84,10 +84,14 @@ func flood(t testing.TB, target netip.AddrPort, sources, workers int) (stop func
 					_, err := c.Read(buf)
 					return err == nil || errors.Is(err, os.ErrDeadlineExceeded)
 				}
-				switch w % 4 {
+				switch w % 5 {
 				case 0: // nothing
 				case 1:
 					c.Write(hello[:len(hello)/2])
+				case 4: // the server's flight costs it a key exchange and a signature
+					c.Write(hello)
+					alive(time.Second) // the flight; then at once the next one
+					end = time.Now()
 				case 2:
 					junk := make([]byte, 64)
 					for i := range junk {
@@ -147,10 +151,10 @@ func untilUp(start time.Time, limit time.Duration, gs ...*testGW) time.Duration 
 
 // TestStrangerFlood: strangers flooding the acceptor's WAN port from 1,
 // 16 and 256 source addresses (connections that send nothing, half a
-// ClientHello, garbage, or a ClientHello a byte at a time) delay neither
-// the links of the real peer gateway when it restarts nor their resume
-// when a connection breaks by more than a second over the same without a
-// flood.
+// ClientHello, garbage, a ClientHello a byte at a time, or a whole one)
+// delay neither the links of the real peer gateway when it restarts nor
+// their resume when a connection breaks by more than a second over the
+// same without a flood.
 func TestStrangerFlood(t *testing.T) {
 	if testing.Short() {
 		t.Skip("floods the WAN port for several seconds")
