@@ -19,7 +19,8 @@
 //     destination policy (destinations must be in this site and not a
 //     gateway), streams opened from the WAN, the record of relayed peers.
 //   - limits.go: the caps on streams, connections and pending handshakes
-//     (docs/limits.md).
+//     (docs/limits.md); admit.go: which pending WAN connections are taken
+//     before they authenticate (per-source pools, random early drop).
 //   - lan.go: the LAN transport interface.
 //   - tcpevents.go, metrics.go: TCP_INFO sampling of the WAN links and the
 //     /metrics and /ready endpoints.
