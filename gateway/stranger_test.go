@@ -301,3 +301,51 @@ func TestUnknownKeyIntegrityALPN(t *testing.T) {
 		t.Fatalf("refusals wan_auth %v, wan_encrypt %v; want 1 and 0", a, e)
 	}
 }
+
+// TestEarlyDrop: the shared pool drops new connections at random past
+// half of MaxPendingWAN, 30 % there rising linearly to all when full, and
+// a map gateway's address takes its own pool whatever the shared one
+// holds.
+func TestEarlyDrop(t *testing.T) {
+	m := testMap(t)
+	site, _ := m.Site("b")
+	g := &Gateway{site: site, cfg: Config{MaxPendingWAN: 16, MaxSourcePendingWAN: 1 << 20, WANConns: 1, Express: true}}
+	g.smap.Store(m)
+	g.admit.own, g.admit.other = map[netip.Addr]int{}, map[netip.Addr]int{}
+	fill := func(n int) {
+		for i := 0; g.admit.shared < n; i++ {
+			if i > 10000 {
+				t.Fatalf("cannot fill the pool to %d", n)
+			}
+			g.admitPending(strangerAddr(i % 200))
+		}
+	}
+	for _, c := range []struct {
+		held int
+		want float64 // drop rate
+	}{{0, 0}, {7, 0}, {8, 0.3}, {12, 0.65}, {15, 0.3 + 0.7*7/8}, {16, 1}} {
+		fill(c.held)
+		const n = 4000
+		drops := 0
+		for i := range n {
+			s, why := g.admitPending(strangerAddr(i % 200))
+			if why != "" {
+				drops++
+				continue
+			}
+			g.release(s)
+		}
+		if got := float64(drops) / n; got < c.want-0.04 || got > c.want+0.04 {
+			t.Errorf("%d of 16 held: %.3f of new connections dropped, want %.2f", c.held, got, c.want)
+		}
+	}
+	// Full: the peer gateway's address still gets its own 4.
+	for i := range 4 {
+		if s, why := g.admitPending(gwA); why != "" || s.shared {
+			t.Fatalf("map peer's connection %d with the shared pool full: refused (%s) or shared (%v)", i, why, s.shared)
+		}
+	}
+	if _, why := g.admitPending(gwA); why != "wan_pending" {
+		t.Fatalf("map peer's 5th connection, its pool and the shared one full: %q, want wan_pending", why)
+	}
+}
