@@ -864,6 +864,13 @@ func (g *Gateway) acceptWAN(tc *net.TCPConn, stranger bool) {
 	}
 	c, cands, reason, err := g.admitWAN(actx, tc, remote)
 	if err != nil {
+		if errors.Is(actx.Err(), context.DeadlineExceeded) {
+			budget, whose := wanAuthTime, "a map gateway's address"
+			if stranger {
+				budget, whose = strangerAuthTime, "a source that is no map gateway's address"
+			}
+			err = fmt.Errorf("no TLS handshake within %v, the time %s has: %w", budget, whose, err)
+		}
 		g.refused(reason, "WAN connection refused", "remote", remote.String(), "err", err)
 		g.m.wanRefused.Inc()
 		tc.SetLinger(0)
