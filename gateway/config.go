@@ -184,9 +184,18 @@ type Config struct {
 	// once (default MaxLANConns's default shared by the peers, at least
 	// 64); past it the OPEN is refused (code 10, limit).
 	MaxPeerStreams int
-	// MaxPendingWAN: WAN connections in their HELLO exchange (default 16,
-	// or twice the links of all peers if more); past it, reset at accept.
+	// MaxPendingWAN: WAN connections in their handshake (TLS and HELLO)
+	// from sources that are no map gateway's address: strangers and the
+	// gateways of sites behind NAT (default 16, or twice the links of all
+	// peers if more). Past half of it a new one is dropped at random,
+	// more often as it fills; full, every new one is reset at accept.
+	// Each map gateway's address has a pool of its own besides (twice its
+	// links, at least 4), which no other source can take (admit.go).
 	MaxPendingWAN int
+	// MaxSourcePendingWAN: such connections one source address may have
+	// in their handshake at once (default twice the links of a site pair,
+	// at least 4); past it, reset at accept.
+	MaxSourcePendingWAN int
 	// MaxEarly: DATA bytes per peer site buffered for streams whose
 	// destination is not connected yet (default 64 MiB); the stream that
 	// would pass it is reset (code 10). Each stream's own is bounded by

@@ -19,7 +19,8 @@
 //     destination policy (destinations must be in this site and not a
 //     gateway), streams opened from the WAN, the record of relayed peers.
 //   - limits.go: the caps on streams, connections and pending handshakes
-//     (docs/limits.md).
+//     (docs/limits.md); admit.go: which pending WAN connections are taken
+//     before they authenticate (per-source pools, random early drop).
 //   - lan.go: the LAN transport interface.
 //   - tcpevents.go, metrics.go: TCP_INFO sampling of the WAN links and the
 //     /metrics and /ready endpoints.
@@ -100,6 +101,7 @@ type Gateway struct {
 	// Limits (Config.Max*): what is in use, and the refusal log.
 	lanConns, lanPending, wanPending atomic.Int64
 	sources                          sourceTable
+	admit                            wanAdmit // WAN pending slots by source (admit.go)
 	refusals                         ratelog.Limiter
 
 	ctx     context.Context
@@ -248,6 +250,7 @@ func New(cfg Config) (*Gateway, error) {
 	g.guard = tuning.NewProbeGuard()
 	g.degraded = degraded
 	g.sources.m = map[netip.Addr]int{}
+	g.admit.own, g.admit.other = map[netip.Addr]int{}, map[netip.Addr]int{}
 	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, ExpressMax: cfg.ExpressMax, NoStripe: !cfg.Stripe,
 		PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log,
 		NoPoller: !cfg.PollThread, RuntimeWakes: !cfg.QuietRuntime, QueueControl: tuning.QueueControl(cfg.WANQueue),
@@ -330,8 +333,8 @@ func (g *Gateway) Run(ctx context.Context) error {
 			g.closeListeners()
 			return fmt.Errorf("gateway: metrics listener: %w", err)
 		}
-		srv = &http.Server{Handler: g.m.handler(), ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(ln)
+		srv = metricsServer(g.m.handler())
+		go srv.Serve(newLimitListener(ln, maxMetricsConns))
 	}
 	keepWarmState := "not checked (--wan-keep-warm=false)"
 	if g.cfg.KeepWarm && !tuning.RestartsAfterIdle(g.cfg.WAN.CC, g.cfg.ExpressCC, g.cfg.Express) {

@@ -404,31 +404,73 @@ func toConns(cs []*net.TCPConn) []net.Conn {
 	return r
 }
 
-// TestPendingWAN: WAN connections that never send HELLO are capped.
+// TestPendingWAN: WAN connections to a keyed gateway from sources that
+// are no map gateway's address, which never send a byte, are capped per
+// source and in all, and reset at accept past the caps, while the map
+// peer's address still gets a slot. (A keyless gateway resets them at
+// once: their source is no peer's.)
 func TestPendingWAN(t *testing.T) {
-	b := startGW(t, testMap(t), "b", func(c *Config) { c.MaxPendingWAN = 2 })
+	ks := newKeys(t, "a", "b")
+	lanA, wanA, lanB, wanB := ports(t)
+	b := startGW(t, keyedMap(t, lanA, wanA, lanB, wanB, ks), "b", func(c *Config) {
+		withKey(ks)(c)
+		c.MaxPendingWAN, c.MaxSourcePendingWAN = 4, 2
+	})
+	dial := func(src netip.Addr) (*net.TCPConn, error) {
+		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: src.AsSlice()}, net.TCPAddrFromAddrPort(b.WANAddr()))
+		if err == nil {
+			t.Cleanup(func() { c.Close() })
+		}
+		return c, err
+	}
+	// The gateway's HELLO never comes: the connection is reset at accept
+	// (so quickly that the reset may already fail the dial).
+	expectReset := func(c *net.TCPConn, err error, what string) {
+		t.Helper()
+		if err == nil {
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, err = c.Read(make([]byte, 1))
+		}
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("%s: %v, want a reset", what, err)
+		}
+	}
+	one := netip.MustParseAddr("127.9.0.1")
 	for range 2 {
-		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: gwA.AsSlice()}, net.TCPAddrFromAddrPort(b.WANAddr()))
-		if err != nil {
+		if _, err := dial(one); err != nil {
 			t.Fatal(err)
 		}
-		defer c.Close()
 	}
 	for b.wanPending.Load() < 2 {
 		time.Sleep(5 * time.Millisecond)
 	}
-	// The gateway's HELLO never comes: the connection is reset at accept
-	// (so quickly that the reset may already fail the dial).
-	c, err := net.DialTCP("tcp", &net.TCPAddr{IP: gwA.AsSlice()}, net.TCPAddrFromAddrPort(b.WANAddr()))
-	if err == nil {
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		_, err = c.Read(make([]byte, 1))
+	c, err := dial(one)
+	expectReset(c, err, "third pending WAN connection from one source")
+	if n := refusedFor(t, b, "wan_pending_source"); n != 1 {
+		t.Fatalf("wan_pending_source refusals %v, want 1", n)
 	}
-	if !errors.Is(err, syscall.ECONNRESET) {
-		t.Fatalf("third pending WAN connection: %v, want a reset", err)
+	// Past half of MaxPendingWAN some are dropped at random: dial from
+	// fresh sources until the pool is full.
+	for i := 2; b.admit.nshared.Load() < 4; i++ {
+		if i > 200 {
+			t.Fatalf("pool not full after 200 dials: %d pending", b.admit.nshared.Load())
+		}
+		dial(netip.AddrFrom4([4]byte{127, 9, 0, byte(i)}))
+		time.Sleep(2 * time.Millisecond)
 	}
+	c, err = dial(netip.MustParseAddr("127.9.1.1"))
+	expectReset(c, err, "a pending WAN connection past MaxPendingWAN")
 	if n := refusedFor(t, b, "wan_pending"); n != 1 {
 		t.Fatalf("wan_pending refusals %v, want 1", n)
+	}
+	// The peer's own address has its pool: it is not refused.
+	c, err = dial(gwA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("connection from the map peer's address with the shared pool full: %v, want it held", err)
 	}
 }
 
@@ -490,5 +532,49 @@ func TestEarlyDataBound(t *testing.T) {
 	}
 	if n := refusedFor(t, b, "early_data"); n != float64(limited) {
 		t.Fatalf("early_data refusals %v, want %d", n, limited)
+	}
+}
+
+// TestMetricsConnCap: the /metrics server holds at most maxMetricsConns
+// connections; one more waits, unanswered, until the server closes the
+// silent ones (metricsHeaderTime), and is then answered.
+func TestMetricsConnCap(t *testing.T) {
+	addr := netip.AddrPortFrom(gwB, freePort(t, gwB))
+	startGW(t, testMap(t), "b", func(c *Config) { c.MetricsAddr = addr.String() })
+	var silent []net.Conn
+	for range maxMetricsConns {
+		c, err := net.Dial("tcp", addr.String())
+		for i := 0; err != nil && i < 50; i++ { // the listener opens in Run
+			time.Sleep(20 * time.Millisecond)
+			c, err = net.Dial("tcp", addr.String())
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		silent = append(silent, c)
+	}
+	start := time.Now()
+	late, err := net.Dial("tcp", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	if _, err := late.Write([]byte("GET /ready HTTP/1.1\r\nHost: gw\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	late.SetReadDeadline(time.Now().Add(time.Second))
+	if n, err := late.Read(make([]byte, 64)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("connection %d past the cap of %d: read %d bytes, %v; want it held unanswered", maxMetricsConns+1, maxMetricsConns, n, err)
+	}
+	for _, c := range silent {
+		c.SetReadDeadline(time.Now().Add(metricsHeaderTime + 3*time.Second))
+		if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("a connection that sends nothing is still open after %v: %v", time.Since(start), err)
+		}
+	}
+	late.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := late.Read(make([]byte, 64)); err != nil {
+		t.Fatalf("the waiting connection, once the silent ones closed: %v", err)
 	}
 }

@@ -41,6 +41,9 @@ func (c *Config) fillLimits(npeers int) {
 		links := c.WANConns + 1
 		c.MaxPendingWAN = max(16, 2*links*npeers)
 	}
+	if c.MaxSourcePendingWAN == 0 {
+		c.MaxSourcePendingWAN = max(4, 2*(c.WANConns+1))
+	}
 	if c.MaxEarly == 0 {
 		c.MaxEarly = 64 << 20
 	}
@@ -58,7 +61,8 @@ func (c *Config) checkLimits() error {
 		name string
 		n    int64
 	}{{"MaxLANConns", int64(c.MaxLANConns)}, {"MaxPendingLAN", int64(c.MaxPendingLAN)}, {"MaxSourceStreams", int64(c.MaxSourceStreams)},
-		{"MaxPeerStreams", int64(c.MaxPeerStreams)}, {"MaxPendingWAN", int64(c.MaxPendingWAN)}, {"MaxEarly", c.MaxEarly}, {"MaxControl", int64(c.MaxControl)}} {
+		{"MaxPeerStreams", int64(c.MaxPeerStreams)}, {"MaxPendingWAN", int64(c.MaxPendingWAN)},
+		{"MaxSourcePendingWAN", int64(c.MaxSourcePendingWAN)}, {"MaxEarly", c.MaxEarly}, {"MaxControl", int64(c.MaxControl)}} {
 		if v.n < 0 {
 			return fmt.Errorf("limit %s is %d: it must be positive (0 takes the default, docs/limits.md)", v.name, v.n)
 		}

@@ -641,11 +641,22 @@ func (g *Gateway) dialHello(p *peer, h header.Hello) (net.Conn, header.Hello, ti
 // the map has keys; since is a time before the connection was established.
 func (g *Gateway) dialSecure(p *peer) (net.Conn, time.Time, error) {
 	d := net.Dialer{Timeout: 5 * time.Second, Control: g.wanCreate().Control(nil)}
-	if g.auth == nil {
-		d.LocalAddr = &net.TCPAddr{IP: g.me.WAN.Addr().AsSlice()} // a keyless acceptor checks our source address
+	// A keyless acceptor checks our source address; a keyed one takes a
+	// connection from our map address from a pool of pending slots no
+	// stranger can take (admit.go), so we dial from there when it is one
+	// of this host's, and from wherever the route says when it is not (a
+	// site behind NAT, an address the host does not hold).
+	bind := g.auth == nil || !g.site.NAT
+	if bind {
+		d.LocalAddr = &net.TCPAddr{IP: g.me.WAN.Addr().AsSlice()}
 	}
 	since := time.Now()
 	tc, err := d.DialContext(g.ctx, "tcp", p.wan.String())
+	if err != nil && bind && g.auth != nil && errors.Is(err, syscall.EADDRNOTAVAIL) {
+		d.LocalAddr = nil
+		since = time.Now()
+		tc, err = d.DialContext(g.ctx, "tcp", p.wan.String())
+	}
 	if err != nil {
 		return nil, since, err
 	}
@@ -801,19 +812,30 @@ func (g *Gateway) checkHello(h header.Hello, p *peer, i int) error {
 func (g *Gateway) serveWAN() {
 	defer g.wg.Done()
 	acceptEach(g, "wan", g.wanLn.AcceptTCP, func(c *net.TCPConn) {
-		if !takeSlot(&g.wanPending, g.cfg.MaxPendingWAN) {
-			g.refused("wan_pending", "WAN connection refused: too many WAN connections in their HELLO exchange",
-				"remote", c.RemoteAddr().String(), "limit", g.cfg.MaxPendingWAN)
+		src := unmapAP(c.RemoteAddr().(*net.TCPAddr).AddrPort()).Addr()
+		slot, reason := g.admitPending(src)
+		if reason != "" {
+			g.refused(reason, "WAN connection refused before authentication: "+pendingWhy[reason],
+				"remote", c.RemoteAddr().String(), "limit", g.cfg.MaxPendingWAN, "per_source", g.cfg.MaxSourcePendingWAN)
 			g.m.wanRefused.Inc()
 			c.SetLinger(0)
 			c.Close()
 			return
 		}
+		g.wanPending.Add(1)
 		go func() {
+			defer g.release(slot)
 			defer g.wanPending.Add(-1)
-			g.acceptWAN(c)
+			g.acceptWAN(c, slot.shared)
 		}()
 	})
+}
+
+// pendingWhy says what each admission refusal means.
+var pendingWhy = map[string]string{
+	"wan_pending_source": "this source has MaxSourcePendingWAN connections in their handshake already",
+	"wan_pending":        "MaxPendingWAN connections from sources that are no map gateway's address are in their handshake",
+	"wan_early_drop":     "dropped at random: more than half of MaxPendingWAN connections from sources that are no map gateway's address are in their handshake",
 }
 
 // acceptLag bounds how long an established WAN connection waits in the
@@ -824,15 +846,31 @@ const acceptLag = 20 * time.Millisecond
 // one that proves a key the map lists for that site (keyed maps, any
 // source address), or whose source address is that site's WAN address
 // (keyless maps); its HELLO must name that site.
-func (g *Gateway) acceptWAN(tc *net.TCPConn) {
+//
+// stranger: its source is no map gateway's address, and it has
+// strangerAuthTime to authenticate.
+func (g *Gateway) acceptWAN(tc *net.TCPConn, stranger bool) {
 	// The kernel established the connection just before accept returned
 	// (the accept loop never lags by more than a scheduling delay).
 	since := time.Now().Add(-acceptLag)
 	remote := unmapAP(tc.RemoteAddr().(*net.TCPAddr).AddrPort())
-	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(g.ctx, wanAuthTime)
 	defer cancel()
-	c, cands, reason, err := g.admitWAN(ctx, tc, remote)
+	actx := ctx
+	if stranger {
+		var acancel context.CancelFunc
+		actx, acancel = context.WithTimeout(ctx, strangerAuthTime)
+		defer acancel()
+	}
+	c, cands, reason, err := g.admitWAN(actx, tc, remote)
 	if err != nil {
+		if errors.Is(actx.Err(), context.DeadlineExceeded) {
+			budget, whose := wanAuthTime, "a map gateway's address"
+			if stranger {
+				budget, whose = strangerAuthTime, "a source that is no map gateway's address"
+			}
+			err = fmt.Errorf("no TLS handshake within %v, the time %s has: %w", budget, whose, err)
+		}
 		g.refused(reason, "WAN connection refused", "remote", remote.String(), "err", err)
 		g.m.wanRefused.Inc()
 		tc.SetLinger(0)

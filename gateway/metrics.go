@@ -2,10 +2,13 @@ package gateway
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/tcpinfo"
@@ -65,7 +68,8 @@ func newMetrics(g *Gateway) *metrics {
 	m.reg.MustRegister(m.refusals,
 		inUse("mpi5k_lan_connections", "LAN connections open (limit: MaxLANConns).", &g.lanConns),
 		inUse("mpi5k_lan_pending_connections", "LAN connections waiting for their first frame (limit: MaxPendingLAN).", &g.lanPending),
-		inUse("mpi5k_wan_pending_connections", "WAN connections in their HELLO exchange (limit: MaxPendingWAN).", &g.wanPending),
+		inUse("mpi5k_wan_pending_connections", "WAN connections in their handshake (TLS and HELLO), from every source.", &g.wanPending),
+		inUse("mpi5k_wan_pending_shared_connections", "WAN connections in their handshake from sources that are no map gateway's address (limit: MaxPendingWAN).", &g.admit.nshared),
 		inUse("mpi5k_rank_listeners", "Host:ports of this site where ranks listen (LISTEN): streams from other sites may reach them.", &g.listens.n))
 	m.renewals = prometheus.NewDesc("mpi5k_wan_express_renewals_total",
 		"Times the site pair's express link was replaced by a fresh connection because losses had cut its congestion window below one message.",
@@ -258,4 +262,65 @@ func (m *metrics) handler() http.Handler {
 		http.Error(w, "not ready: a WAN link is down or being primed", http.StatusServiceUnavailable)
 	})
 	return mux
+}
+
+// The /metrics and /ready server holds at most maxMetricsConns
+// connections: the descriptors are the ones the LAN and WAN budgets
+// count on (limits.go), and a scraper needs one or two. Further
+// connections wait in the kernel's accept queue, where they hold none. A
+// connection that sends no request header within metricsHeaderTime, or
+// stays idle between requests for metricsIdleTime, is closed.
+const (
+	maxMetricsConns   = 32
+	metricsHeaderTime = 5 * time.Second
+	metricsIdleTime   = 30 * time.Second
+)
+
+func metricsServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h,
+		ReadHeaderTimeout: metricsHeaderTime, ReadTimeout: 2 * metricsHeaderTime, WriteTimeout: metricsIdleTime,
+		IdleTimeout: metricsIdleTime, MaxHeaderBytes: 16 << 10}
+}
+
+// limitListener accepts at most cap(sem) connections at once, as
+// golang.org/x/net/netutil.LimitListener does.
+type limitListener struct {
+	net.Listener
+	sem  chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+func newLimitListener(l net.Listener, n int) *limitListener {
+	return &limitListener{Listener: l, sem: make(chan struct{}, n), done: make(chan struct{})}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	select {
+	case l.sem <- struct{}{}:
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.sem
+		return nil, err
+	}
+	return &limitConn{Conn: c, release: sync.OnceFunc(func() { <-l.sem })}, nil
+}
+
+func (l *limitListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+type limitConn struct {
+	net.Conn
+	release func()
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.release()
+	return err
 }

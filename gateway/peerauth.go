@@ -189,10 +189,11 @@ func newAuthState(m *sitemap.Map, site *sitemap.Site, key ed25519.PrivateKey, ke
 	}
 	// The certificate only carries the key: validity, names and the
 	// self-signature are never checked (the map pins the key), so they
-	// are fixed values.
+	// are fixed values. Whoever sends a ClientHello reads it, so it names
+	// no site.
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(1),
-		Subject:      pkix.Name{CommonName: "mpi5k gateway " + site.Name},
+		Subject:      pkix.Name{CommonName: "gateway"},
 		NotBefore:    time.Unix(0, 0),
 		NotAfter:     time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
@@ -299,25 +300,59 @@ func (a *peerAuth) acceptor(accept func(*sitemap.Site) bool) *tls.Config {
 // returns c as the link's SealedConn, with the site whose key the peer
 // proved. TLS only authenticates and agrees on a secret: its own records
 // end with the handshake.
+//
+// The acceptor answers a ClientHello that offers none of our protocols
+// (not a gateway) with a reset and not a byte of its own, and tells its
+// refusals apart: a key the map does not list is errUnknownKey whatever
+// protocol the peer offered; errWANEncrypt only when the peer offered the
+// other record mode (a gateway with the other --wan-encrypt ends its
+// handshake there, before it shows its key).
 func (a *peerAuth) handshake(ctx context.Context, c net.Conn, cfg *tls.Config, client bool) (*relay.SealedConn, *sitemap.Site, error) {
 	tr := &tlsRecords{Conn: c}
 	var tc *tls.Conn
-	offered := "" // the client's first protocol: its mode
+	offered := ""        // the client's first protocol: its mode
+	var keyErr error     // the acceptor's verdict on the client's key
+	var notGateway error // the acceptor's verdict on the ClientHello
 	if client {
 		tc = tls.Client(tr, cfg)
 	} else {
+		tr.mute = true // until a ClientHello offers an mpi5k protocol
 		cfg = cfg.Clone()
 		cfg.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
-			if len(h.SupportedProtos) > 0 {
-				offered = h.SupportedProtos[0]
+			ours := false
+			for _, p := range h.SupportedProtos {
+				if _, ok := modeOf(p); ok {
+					ours = true
+				}
 			}
+			if !ours {
+				// Reset before the server's flight (tr stays mute): a
+				// stranger learns neither our certificate nor that TLS
+				// runs here.
+				notGateway = fmt.Errorf("ClientHello offers protocols %q, none of mpi5k's: not a gateway", h.SupportedProtos)
+				return nil, notGateway
+			}
+			tr.mute = false
+			offered = h.SupportedProtos[0]
 			return nil, nil
+		}
+		verify := cfg.VerifyPeerCertificate
+		cfg.VerifyPeerCertificate = func(raw [][]byte, chains [][]*x509.Certificate) error {
+			keyErr = verify(raw, chains)
+			if keyErr != nil {
+				keyErr = fmt.Errorf("%w: %w", errUnknownKey, keyErr)
+			}
+			return keyErr
 		}
 		tc = tls.Server(tr, cfg)
 	}
 	err := tc.HandshakeContext(ctx)
-	peerMode, known := modeOf(offered)
-	if !client && known && peerMode != a.mode {
+	switch peerMode, known := modeOf(offered); {
+	case notGateway != nil:
+		return nil, nil, fmt.Errorf("TLS handshake with %v: %w", c.RemoteAddr(), notGateway)
+	case keyErr != nil:
+		return nil, nil, fmt.Errorf("TLS handshake with %v: %w", c.RemoteAddr(), keyErr)
+	case !client && known && peerMode != a.mode:
 		// The dialer refuses our mode when it sees it; say why here too.
 		return nil, nil, fmt.Errorf("TLS handshake with %v: %w", c.RemoteAddr(), errModeMismatch(peerMode, a.mode))
 	}
@@ -341,7 +376,7 @@ func (a *peerAuth) handshake(ctx context.Context, c net.Conn, cfg *tls.Config, c
 	s, ok := a.state().m.SiteByKey(k)
 	if !ok {
 		tc.Close()
-		return nil, nil, fmt.Errorf("peer at %v proved key %s, which the site map no longer lists", c.RemoteAddr(), sitemap.FormatKey(k))
+		return nil, nil, fmt.Errorf("peer at %v proved key %s, which the site map no longer lists: %w", c.RemoteAddr(), sitemap.FormatKey(k), errUnknownKey)
 	}
 	km, err := st.ExportKeyingMaterial(seal.ExporterLabel, seal.ExporterContext(a.mode), seal.MaterialLen)
 	if err != nil {
@@ -356,6 +391,10 @@ func (a *peerAuth) handshake(ctx context.Context, c net.Conn, cfg *tls.Config, c
 	sc.Peer = k // a reload checks it against the new map (rekey.go)
 	return sc, s, nil
 }
+
+// errUnknownKey: the peer proved a key the site map does not list for a
+// site that dials this gateway.
+var errUnknownKey = errors.New("unknown key")
 
 // suiteOf is the records' AEAD: ChaCha20-Poly1305 when TLS picked it,
 // which Go's TLS does when either end lacks AES instructions (so both
@@ -379,24 +418,59 @@ func certsDER(cs []*x509.Certificate) [][]byte {
 // no further than the end of the current TLS record: crypto/tls reads
 // ahead when it can, and would take the peer's first relay record, sent
 // right after its Finished, into its own buffer.
+//
+// It also bounds what a peer that has proved nothing yet can make TLS
+// hold: a record announces its length in its header, and crypto/tls
+// makes room for all of it then, so a record longer than
+// maxHandshakeRecord fails the handshake before its body is read, and
+// so do more than maxHandshakeBytes in all. Every record of a gateway's
+// handshake is far smaller (the largest, a ClientHello with a post-quantum
+// key share, is under 2 KB).
+//
+// mute drops what TLS writes: the acceptor's alerts to what is not a
+// gateway's ClientHello.
 type tlsRecords struct {
 	net.Conn
 	hdr  [5]byte
 	hn   int // bytes of the record header read
 	left int // bytes of the record body not yet read
+	read int // bytes read in all
+	mute bool
 }
 
+func (r *tlsRecords) Write(p []byte) (int, error) {
+	if r.mute {
+		return len(p), nil
+	}
+	return r.Conn.Write(p)
+}
+
+const (
+	maxHandshakeRecord = 4096 // a control frame's bound (header.MaxControl)
+	maxHandshakeBytes  = 16 << 10
+)
+
+var errHandshakeSize = errors.New("TLS handshake larger than a gateway's: not a gateway")
+
 func (r *tlsRecords) Read(p []byte) (int, error) {
+	if r.read >= maxHandshakeBytes {
+		return 0, fmt.Errorf("%w (more than %d bytes)", errHandshakeSize, maxHandshakeBytes)
+	}
 	if r.left == 0 {
 		n, err := r.Conn.Read(p[:min(len(p), len(r.hdr)-r.hn)])
 		copy(r.hdr[r.hn:], p[:n])
+		r.read += n
 		if r.hn += n; r.hn == len(r.hdr) {
 			r.hn, r.left = 0, int(binary.BigEndian.Uint16(r.hdr[3:]))
+			if r.left > maxHandshakeRecord {
+				return n, fmt.Errorf("%w (a record of %d bytes)", errHandshakeSize, r.left)
+			}
 		}
 		return n, err
 	}
-	n, err := r.Conn.Read(p[:min(len(p), r.left)])
+	n, err := r.Conn.Read(p[:min(len(p), r.left, maxHandshakeBytes-r.read)])
 	r.left -= n
+	r.read += n
 	return n, err
 }
 
@@ -464,12 +538,22 @@ func (g *Gateway) secureDial(ctx context.Context, c *net.TCPConn, p *peer) (net.
 // refusal.
 func (g *Gateway) admitWAN(ctx context.Context, c *net.TCPConn, remote netip.AddrPort) (net.Conn, []*peer, string, error) {
 	if g.auth != nil {
+		// A handshake that fails, its time up included (crypto/tls then
+		// closes the connection itself), ends with a reset.
+		c.SetLinger(0)
 		wc, s, err := g.auth.handshake(ctx, c, g.acceptTLS, false)
-		if errors.Is(err, errWANEncrypt) {
-			return nil, nil, "wan_encrypt", err
+		if err == nil {
+			c.SetLinger(-1)
 		}
-		if err != nil {
+		switch {
+		case errors.Is(err, errUnknownKey):
 			return nil, nil, "wan_auth", err
+		case errors.Is(err, errWANEncrypt):
+			return nil, nil, "wan_encrypt", err
+		case err != nil:
+			// Not TLS, not a gateway's, too slow, or ended by the
+			// peer before it proved a key.
+			return nil, nil, "wan_tls", err
 		}
 		// Any gateway host of the site proves the site's key: its HELLO
 		// says which it is.
