@@ -267,8 +267,11 @@ func New(cfg Config) (*Gateway, error) {
 	if g.lan == nil {
 		g.lan = &TCPTransport{Opts: cfg.LAN}
 	}
-	if t, ok := g.lan.(*MXTransport); ok && t.Forward == "" {
-		t.Forward = cfg.LANForward
+	if t, ok := g.lan.(*MXTransport); ok {
+		if t.Forward == "" {
+			t.Forward = cfg.LANForward
+		}
+		t.refused = g.refused
 	}
 	g.smap.Store(cfg.Map)
 	for _, s := range cfg.Map.Sites() {
