@@ -64,6 +64,14 @@ func (g *Gateway) admitsDst(dst netip.AddrPort) bool {
 	return g.cfg.AllowPorts.Has(dst.Port()) || g.listens.has(dst)
 }
 
+// listenPorts are the ports a LISTEN may register.
+func (g *Gateway) listenPorts() PortSet {
+	if g.cfg.ListenPorts == nil {
+		return DefaultListenPorts
+	}
+	return g.cfg.ListenPorts
+}
+
 // serveControl serves a node's control connection: PEER_QUERY and LISTEN
 // frames, each answered under its request id, until the node closes it;
 // then the connection's registrations end.
@@ -103,6 +111,10 @@ func (g *Gateway) serveControl(c LANConn, h header.Header, body []byte) {
 			case port < 1024:
 				code = header.ListenPrivileged
 				g.refused("listen_privileged", "LISTEN refused: a rank never listens on a privileged port", "host", host.String(), "port", port)
+			case !g.listenPorts().Has(port):
+				code = header.ListenPort
+				g.refused("listen_port", "LISTEN refused: the port is outside --lan-listen-ports, where ranks listen (a service of the node, or a rank whose MPI binds elsewhere: docs/security.md)",
+					"host", host.String(), "port", port, "allowed", g.listenPorts().String())
 			case len(mine) >= maxListensPerConn:
 				code = header.ListenLimit
 				g.refused("listen_limit", "LISTEN refused: the control connection registered too many ports", "host", host.String(), "limit", maxListensPerConn)
