@@ -104,8 +104,13 @@ type mxListener struct {
 	addr    netip.AddrPort
 	ctx     context.Context
 	cancel  context.CancelFunc
-	ready   chan *mxLANConn // streams whose claim took a wait (bindLater)
-	binding atomic.Int32    // bindLater goroutines running
+	out     chan accepted // to Accept: streams whose claim held, in the order it did
+	binding atomic.Int32  // bindLater goroutines running
+}
+
+type accepted struct {
+	c   *mxLANConn
+	err error
 }
 
 // Listen accepts streams on the transport's endpoint; addr is the
@@ -125,22 +130,36 @@ func (t *MXTransport) Listen(addr netip.AddrPort) (LANListener, error) {
 	}
 	t.listening = true
 	ctx, cancel := context.WithCancel(context.Background())
-	return &mxListener{t: t, ln: ln, addr: addr, ctx: ctx, cancel: cancel, ready: make(chan *mxLANConn)}, nil
+	l := &mxListener{t: t, ln: ln, addr: addr, ctx: ctx, cancel: cancel, out: make(chan accepted)}
+	go l.run()
+	return l, nil
 }
 
 func (l *mxListener) Accept() (LANConn, error) {
-	for {
-		select {
-		case c := <-l.ready:
-			return l.t.lanConn(c), nil
-		default:
+	select {
+	case a := <-l.out:
+		if a.err != nil {
+			return nil, a.err
 		}
+		return l.t.lanConn(a.c), nil
+	case <-l.ctx.Done():
+		return nil, fmt.Errorf("mx LAN listener %v: %w", l.addr, net.ErrClosed)
+	}
+}
+
+// run takes the engine's streams until the listener closes and hands
+// those whose claim holds to Accept: at once when Bind knows the
+// address, else from bindLater, so a claim that takes a wait holds up no
+// other stream.
+func (l *mxListener) run() {
+	for {
 		s, err := l.ln.Accept(l.ctx)
 		if err != nil {
 			if l.ctx.Err() != nil {
-				return nil, fmt.Errorf("mx LAN listener %v: %w", l.addr, net.ErrClosed)
+				return
 			}
-			return nil, err
+			l.deliver(accepted{err: err})
+			continue
 		}
 		from, to, err := header.ParseEndpointPair(s.Meta)
 		if err != nil || to != l.addr {
@@ -151,21 +170,29 @@ func (l *mxListener) Accept() (LANConn, error) {
 			continue
 		}
 		c := &mxLANConn{Stream: s, local: l.addr, remote: unmapAP(from)}
-		err = l.t.bind(c, false)
-		if errors.Is(err, errUnresolved) {
+		switch err := l.t.bind(c, false); {
+		case errors.Is(err, errUnresolved):
 			l.bindLater(c)
-			continue
+		case err == nil:
+			l.deliver(accepted{c: c})
 		}
-		if err != nil {
-			continue
+	}
+}
+
+// deliver waits for Accept to take a, or for the listener to close.
+func (l *mxListener) deliver(a accepted) {
+	select {
+	case l.out <- a:
+	case <-l.ctx.Done():
+		if a.c != nil {
+			a.c.Abort()
 		}
-		return l.t.lanConn(c), nil
 	}
 }
 
 // bindLater checks c's claim on a goroutine of its own, which may take
-// bindWait, and hands c to Accept if it holds. A stream accepted later
-// waits for it there. Past maxBinding claims at once, c is refused.
+// bindWait, and hands c to Accept if it holds. Past maxBinding claims at
+// once, c is refused.
 func (l *mxListener) bindLater(c *mxLANConn) {
 	if l.binding.Add(1) > maxBinding {
 		l.binding.Add(-1)
@@ -174,13 +201,8 @@ func (l *mxListener) bindLater(c *mxLANConn) {
 	}
 	go func() {
 		defer l.binding.Add(-1)
-		if l.t.bind(c, true) != nil {
-			return
-		}
-		select {
-		case l.ready <- c:
-		case <-l.ctx.Done():
-			c.Abort()
+		if l.t.bind(c, true) == nil {
+			l.deliver(accepted{c: c})
 		}
 	}()
 }

@@ -114,17 +114,25 @@ func TestMXReloadAdmits(t *testing.T) {
 // address: it is refused, so it can neither register that host's ports
 // (LISTEN) nor become where the gateway's streams for that host go; an
 // address no host answers for is refused too, after the gateway tried to
-// resolve it; the node's own address works.
+// resolve it; the node's own addresses work, one the table learns only
+// after the gateway asked too.
 func TestMXIdentity(t *testing.T) {
 	own := netip.MustParseAddr("127.1.0.10")    // the attacker's node, in site a
 	victim := netip.MustParseAddr("127.1.0.11") // another host of site a
 	nobody := netip.MustParseAddr("127.1.0.12") // no host holds it
+	late := netip.MustParseAddr("127.1.0.13")   // the node's second address, not in the table yet
 	macGW, macOwn, macVictim := mx.MAC{2, 0, 0, 0, 4, 1}, mx.MAC{2, 0, 0, 0, 4, 2}, mx.MAC{2, 0, 0, 0, 4, 3}
+	var reads, lateAfter atomic.Int64
+	lateAfter.Store(1 << 62)
 	nb := &neighbors{site: 1, list: func() ([]netlink.Neigh, error) {
-		return []netlink.Neigh{
+		l := []netlink.Neigh{
 			{IP: own.AsSlice(), HardwareAddr: net.HardwareAddr(macOwn[:]), State: netlink.NUD_REACHABLE},
 			{IP: victim.AsSlice(), HardwareAddr: net.HardwareAddr(macVictim[:]), State: netlink.NUD_STALE},
-		}, nil
+		}
+		if reads.Add(1) > lateAfter.Load() {
+			l = append(l, netlink.Neigh{IP: late.AsSlice(), HardwareAddr: net.HardwareAddr(macOwn[:]), State: netlink.NUD_REACHABLE})
+		}
+		return l, nil
 	}}
 	hub := mx.NewMemHub(1500)
 	gwEngine, err := mx.New(hub.Attach(macGW), mx.Config{Allow: nb.allowed, PeerTimeout: MXPeerTimeout})
@@ -197,6 +205,12 @@ func TestMXIdentity(t *testing.T) {
 	}
 	if v, ok := tr.learned.Load(own); !ok || v.(mx.Addr) != node.Addr() {
 		t.Errorf("the gateway did not learn where the node is: %v", v)
+	}
+	// The claim waits for the table off the accept loop, and the stream
+	// is served though no other follows it.
+	lateAfter.Store(reads.Load() + 3)
+	if code, err := listen(netip.AddrPortFrom(late, 40001)); err != nil || code != header.ListenOK {
+		t.Fatalf("the node's address the table learned late: answer %d, %v", code, err)
 	}
 }
 
