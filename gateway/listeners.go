@@ -18,9 +18,13 @@ import (
 // LAN control connection) and waits for the answer before listen()
 // returns, so the port is known before the rank can publish it. The host
 // is the control connection's source address, checked to be a node of the
-// site as for every LAN connection, so a node registers only its own
-// ports; a registration lasts while its connection stays open, which is
-// as long as the rank's process lives.
+// site as for every LAN connection (over MX, an address bound to the
+// stream's MAC: lan_mx.go), so a node registers only its own ports; a
+// registration lasts while its connection stays open, which is as long as
+// the rank's process lives. Which process of the node holds the port the
+// gateway cannot see, so it takes only ports in --lan-listen-ports, where
+// ranks listen and users' services on fixed ports do not (the MX node
+// daemon, which sees the node's sockets, checks the owner too).
 
 // maxListensPerConn bounds the registrations of one control connection:
 // a rank listens on a handful of ports (Open MPI: one per address family;
