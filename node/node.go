@@ -46,6 +46,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/internal/ratelog"
 	"github.com/mpi5k/mpi5k/internal/spread"
 	"github.com/mpi5k/mpi5k/mx"
 	"github.com/mpi5k/mpi5k/sitemap"
@@ -136,12 +137,13 @@ type Daemon struct {
 	// over TCP gateways.
 	order spread.Order
 
-	// sessions are the resumable connections this daemon accepted, by id,
-	// for the streams that resume them.
 	// owner checks that the user holding a rank's end of a control
 	// connection holds the port it registers (listenOwner).
-	owner func(rank, daemon netip.AddrPort, node netip.Addr, port uint16) error
+	owner    func(rank, daemon netip.AddrPort, node netip.Addr, port uint16) error
+	refusals ratelog.Limiter // of LISTENs: a local user may send thousands
 
+	// sessions are the resumable connections this daemon accepted, by id,
+	// for the streams that resume them.
 	sessMu   sync.Mutex
 	sessions map[header.ResumeID]*session
 	resumes  atomic.Int64
@@ -523,7 +525,7 @@ func (d *Daemon) refuseListen(rank, self netip.AddrPort, node netip.Addr, h head
 		return nil
 	}
 	if err := d.owner(rank, self, node, port); err != nil {
-		d.cfg.Log.Warn("LISTEN refused: the port is not the asking user's", "remote", rank.String(), "port", port, "err", err)
+		d.refusals.Log(d.cfg.Log, slog.LevelWarn, "listen_owner", "LISTEN refused: the port is not the asking user's", "remote", rank.String(), "port", port, "err", err)
 		return header.AppendFrame(nil, header.TypeListenReply, h.Stream, []byte{header.ListenOwner})
 	}
 	return nil
