@@ -102,6 +102,7 @@ func Run(e Env, o Options) []Result {
 	r = append(r, kernel(e))
 	r = append(r, congestion(e)...)
 	r = append(r, keepWarm(e))
+	r = append(r, listenPorts(e))
 	for _, p := range []struct {
 		name string
 		port int
@@ -204,6 +205,40 @@ func keepWarm(e Env) Result {
 	}
 	return Result{Warn, "keep warm", "net.ipv4.tcp_slow_start_after_idle is " + v + ": the CUBIC express link restarts from 10 segments after every pause longer than its RTO (a 64 KiB message after a pause: 3 round trips instead of 1)",
 		tuning.KeepWarmFix + "; or run every WAN link on BBR (--wan-express-cc bbr), which Linux never restarts"}
+}
+
+// listenPorts checks that the listeners the kernel places (MPICH/UCX's,
+// bound to port 0) fall in the gateways' default --lan-listen-ports,
+// which registers ranks' ports only there (docs/security.md).
+func listenPorts(e Env) Result {
+	const check = "listen ports"
+	v, err := e.sysctl("net.ipv4.ip_local_port_range")
+	if err != nil {
+		return Result{Warn, check, "reading net.ipv4.ip_local_port_range: " + err.Error(), "check that /proc/sys is mounted"}
+	}
+	lo, hi, err := portRange(v)
+	if err != nil {
+		return Result{Warn, check, fmt.Sprintf("net.ipv4.ip_local_port_range %q: %v", v, err), "check the sysctl"}
+	}
+	if lo >= defaultListenLo && hi <= defaultListenHi {
+		return Result{OK, check, fmt.Sprintf("kernel-chosen ports (%d-%d) are inside the gateways' default --lan-listen-ports %d-%d", lo, hi, defaultListenLo, defaultListenHi), ""}
+	}
+	return Result{Warn, check, fmt.Sprintf("kernel-chosen ports (net.ipv4.ip_local_port_range %d-%d) reach outside the gateways' default --lan-listen-ports %d-%d: a rank listening there (MPICH/UCX) is not reachable from other sites", lo, hi, defaultListenLo, defaultListenHi),
+		fmt.Sprintf("start this site's gateways with --lan-listen-ports %d-%d (every node alike), or set the sysctl back to %d %d", lo, hi, defaultListenLo, defaultListenHi)}
+}
+
+// The gateways' default --lan-listen-ports (gateway.DefaultListenPorts).
+const defaultListenLo, defaultListenHi = 32768, 60999
+
+func portRange(v string) (lo, hi int, err error) {
+	f := strings.Fields(v)
+	if len(f) != 2 {
+		return 0, 0, errors.New("want two ports")
+	}
+	if lo, err = strconv.Atoi(f[0]); err == nil {
+		hi, err = strconv.Atoi(f[1])
+	}
+	return lo, hi, err
 }
 
 func port(e Env, name string, p int) Result {

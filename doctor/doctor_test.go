@@ -2,6 +2,7 @@ package doctor
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mpi5k/mpi5k/gateway"
 )
 
 // host is a fake host: sysctls, CapEff and the answers of its system calls.
@@ -95,6 +98,7 @@ func TestDebian12NonRoot(t *testing.T) {
 			"net.ipv4.tcp_available_congestion_control": "reno bbr cubic",
 			"net.ipv4.tcp_allowed_congestion_control":   "reno cubic",
 			"net.ipv4.tcp_slow_start_after_idle":        "1",
+			"net.ipv4.ip_local_port_range":              "10000 65000",
 		},
 		capEff: "0000000000000000",
 		timers: unix.ENOPROTOOPT,
@@ -109,6 +113,7 @@ func TestDebian12NonRoot(t *testing.T) {
 	expect(t, rs, "cc cubic", OK)
 	expect(t, rs, "capabilities", Warn, "no CAP_NET_ADMIN")
 	expect(t, rs, "keep warm", Warn, "is 1", "sysctl -w net.ipv4.tcp_slow_start_after_idle=0", "mpi5k-gateway service")
+	expect(t, rs, "listen ports", Warn, "10000-65000", "--lan-listen-ports 10000-65000")
 	expect(t, rs, "LAN port", Fail, "TCP 5000 is in use", "ss -ltnp")
 	expect(t, rs, "WAN port", OK, "TCP 5001 is free")
 	expect(t, rs, "reach gw.rennes:5001", Fail, "i/o timeout", "firewall")
@@ -132,6 +137,7 @@ func TestReadyHost(t *testing.T) {
 			"net.ipv4.tcp_available_congestion_control": "reno bbr cubic",
 			"net.ipv4.tcp_allowed_congestion_control":   "reno cubic",
 			"net.ipv4.tcp_slow_start_after_idle":        "0",
+			"net.ipv4.ip_local_port_range":              "32768\t60999",
 		},
 		capEff: "0000000000001000", // CAP_NET_ADMIN, as the unit grants
 	}
@@ -171,5 +177,12 @@ func TestCapEff(t *testing.T) {
 		if got != c.want || (err != nil) != c.err {
 			t.Errorf("%q: %v %v, want %v error %v", c.content, got, err, c.want, c.err)
 		}
+	}
+}
+
+// The listen ports check knows the gateways' default.
+func TestListenPortsDefault(t *testing.T) {
+	if got, want := gateway.DefaultListenPorts.String(), fmt.Sprintf("%d-%d", defaultListenLo, defaultListenHi); got != want {
+		t.Errorf("gateway.DefaultListenPorts %s, the doctor checks against %s", got, want)
 	}
 }

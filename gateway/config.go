@@ -121,6 +121,12 @@ type Config struct {
 	// Any other port is refused (OPEN_REFUSED, policy; counted as
 	// dst_port).
 	AllowPorts PortSet
+	// ListenPorts are the ports a rank may register (LISTEN) on its host
+	// (--lan-listen-ports; nil: DefaultListenPorts). The gateway cannot
+	// see which process holds a port of a node, so a LISTEN for a port
+	// outside them is refused (listen_port): another user's service on the
+	// node stays out of reach whoever asks (docs/security.md).
+	ListenPorts PortSet
 
 	ReadyFile   string // written once every WAN link is up and primed (tuning.Prime)
 	MetricsAddr string // HTTP listener for /metrics and /ready ("" = none; no host = loopback)
@@ -218,6 +224,7 @@ func DefaultConfig() Config {
 		PollThread: true, QuietRuntime: true, WANQueue: time.Millisecond,
 		ResumeWithin: time.Minute,
 		AllowPorts:   DefaultAllowPorts,
+		ListenPorts:  DefaultListenPorts,
 		LANTransport: "tcp",
 		LANForward:   LANForwardChunked,
 	}

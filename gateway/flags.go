@@ -51,6 +51,7 @@ func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
 		"parallel bulk WAN connections per site pair, large writes striped over them (the same on every gateway)")
 	add(size(&f.window, 1, gib), "window", "per-stream receive window granted to peers (far-side memory bound: streams x window)")
 	add(cli.Duration{P: &c.ResumeWithin}, "wan-resume-within", "how long a broken WAN connection may take to resume on a new one, its streams paused, before they are reset (0: no resume, reset at once; the same on or off on every gateway)")
+	add(portFlag{&c.ListenPorts}, "lan-listen-ports", "ports of this site's hosts a rank may open to other sites by listening there (LISTEN; default: Linux's default ephemeral range, set it to the nodes' ip_local_port_range; any: every unprivileged port, which lets a user of a node open other users' services on it; none: only --wan-allow-ports)")
 	add(portFlag{&c.AllowPorts}, "wan-allow-ports", "ports of this site's hosts that streams from other sites may reach even where no rank listens, e.g. 32768-60999,5201 (any: every port; default none: only where the job's ranks listen)")
 	add(cli.Not{P: &c.WANIntegrityOnly}, "wan-encrypt", "encrypt the WAN links (when the site map lists gateway keys); false: authenticate them only, for a WAN the operator already protects, an altered byte still detected and never delivered (the same on every gateway)")
 	fs.Lookup("wan-encrypt").NoOptDefVal = "true"

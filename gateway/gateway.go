@@ -270,8 +270,11 @@ func New(cfg Config) (*Gateway, error) {
 	if g.lan == nil {
 		g.lan = &TCPTransport{Opts: cfg.LAN}
 	}
-	if t, ok := g.lan.(*MXTransport); ok && t.Forward == "" {
-		t.Forward = cfg.LANForward
+	if t, ok := g.lan.(*MXTransport); ok {
+		if t.Forward == "" {
+			t.Forward = cfg.LANForward
+		}
+		t.refused = g.refused
 	}
 	g.smap.Store(cfg.Map)
 	for _, s := range cfg.Map.Sites() {
@@ -359,7 +362,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		"peers", len(g.peerList()), "wan_conns", g.cfg.WANConns, "express", g.cfg.Express, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
 		"wan_pace_bps", g.cfg.WANPace, "wan_queue", g.cfg.WANQueue.String(), "probe_rtt_guard", g.cfg.ProbeRTTGuard,
 		"express_cc", g.cfg.ExpressCC, "prime", g.cfg.Prime, "keep_warm", keepWarmState,
-		"wan_auth", g.auth != nil, "wan_encrypt", g.auth != nil && !g.cfg.WANIntegrityOnly, "wan_allow_ports", g.cfg.AllowPorts.String(),
+		"wan_auth", g.auth != nil, "wan_encrypt", g.auth != nil && !g.cfg.WANIntegrityOnly, "wan_allow_ports", g.cfg.AllowPorts.String(), "lan_listen_ports", g.listenPorts().String(),
 		"max_lan_conns", g.cfg.MaxLANConns, "max_source_streams", g.cfg.MaxSourceStreams, "max_peer_streams", g.cfg.MaxPeerStreams)
 	g.wg.Add(3)
 	go g.serveLAN()

@@ -58,7 +58,7 @@ func newMXLAN(cfg *Config, site *sitemap.Site) (*MXTransport, error) {
 		e.Close()
 		return nil, err
 	}
-	return &MXTransport{EP: ep, Resolve: nb.resolve, mapChanged: nb.setMap}, nil
+	return &MXTransport{EP: ep, Resolve: nb.resolve, Bind: nb.bind, mapChanged: nb.setMap}, nil
 }
 
 // neighbors is the site's hosts as the kernel's neighbour (ARP/NDP) table
@@ -96,8 +96,11 @@ func (n *neighbors) inSite(a netip.Addr) bool {
 	return ok && s.ID == n.site
 }
 
-func (n *neighbors) refresh() {
-	if time.Since(n.readAt) < time.Second {
+func (n *neighbors) refresh() { n.refreshAfter(time.Second) }
+
+// refreshAfter re-reads the table if it was last read at least d ago.
+func (n *neighbors) refreshAfter(d time.Duration) {
+	if time.Since(n.readAt) < d {
 		return
 	}
 	n.readAt = time.Now()
@@ -143,4 +146,55 @@ func (n *neighbors) resolve(a netip.Addr) (mx.Addr, error) {
 		return mx.Addr{}, fmt.Errorf("%v is not in the neighbour table of the LAN interface (the node has not spoken to this host)", a)
 	}
 	return mx.Addr{MAC: m, EP: MXEndpoint}, nil
+}
+
+// bind checks that a, a node address a stream claims, belongs to the host
+// with MAC from: the neighbour table must map a to from (MXTransport.Bind).
+// The table learns a node when its daemon starts (node.Open prompts the
+// gateway host). An address it does not know is resolved with a datagram
+// to the address, as the node daemon resolves its gateways, when wait is
+// set; the kernel then asks the LAN who holds it, and the host that does
+// answers.
+func (n *neighbors) bind(a netip.Addr, from mx.MAC, wait bool) error {
+	got, ok := n.lookup(a, from, time.Second)
+	if !ok && wait {
+		prompt(a)
+		for deadline := time.Now().Add(bindWait); !ok && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+			got, ok = n.lookup(a, from, 10*time.Millisecond)
+		}
+	}
+	switch {
+	case !ok && !wait:
+		return fmt.Errorf("%v: %w", a, errUnresolved)
+	case !ok:
+		return fmt.Errorf("%v is not in the neighbour table of the LAN interface after %v: no host answered for it", a, bindWait)
+	case got != from:
+		return fmt.Errorf("the neighbour table of the LAN interface gives %v to %v", a, got)
+	}
+	return nil
+}
+
+// lookup finds a's MAC in the table, re-read (if older than d) when a is
+// missing or has another MAC than want.
+func (n *neighbors) lookup(a netip.Addr, want mx.MAC, d time.Duration) (mx.MAC, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m, ok := n.byIP[a]
+	if !ok || m != want {
+		n.refreshAfter(d)
+		m, ok = n.byIP[a]
+	}
+	return m, ok
+}
+
+// prompt sends one empty datagram to a's discard port, which makes the
+// kernel resolve a first.
+func prompt(a netip.Addr) {
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, 9)))
+	if err != nil {
+		return
+	}
+	c.Write([]byte{0})
+	c.Close()
 }

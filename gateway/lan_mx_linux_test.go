@@ -2,13 +2,16 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/mpi5k/mpi5k/header"
 	"github.com/mpi5k/mpi5k/mx"
 	"github.com/mpi5k/mpi5k/sitemap"
 )
@@ -102,5 +105,149 @@ func TestMXReloadAdmits(t *testing.T) {
 	}
 	if gwEngine.Stats().Foreign == before {
 		t.Error("frames from a node the reload took out of site a are still admitted")
+	}
+}
+
+// TestMXIdentity: a stream's open metadata may claim only a node address
+// the gateway's neighbour table gives to the MAC the stream comes from.
+// A node whose root sends any MX frame it likes claims another host's
+// address: it is refused, so it can neither register that host's ports
+// (LISTEN) nor become where the gateway's streams for that host go; an
+// address no host answers for is refused too, after the gateway tried to
+// resolve it; the node's own addresses work, one the table learns only
+// after the gateway asked too.
+func TestMXIdentity(t *testing.T) {
+	own := netip.MustParseAddr("127.1.0.10")    // the attacker's node, in site a
+	victim := netip.MustParseAddr("127.1.0.11") // another host of site a
+	nobody := netip.MustParseAddr("127.1.0.12") // no host holds it
+	late := netip.MustParseAddr("127.1.0.13")   // the node's second address, not in the table yet
+	macGW, macOwn, macVictim := mx.MAC{2, 0, 0, 0, 4, 1}, mx.MAC{2, 0, 0, 0, 4, 2}, mx.MAC{2, 0, 0, 0, 4, 3}
+	var reads, lateAfter atomic.Int64
+	lateAfter.Store(1 << 62)
+	nb := &neighbors{site: 1, list: func() ([]netlink.Neigh, error) {
+		l := []netlink.Neigh{
+			{IP: own.AsSlice(), HardwareAddr: net.HardwareAddr(macOwn[:]), State: netlink.NUD_REACHABLE},
+			{IP: victim.AsSlice(), HardwareAddr: net.HardwareAddr(macVictim[:]), State: netlink.NUD_STALE},
+		}
+		if reads.Add(1) > lateAfter.Load() {
+			l = append(l, netlink.Neigh{IP: late.AsSlice(), HardwareAddr: net.HardwareAddr(macOwn[:]), State: netlink.NUD_REACHABLE})
+		}
+		return l, nil
+	}}
+	hub := mx.NewMemHub(1500)
+	gwEngine, err := mx.New(hub.Attach(macGW), mx.Config{Allow: nb.allowed, PeerTimeout: MXPeerTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gwEngine.Close() })
+	gw, err := gwEngine.Open(MXEndpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := mxEndpoint(t, hub.Attach(macOwn))
+	tr := &MXTransport{EP: gw, Resolve: nb.resolve, Bind: nb.bind, mapChanged: nb.setMap}
+	m, a, _ := startPair(t, func(c *Config) {
+		if c.Site == "a" {
+			c.Transport = tr
+		}
+	})
+	nb.smap.Store(m)
+
+	// listen registers port as the node address src over MX and returns
+	// the gateway's answer, or the error that ended the stream.
+	listen := func(src netip.AddrPort) (uint8, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		meta, err := header.AppendEndpointPair(nil, src, a.LANAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := mx.Dial(ctx, node, gw.Addr(), meta, mx.StreamConfig{})
+		if err != nil {
+			return 0, err
+		}
+		defer s.Close()
+		if _, err := s.Write(header.AppendFrame(nil, header.TypeListen, 1, header.AppendListen(nil, src.Port()))); err != nil {
+			return 0, err
+		}
+		stop := context.AfterFunc(ctx, func() { s.Abort() })
+		defer stop()
+		h, body, err := header.ReadOne(s, 64)
+		if err != nil {
+			return 0, err
+		}
+		if h.Type != header.TypeListenReply || len(body) != 1 {
+			t.Fatalf("LISTEN answered with %v % x", h.Type, body)
+		}
+		return body[0], nil
+	}
+
+	for _, c := range []struct {
+		name string
+		addr netip.Addr
+	}{{"another host's address", victim}, {"an address no host holds", nobody}} {
+		code, err := listen(netip.AddrPortFrom(c.addr, 40000))
+		if err == nil {
+			t.Errorf("a stream claiming %s (%v) registered a port: answer %d", c.name, c.addr, code)
+		}
+		if _, ok := tr.learned.Load(c.addr); ok {
+			t.Errorf("the gateway took the node for %s (%v): its streams to it would go to the node", c.name, c.addr)
+		}
+	}
+	if n := a.listens.n.Load(); n != 0 {
+		t.Errorf("%d ports registered by streams that claimed other addresses", n)
+	}
+	if n := refusedFor(t, a, "mx_identity"); n != 2 {
+		t.Errorf("mx_identity refusals %v, want 2", n)
+	}
+	if code, err := listen(netip.AddrPortFrom(own, 40000)); err != nil || code != header.ListenOK {
+		t.Fatalf("the node's own address: answer %d, %v", code, err)
+	}
+	if v, ok := tr.learned.Load(own); !ok || v.(mx.Addr) != node.Addr() {
+		t.Errorf("the gateway did not learn where the node is: %v", v)
+	}
+	// The claim waits for the table off the accept loop, and the stream
+	// is served though no other follows it.
+	lateAfter.Store(reads.Load() + 3)
+	if code, err := listen(netip.AddrPortFrom(late, 40001)); err != nil || code != header.ListenOK {
+		t.Fatalf("the node's address the table learned late: answer %d, %v", code, err)
+	}
+}
+
+// TestMXBindResolves: a claim of an address the neighbour table does not
+// hold yet waits for the kernel to resolve it, and holds once the table
+// gives the address to the stream's MAC; one the table has forgotten
+// holds at once if an earlier stream from that MAC bound it.
+func TestMXBindResolves(t *testing.T) {
+	a := netip.MustParseAddr("127.1.0.20")
+	mac := mx.MAC{2, 0, 0, 0, 5, 2}
+	var reads atomic.Int32
+	nb := &neighbors{site: 1, list: func() ([]netlink.Neigh, error) {
+		if reads.Add(1) < 3 { // resolved only after a few reads
+			return nil, nil
+		}
+		return []netlink.Neigh{{IP: a.AsSlice(), HardwareAddr: net.HardwareAddr(mac[:]), State: netlink.NUD_REACHABLE}}, nil
+	}}
+	nb.smap.Store(testMap(t))
+	if err := nb.bind(a, mac, false); !errors.Is(err, errUnresolved) {
+		t.Fatalf("bind without wait of an address not in the table: %v, want %v", err, errUnresolved)
+	}
+	if err := nb.bind(a, mac, true); err != nil {
+		t.Fatalf("bind with wait: %v", err)
+	}
+	if err := nb.bind(a, mx.MAC{2, 0, 0, 0, 5, 3}, true); err == nil {
+		t.Fatal("another MAC bound the address")
+	}
+
+	forgot := &neighbors{site: 1, list: func() ([]netlink.Neigh, error) { return nil, nil }}
+	forgot.smap.Store(testMap(t))
+	tr := &MXTransport{Bind: forgot.bind}
+	from := mx.Addr{MAC: mac, EP: MXEndpoint}
+	tr.learned.Store(a, from)
+	if err := tr.Bind(a, mac, false); !tr.learnedAs(a, from, err) {
+		t.Errorf("an address bound earlier to the same endpoint is not taken: %v", err)
+	}
+	if err := tr.Bind(a, mx.MAC{2, 0, 0, 0, 5, 3}, false); tr.learnedAs(a, mx.Addr{MAC: mx.MAC{2, 0, 0, 0, 5, 3}, EP: MXEndpoint}, err) {
+		t.Error("an address bound earlier to another endpoint is taken")
 	}
 }

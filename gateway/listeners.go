@@ -18,9 +18,13 @@ import (
 // LAN control connection) and waits for the answer before listen()
 // returns, so the port is known before the rank can publish it. The host
 // is the control connection's source address, checked to be a node of the
-// site as for every LAN connection, so a node registers only its own
-// ports; a registration lasts while its connection stays open, which is
-// as long as the rank's process lives.
+// site as for every LAN connection (over MX, an address bound to the
+// stream's MAC: lan_mx.go), so a node registers only its own ports; a
+// registration lasts while its connection stays open, which is as long as
+// the rank's process lives. Which process of the node holds the port the
+// gateway cannot see, so it takes only ports in --lan-listen-ports, where
+// ranks listen and users' services on fixed ports do not (the MX node
+// daemon, which sees the node's sockets, checks the owner too).
 
 // maxListensPerConn bounds the registrations of one control connection:
 // a rank listens on a handful of ports (Open MPI: one per address family;
@@ -64,6 +68,14 @@ func (g *Gateway) admitsDst(dst netip.AddrPort) bool {
 	return g.cfg.AllowPorts.Has(dst.Port()) || g.listens.has(dst)
 }
 
+// listenPorts are the ports a LISTEN may register.
+func (g *Gateway) listenPorts() PortSet {
+	if g.cfg.ListenPorts == nil {
+		return DefaultListenPorts
+	}
+	return g.cfg.ListenPorts
+}
+
 // serveControl serves a node's control connection: PEER_QUERY and LISTEN
 // frames, each answered under its request id, until the node closes it;
 // then the connection's registrations end.
@@ -103,6 +115,10 @@ func (g *Gateway) serveControl(c LANConn, h header.Header, body []byte) {
 			case port < 1024:
 				code = header.ListenPrivileged
 				g.refused("listen_privileged", "LISTEN refused: a rank never listens on a privileged port", "host", host.String(), "port", port)
+			case !g.listenPorts().Has(port):
+				code = header.ListenPort
+				g.refused("listen_port", "LISTEN refused: the port is outside --lan-listen-ports, where ranks listen (a service of the node, or a rank whose MPI binds elsewhere: docs/security.md)",
+					"host", host.String(), "port", port, "allowed", g.listenPorts().String())
 			case len(mine) >= maxListensPerConn:
 				code = header.ListenLimit
 				g.refused("listen_limit", "LISTEN refused: the control connection registered too many ports", "host", host.String(), "limit", maxListensPerConn)

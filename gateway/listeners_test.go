@@ -142,3 +142,62 @@ func TestListenFromOtherSite(t *testing.T) {
 		t.Errorf("%d ports registered", n)
 	}
 }
+
+// TestListenPorts: a node's user registers a port where another user's
+// service listens (8022, outside the ephemeral range): the gateway cannot
+// see who holds it, so it refuses every port outside --lan-listen-ports,
+// and the service stays out of reach of other sites; a rank's listener
+// on a kernel-chosen port is registered and reached. A narrower
+// --lan-listen-ports refuses that port too.
+func TestListenPorts(t *testing.T) {
+	_, a, b := startPair(t, func(c *Config) { c.AllowPorts = nil })
+	service := netip.AddrPortFrom(nodeB, 8022)
+	ln, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(service))
+	if err != nil {
+		t.Skipf("port 8022 of %v: %v", nodeB, err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.AcceptTCP()
+			if err != nil {
+				return
+			}
+			go testnet.SumServer(c)
+		}
+	}()
+	rank := testnet.Serve(t, nodeB, testnet.SumServer) // port 0: the kernel's ephemeral range
+	if !DefaultListenPorts.Has(rank.Port()) {
+		t.Skipf("this host's ip_local_port_range gave %d, outside %v", rank.Port(), DefaultListenPorts)
+	}
+
+	ctl := listenConn(t, b.LANAddr(), nodeB)
+	defer ctl.Close()
+	if code := register(t, ctl, 1, service.Port()); code != header.ListenPort {
+		t.Errorf("LISTEN %d answered %d, want %d (outside --lan-listen-ports)", service.Port(), code, header.ListenPort)
+	}
+	if !refusedStream(t, a, service) {
+		t.Error("a stream from another site reached the service on port 8022")
+	}
+	if n := refusedFor(t, b, "listen_port"); n != 1 {
+		t.Errorf("listen_port refusals %v, want 1", n)
+	}
+	if code := register(t, ctl, 2, rank.Port()); code != header.ListenOK {
+		t.Fatalf("LISTEN %d answered %d", rank.Port(), code)
+	}
+	c, err := lanOpen(a.LANAddr(), nodeA, rank)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := testnet.SendAndCheck(c, mrand.New(mrand.NewPCG(2, 2)), 1<<16); err != nil {
+		t.Fatalf("a stream to the rank's registered port: %v", err)
+	}
+	c.Close()
+
+	_, _, narrow := startPair(t, func(c *Config) { c.AllowPorts, c.ListenPorts = nil, PortSet{{rank.Port() + 1, 65535}} })
+	nctl := listenConn(t, narrow.LANAddr(), nodeB)
+	defer nctl.Close()
+	if code := register(t, nctl, 1, rank.Port()); code != header.ListenPort {
+		t.Errorf("LISTEN %d with --lan-listen-ports %v answered %d, want %d", rank.Port(), narrow.cfg.ListenPorts, code, header.ListenPort)
+	}
+}

@@ -23,6 +23,14 @@ type PortRange struct{ Lo, Hi uint16 }
 // ranks' own.
 var DefaultAllowPorts = PortSet{}
 
+// DefaultListenPorts are the ports a LISTEN may register by default:
+// Linux's default ephemeral range (net.ipv4.ip_local_port_range), where
+// the kernel puts the listeners MPICH/UCX and Open MPI's runtime bind to
+// port 0, and where the shim moves Open MPI's TCP BTL (which otherwise
+// binds from 1024 up, among the services of the node). Services that
+// users start on fixed ports sit below it.
+var DefaultListenPorts = PortSet{{32768, 60999}}
+
 // Has reports whether port p is allowed.
 func (s PortSet) Has(p uint16) bool {
 	for _, r := range s {

@@ -454,6 +454,8 @@ const (
 	ListenOK         uint8 = 0 // registered while the control connection stays open
 	ListenPrivileged uint8 = 1 // refused: ports below 1024 are never a rank's
 	ListenLimit      uint8 = 2 // refused: the connection registered too many ports
+	ListenPort       uint8 = 3 // refused: outside the ports the gateway lets ranks register (--lan-listen-ports)
+	ListenOwner      uint8 = 4 // refused by the node daemon: the port is not the asking user's
 )
 
 // AppendListen appends the body of LISTEN for port to b.

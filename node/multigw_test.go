@@ -221,7 +221,7 @@ func TestSecondGatewayStream(t *testing.T) {
 	if a.gw != 1 || err != nil || pq.Seen != gwEnd || pq.Local != dst || pq.Seen.Addr() != gwLAN2.Addr() {
 		t.Errorf("gateway %d asked %+v, %v; want gateway 1 asked seen %v (on %v) local %v", a.gw, pq, err, gwEnd, gwLAN2.Addr(), dst)
 	}
-	b = ask(header.TypeListen, 8, header.AppendListen(nil, 7000), header.TypeListenReply)
+	b = ask(header.TypeListen, 8, header.AppendListen(nil, dst.Port()), header.TypeListenReply) // the rank's listener
 	if b[0] != header.ListenOK {
 		t.Errorf("LISTEN answered %d, want OK", b[0])
 	}
@@ -284,13 +284,18 @@ func TestDeadGatewaySkipped(t *testing.T) {
 	if slow > 1 {
 		t.Errorf("%d of 6 connections waited for the dead gateway, want at most the first", slow)
 	}
+	rl, err := net.Listen("tcp", "127.0.0.1:0") // the rank's listener
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rl.Close()
 	cc, err := net.Dial("tcp", d.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cc.Close()
 	start := time.Now()
-	cc.Write(header.AppendFrame(nil, header.TypeListen, 3, header.AppendListen(nil, 7000)))
+	cc.Write(header.AppendFrame(nil, header.TypeListen, 3, header.AppendListen(nil, addrPort(rl.Addr()).Port())))
 	cc.SetReadDeadline(time.Now().Add(2 * dialTimeout))
 	h, b, err := header.ReadOne(cc, header.MaxControl)
 	if err != nil || h.Type != header.TypeListenReply || h.Stream != 3 || b[0] != header.ListenOK {

@@ -46,6 +46,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/internal/ratelog"
 	"github.com/mpi5k/mpi5k/internal/spread"
 	"github.com/mpi5k/mpi5k/mx"
 	"github.com/mpi5k/mpi5k/sitemap"
@@ -136,6 +137,11 @@ type Daemon struct {
 	// over TCP gateways.
 	order spread.Order
 
+	// owner checks that the user holding a rank's end of a control
+	// connection holds the port it registers (listenOwner).
+	owner    func(rank, daemon netip.AddrPort, node netip.Addr, port uint16) error
+	refusals ratelog.Limiter // of LISTENs: a local user may send thousands
+
 	// sessions are the resumable connections this daemon accepted, by id,
 	// for the streams that resume them.
 	sessMu   sync.Mutex
@@ -174,7 +180,7 @@ func New(cfg Config) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen %v: %w", cfg.Listen, err)
 	}
-	return &Daemon{cfg: cfg, ln: ln, in: map[netip.AddrPort]inbound{}, sessions: map[header.ResumeID]*session{}}, nil
+	return &Daemon{cfg: cfg, ln: ln, in: map[netip.AddrPort]inbound{}, sessions: map[header.ResumeID]*session{}, owner: listenOwner}, nil
 }
 
 // Resumes counts the streams that took over a resumable connection
@@ -470,10 +476,18 @@ type ctlConn struct {
 func (d *Daemon) control(ctx context.Context, c *net.TCPConn, src netip.AddrPort, h header.Header, body []byte) {
 	cc := &ctlConn{d: d, src: src, s: make([]*mx.Stream, len(d.cfg.Gateways)), gone: make([]bool, len(d.cfg.Gateways))}
 	defer context.AfterFunc(ctx, func() { cc.abort(); reset(c) })()
+	rank, self := unmap(c.RemoteAddr().(*net.TCPAddr).AddrPort()), unmap(c.LocalAddr().(*net.TCPAddr).AddrPort())
 	r := header.NewReader(c, header.MaxControl)
 	var buf [64]byte
 	for {
-		rep, err := cc.exchange(ctx, h, body)
+		var rep []byte
+		var err error
+		if h.Type == header.TypeListen {
+			rep = d.refuseListen(rank, self, src.Addr(), h, body)
+		}
+		if rep == nil {
+			rep, err = cc.exchange(ctx, h, body)
+		}
 		if err == nil {
 			_, err = c.Write(rep)
 		}
@@ -499,6 +513,22 @@ func (d *Daemon) control(ctx context.Context, c *net.TCPConn, src netip.AddrPort
 			return
 		}
 	}
+}
+
+// refuseListen answers a rank's LISTEN itself when the port is not the
+// asking user's (listenOwner): the gateways cannot see a node's sockets,
+// the daemon can. It returns nil when the LISTEN may go to the gateways
+// (a malformed one too: they refuse it).
+func (d *Daemon) refuseListen(rank, self netip.AddrPort, node netip.Addr, h header.Header, body []byte) []byte {
+	port, err := header.ParseListen(body)
+	if err != nil {
+		return nil
+	}
+	if err := d.owner(rank, self, node, port); err != nil {
+		d.refusals.Log(d.cfg.Log, slog.LevelWarn, "listen_owner", "LISTEN refused: the port is not the asking user's", "remote", rank.String(), "port", port, "err", err)
+		return header.AppendFrame(nil, header.TypeListenReply, h.Stream, []byte{header.ListenOwner})
+	}
+	return nil
 }
 
 func (cc *ctlConn) abort() {

@@ -341,6 +341,13 @@ __attribute__((constructor(101))) static void mpi5k_ctor(void) {
 	fix_godebug();
 	const char *map = getenv("MPI5K_MAP");
 	if (!map || !*map) return; // no map: pure pass-through
+	// Open MPI's TCP BTL binds its listener from btl_tcp_port_min_v4 up
+	// (1024 by default), among the node's services, where the gateways
+	// register no rank's port: they take only --lan-listen-ports, Linux's
+	// ephemeral range by default (docs/security.md). Start it there; a
+	// value the job sets (mpirun --mca, the environment) is kept.
+	setenv("OMPI_MCA_btl_tcp_port_min_v4", "32768", 0);
+	setenv("OMPI_MCA_btl_tcp_port_min_v6", "32768", 0);
 	g_allow_loopback = env_on("MPI5K_TEST_ALLOW_LOOPBACK");
 	void *f = mmap(NULL, FD_MAX, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	void *p = mmap(NULL, sizeof(struct mpi5k_ep) * FD_MAX, PROT_READ | PROT_WRITE,

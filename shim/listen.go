@@ -69,6 +69,10 @@ func registerPort(c *config, gw netip.AddrPort, port uint16) error {
 			return fmt.Errorf("the gateway refuses privileged port %d", port)
 		case header.ListenLimit:
 			return fmt.Errorf("the gateway refuses more ports from this process")
+		case header.ListenOwner:
+			return fmt.Errorf("the node daemon refuses port %d: it does not listen for this process's user", port)
+		case header.ListenPort:
+			return fmt.Errorf("the gateway refuses port %d: outside its --lan-listen-ports (have the MPI library listen there, e.g. Open MPI's btl_tcp_port_min_v4, or widen the option)", port)
 		default:
 			return fmt.Errorf("the gateway answered code %d", p[0])
 		}

@@ -547,3 +547,30 @@ func TestListenRegistersWithEveryGateway(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenMPIPortMin: a shimmed process gets Open MPI's TCP BTL listening
+// from 32768, inside the gateways' default --lan-listen-ports, unless the
+// job set the parameter; without a site map the shim sets nothing.
+func TestOpenMPIPortMin(t *testing.T) {
+	l := newLab(t)
+	envOf := func(env []string) string {
+		cmd := exec.Command("env")
+		cmd.Env = env
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(out)
+	}
+	if out := envOf(l.env("a")); !strings.Contains(out, "OMPI_MCA_btl_tcp_port_min_v4=32768\n") ||
+		!strings.Contains(out, "OMPI_MCA_btl_tcp_port_min_v6=32768\n") {
+		t.Errorf("shimmed environment lacks the BTL's port minimum:\n%s", out)
+	}
+	if out := envOf(l.env("a", "OMPI_MCA_btl_tcp_port_min_v4=40000")); !strings.Contains(out, "OMPI_MCA_btl_tcp_port_min_v4=40000\n") {
+		t.Errorf("the job's own port minimum was replaced:\n%s", out)
+	}
+	if out := envOf(append(os.Environ(), "LD_PRELOAD="+libPath)); strings.Contains(out, "OMPI_MCA_btl_tcp_port_min") &&
+		os.Getenv("OMPI_MCA_btl_tcp_port_min_v4") == "" {
+		t.Errorf("a shim without a site map set the BTL's port minimum:\n%s", out)
+	}
+}
