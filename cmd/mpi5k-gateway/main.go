@@ -98,6 +98,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return cmd.Failf("--map: %v", err)
 	}
+	if _, ok := m.Site(*site); !ok {
+		return cmd.Usagef("--site %q: no such site in %s; its sites: %s (give one of them, or add the site to the map)",
+			*site, *mapPath, siteNames(m))
+	}
 	var level slog.Level
 	level.UnmarshalText([]byte(logLevel)) // a word cli.Choice took
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
@@ -166,4 +170,13 @@ func reloadOnHUP(ctx context.Context, hup <-chan os.Signal, g *gateway.Gateway, 
 		log.Error("SIGHUP: site map not reloaded; the map in force stays", "map", path, "err", err,
 			"fix", "correct the file (mpi5k sitemap check "+path+") and send SIGHUP again")
 	}
+}
+
+// siteNames lists the map's sites, comma-separated, for an error message.
+func siteNames(m *sitemap.Map) string {
+	var names []string
+	for _, s := range m.Sites() {
+		names = append(names, s.Name)
+	}
+	return strings.Join(names, ", ")
 }
