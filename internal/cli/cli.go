@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/spf13/pflag"
 )
@@ -27,6 +28,10 @@ type Command struct {
 	Name           string
 	Help           func(w io.Writer) // usage text, flags included
 	Stdout, Stderr io.Writer
+	// UnknownFlag, if set, follows the message of an unknown flag: what
+	// the user most likely meant (mpi5k run: a launcher's flag given
+	// before the launcher).
+	UnknownFlag string
 }
 
 // Parse parses args into fs. done is true when the caller must return
@@ -41,6 +46,9 @@ func (c Command) Parse(fs *pflag.FlagSet, args []string) (code int, done bool) {
 		return ExitOK, true
 	}
 	if err != nil {
+		if c.UnknownFlag != "" && strings.HasPrefix(err.Error(), "unknown ") {
+			return c.Usagef("%v\n%s", err, c.UnknownFlag), true
+		}
 		return c.Usagef("%v", err), true
 	}
 	return ExitOK, false
@@ -64,7 +72,8 @@ func (c Command) Failf(format string, a ...any) int {
 func ExitStatusHelp(launcher bool) string {
 	s := "exit status: 0 success, 1 runtime failure, 2 bad command line"
 	if launcher {
-		s += ";\n  otherwise the MPI launcher's own status (128+N if a signal N ended it)"
+		s += ";\n  75 a gateway failed while the job ran and the job did not succeed (docs/failures.md);\n" +
+			"  otherwise the MPI launcher's own status (128+N if a signal N ended it)"
 	}
 	return s + "\n"
 }
