@@ -231,6 +231,11 @@ func reach(e Env, addr string, d time.Duration) Result {
 	case errors.Is(err, unix.ECONNREFUSED):
 		return Result{OK, "reach " + addr, "the host answers; nothing listens on the port yet (no gateway running)", ""}
 	}
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return Result{Fail, "reach " + addr, "cannot resolve the name: " + err.Error(),
+			"check the host name's spelling and this host's resolver (getent hosts " + dns.Name + "), or give the address"}
+	}
 	return Result{Fail, "reach " + addr, "cannot connect: " + err.Error(), "open the WAN port between the gateway hosts (firewall), or give the gateway a WAN address the other sites can route to (the site map's wan=)"}
 }
 
