@@ -105,6 +105,7 @@ install: $(INSTALL_BIN)/libmpi5k.so $(INSTALL_BIN)/mpi5k-gateway $(INSTALL_BIN)/
 	    chmod 644 $(DESTDIR)$(SYSCONFDIR)/mpi5k/$$f; } || exit 1; \
 	done
 	install -m 644 $(DOCS) $(DESTDIR)$(DOCDIR)/
+	install -D -m 644 dist/mx.conf $(DESTDIR)$(DOCDIR)/examples/mx.conf
 
 # The Debian package: the binaries built again as Debian hardens C and Go
 # programs (PIE, full RELRO) and stripped, `make install` of them into a

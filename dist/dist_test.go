@@ -57,6 +57,7 @@ var installed = []string{
 	"-rw-r--r-- /usr/local/lib/systemd/system/mpi5k-gateway.service",
 	"-rw-r--r-- /usr/local/share/doc/mpi5k/LICENSE",
 	"-rw-r--r-- /usr/local/share/doc/mpi5k/README.md",
+	"-rw-r--r-- /usr/local/share/doc/mpi5k/examples/mx.conf",
 	"-rw-r--r-- /usr/local/share/doc/mpi5k/operations.md",
 	"-rw-r--r-- /usr/local/share/doc/mpi5k/sitemap-format.md",
 }
@@ -121,7 +122,20 @@ func verifyUnit(t *testing.T, unit string) {
 func TestUnitVerifies(t *testing.T) {
 	root := t.TempDir()
 	runMake(t, "install", "PREFIX="+root+"/usr", "SYSCONFDIR="+root+"/etc")
-	verifyUnit(t, root+"/usr/lib/systemd/system/mpi5k-gateway.service")
+	unit := root + "/usr/lib/systemd/system/mpi5k-gateway.service"
+	verifyUnit(t, unit)
+	// With the MX drop-in from the examples, as an admin installs it.
+	if err := os.MkdirAll(unit+".d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(root + "/usr/share/doc/mpi5k/examples/mx.conf")
+	if err != nil {
+		t.Fatalf("make install left no MX drop-in: %v", err)
+	}
+	if err := os.WriteFile(unit+".d/mx.conf", b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	verifyUnit(t, unit)
 }
 
 func TestDeb(t *testing.T) {
