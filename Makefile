@@ -5,8 +5,13 @@
 # systemd unit, `make deb` builds a Debian package of the same files.
 GO      ?= go
 BIN     := bin
-VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -X main.version=$(VERSION)
+# The version: the tag v<VERSION> on the commit it marks; between releases
+# v<VERSION>-dev+<commit> (semantic versioning: a pre-release of the next
+# one, VERSION naming it).
+BASEVERSION := $(shell cat VERSION)
+COMMIT  := $(shell git rev-parse --short=12 HEAD 2>/dev/null)
+VERSION := $(shell git describe --tags --exact-match --match 'v$(BASEVERSION)' 2>/dev/null || echo v$(BASEVERSION)-dev+$(or $(COMMIT),unknown))
+LDFLAGS := -X main.version=$(VERSION) -X github.com/mpi5k/mpi5k/internal/cli.Commit=$(COMMIT)
 GOFILES := $(shell find . -name '*.go' -not -path './bin/*' 2>/dev/null)
 CSRC    := $(wildcard shim/*.c shim/*.h)
 
@@ -111,10 +116,11 @@ install: $(INSTALL_BIN)/libmpi5k.so $(INSTALL_BIN)/mpi5k-gateway $(INSTALL_BIN)/
 # programs (PIE, full RELRO) and stripped, `make install` of them into a
 # staging tree with PREFIX=/usr, Debian's copyright file in place of
 # LICENSE, then dpkg-deb. The version orders by commit time:
-# 0~git<UTC time>.<commit>; the maintainer is the commit's author unless
+# <VERSION>~git<UTC time>.<commit> between releases (before <VERSION>
+# itself, which a tagged commit builds); the maintainer is the commit's author unless
 # DEB_MAINTAINER says otherwise.
 DEBARCH        = $(shell dpkg --print-architecture)
-DEBVERSION     = 0~git$(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y%m%d%H%M%S).$(shell git rev-parse --short HEAD)
+DEBVERSION     = $(if $(findstring -dev+,$(VERSION)),$(BASEVERSION)~git$(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y%m%d%H%M%S).$(shell git rev-parse --short HEAD),$(BASEVERSION))
 DEB_MAINTAINER ?= $(shell git log -1 --format='%an <%ae>')
 DEB            ?= $(BIN)/mpi5k_$(DEBVERSION)_$(DEBARCH).deb
 DEBROOT        := $(BIN)/debroot

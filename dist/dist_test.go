@@ -180,7 +180,7 @@ func TestDeb(t *testing.T) {
 		t.Fatal(err)
 	}
 	arch, _ := exec.Command("dpkg", "--print-architecture").Output()
-	if !regexp.MustCompile(`^Package: mpi5k\nVersion: 0~git\d{14}\.[0-9a-f]{7,}\nArchitecture: ` +
+	if !regexp.MustCompile(`^Package: mpi5k\nVersion: \d+\.\d+\.\d+(~git\d{14}\.[0-9a-f]{7,})?\nArchitecture: ` +
 		regexp.QuoteMeta(strings.TrimSpace(string(arch))) + `\nDepends: libc6, procps\n$`).Match(info) {
 		t.Errorf("dpkg-deb -f:\n%s", info)
 	}

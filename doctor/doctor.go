@@ -125,6 +125,18 @@ func (e Env) sysctl(name string) (string, error) {
 	return string(bytes.TrimSpace(b)), err
 }
 
+// Features is one line on what this host's kernel gives mpi5k, for
+// --version: the release, the WAN timers, the congestion controls.
+func Features(e Env) string {
+	timers := "TCP_RTO_MIN_US (10 ms WAN RTO floor)"
+	if err := e.SetTimers(); err != nil {
+		timers = "no TCP_RTO_MIN_US (200 ms RTO floor)"
+	}
+	avail, _ := e.sysctl("net.ipv4.tcp_available_congestion_control")
+	allowed, _ := e.sysctl("net.ipv4.tcp_allowed_congestion_control")
+	return fmt.Sprintf("Linux %s: %s; congestion controls %s (allowed without CAP_NET_ADMIN: %s)", e.Release(), timers, avail, allowed)
+}
+
 // TCP_RTO_MIN_US and TCP_DELACK_MAX_US came with Linux 6.15.
 func kernel(e Env) Result {
 	rel := e.Release()

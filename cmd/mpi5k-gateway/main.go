@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/mpi5k/mpi5k/doctor"
 	"github.com/mpi5k/mpi5k/gateway"
 	"github.com/mpi5k/mpi5k/internal/cli"
 	"github.com/mpi5k/mpi5k/internal/logfmt"
@@ -67,7 +68,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	switch {
 	case *showVersion:
-		fmt.Fprintln(stdout, "mpi5k-gateway", version)
+		fmt.Fprint(stdout, cli.VersionText("mpi5k-gateway", version, doctor.Features(doctor.Local())))
 		return cli.ExitOK
 	case *helpAdv:
 		fmt.Fprintf(stdout, "advanced flags of mpi5k-gateway (defaults set by measurements; for experiments):\n%s", cli.AdvancedUsages(fs))

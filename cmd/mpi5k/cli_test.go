@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -112,6 +113,8 @@ func TestCommandLines(t *testing.T) {
 		// mpi5k
 		{[]string{"mpi5k", "--version"}, 0, nil, "mpi5k v-test\n"},
 		{[]string{"mpi5k", "version"}, 0, nil, "mpi5k v-test\n"},
+		{[]string{"mpi5k", "--version"}, 0, nil, "built with " + runtime.Version() + " for linux/"},
+		{[]string{"mpi5k-gateway", "--version"}, 0, nil, "\nkernel: Linux "},
 		{[]string{"mpi5k", "--help"}, 0, nil, "usage: mpi5k <command>"},
 		{[]string{"mpi5k", "--frobnicate"}, 2, []string{`mpi5k: unknown flag "--frobnicate"`, "Run 'mpi5k " + hint}, ""},
 		{[]string{"mpi5k", "frobnicate"}, 2, []string{`mpi5k: unknown command "frobnicate"`, hint}, ""},

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
+	"runtime/debug"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -65,6 +67,33 @@ func (c Command) Usagef(format string, a ...any) int {
 func (c Command) Failf(format string, a ...any) int {
 	fmt.Fprintf(c.Stderr, "%s: %s\n", c.Name, fmt.Sprintf(format, a...))
 	return ExitFailure
+}
+
+// Commit is the commit a binary was built from, set by the Makefile
+// (-X); without it, the build's own record of it, if any.
+var Commit string
+
+// VersionText is what --version prints: the name and version on the
+// first line (the version from git tags, set at build time), then the
+// commit and toolchain from the build's own record, then features, a line
+// on what this host's kernel gives (doctor.Features).
+func VersionText(name, version, features string) string {
+	commit, modified := Commit, ""
+	if commit == "" {
+		commit = "unknown"
+	}
+	goVersion, platform := runtime.Version(), runtime.GOOS+"/"+runtime.GOARCH
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			switch {
+			case s.Key == "vcs.revision" && len(s.Value) >= 12 && Commit == "":
+				commit = s.Value[:12]
+			case s.Key == "vcs.modified" && s.Value == "true":
+				modified = ", modified"
+			}
+		}
+	}
+	return fmt.Sprintf("%s %s\ncommit %s%s, built with %s for %s\nkernel: %s\n", name, version, commit, modified, goVersion, platform, features)
 }
 
 // ExitStatusHelp is the paragraph on exit statuses every help text ends
