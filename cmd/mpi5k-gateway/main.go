@@ -115,6 +115,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return cmd.Usagef("--log-format: %v", err) // cli.Choice took the word
 	}
 	cfg.Map, cfg.Site, cfg.ReadyFile, cfg.MetricsAddr, cfg.Logger = m, *site, *ready, *metrics, log
+	gateway.Version = version
 	cfg.ReadyTag = *readyTag
 	cfg.KeyFile = *key
 	cfg.ListenLAN, cfg.ListenWAN = lanAt.V, wanAt.V
