@@ -111,6 +111,9 @@ install: $(INSTALL_BIN)/libmpi5k.so $(INSTALL_BIN)/mpi5k-gateway $(INSTALL_BIN)/
 	done
 	install -m 644 $(DOCS) $(DESTDIR)$(DOCDIR)/
 	install -D -m 644 dist/mx.conf $(DESTDIR)$(DOCDIR)/examples/mx.conf
+	install -d $(DESTDIR)$(DOCDIR)/examples/prometheus
+	install -m 644 dist/prometheus/mpi5k.rules.yml dist/prometheus/prometheus.yml \
+		dist/prometheus/grafana-dashboard.json $(DESTDIR)$(DOCDIR)/examples/prometheus/
 
 # The Debian package: the binaries built again as Debian hardens C and Go
 # programs (PIE, full RELRO) and stripped, `make install` of them into a

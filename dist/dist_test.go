@@ -58,6 +58,9 @@ var installed = []string{
 	"-rw-r--r-- /usr/local/share/doc/mpi5k/LICENSE",
 	"-rw-r--r-- /usr/local/share/doc/mpi5k/README.md",
 	"-rw-r--r-- /usr/local/share/doc/mpi5k/examples/mx.conf",
+	"-rw-r--r-- /usr/local/share/doc/mpi5k/examples/prometheus/grafana-dashboard.json",
+	"-rw-r--r-- /usr/local/share/doc/mpi5k/examples/prometheus/mpi5k.rules.yml",
+	"-rw-r--r-- /usr/local/share/doc/mpi5k/examples/prometheus/prometheus.yml",
 	"-rw-r--r-- /usr/local/share/doc/mpi5k/operations.md",
 	"-rw-r--r-- /usr/local/share/doc/mpi5k/sitemap-format.md",
 }
@@ -255,5 +258,29 @@ func TestKeepWarmScript(t *testing.T) {
 	}
 	if v := value(); v != "1" {
 		t.Errorf("MPI5K_KEEP_WARM=no: sysctl %s, want 1 untouched", v)
+	}
+}
+
+// TestPrometheusFiles: the shipped rules, their tests and the example
+// configuration pass promtool (gateway's TestMonitoringFiles checks their
+// metric names against a running gateway).
+func TestPrometheusFiles(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("promtool not installed (scripts/deps.sh installs Debian's prometheus)")
+		}
+		t.Skip("promtool not installed: apt-get install prometheus")
+	}
+	for _, args := range [][]string{
+		{"check", "rules", "mpi5k.rules.yml"},
+		{"check", "config", "prometheus.yml"},
+		{"test", "rules", "mpi5k.rules.test.yml"},
+	} {
+		c := exec.Command(promtool, args...)
+		c.Dir = "prometheus"
+		if out, err := c.CombinedOutput(); err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
 	}
 }
