@@ -5,12 +5,19 @@
 # systemd unit, `make deb` builds a Debian package of the same files.
 GO      ?= go
 BIN     := bin
-VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -X main.version=$(VERSION)
+# The version: the tag v<VERSION> on the commit it marks; between releases
+# v<VERSION>-dev+<commit> (semantic versioning: a pre-release of the next
+# one, VERSION naming it).
+BASEVERSION := $(shell cat VERSION)
+COMMIT  := $(shell git rev-parse --short=12 HEAD 2>/dev/null)
+VERSION := $(shell git describe --tags --exact-match --match 'v$(BASEVERSION)' 2>/dev/null || echo v$(BASEVERSION)-dev+$(or $(COMMIT),unknown))
+# Dates written into generated files (man pages) are the commit's.
+export SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null)
+LDFLAGS := -X main.version=$(VERSION) -X github.com/mpi5k/mpi5k/internal/cli.Commit=$(COMMIT)
 GOFILES := $(shell find . -name '*.go' -not -path './bin/*' 2>/dev/null)
 CSRC    := $(wildcard shim/*.c shim/*.h)
 
-.PHONY: all deps test test-unit test-lab check fmt vet bench fuzz demo clean install deb
+.PHONY: all deps test test-unit test-lab check fmt vet bench fuzz demo clean install deb man
 
 all: $(BIN)/libmpi5k.so $(BIN)/mpi5k-gateway $(BIN)/mpi5k bench-bin $(BIN)/bench/floorgw
 
@@ -82,6 +89,9 @@ BINDIR     ?= $(PREFIX)/bin
 LIBDIR     ?= $(PREFIX)/lib/mpi5k
 UNITDIR    ?= $(PREFIX)/lib/systemd/system
 DOCDIR     ?= $(PREFIX)/share/doc/mpi5k
+MANDIR     ?= $(PREFIX)/share/man
+BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
+ZSHCOMPDIR ?= $(PREFIX)/share/zsh/vendor-completions
 SYSCONFDIR ?= /etc
 SUBST = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
 	-e 's|@DOCDIR@|$(DOCDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g'
@@ -94,7 +104,14 @@ DOCS := LICENSE README.md docs/operations.md docs/sitemap-format.md
 INSTALL_BIN ?= $(BIN)
 install: $(INSTALL_BIN)/libmpi5k.so $(INSTALL_BIN)/mpi5k-gateway $(INSTALL_BIN)/mpi5k
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(UNITDIR) \
-		$(DESTDIR)$(SYSCONFDIR)/mpi5k $(DESTDIR)$(DOCDIR)
+		$(DESTDIR)$(SYSCONFDIR)/mpi5k $(DESTDIR)$(DOCDIR) $(DESTDIR)$(MANDIR)/man1 \
+		$(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR)
+	./scripts/manpages.sh $(INSTALL_BIN) $(DESTDIR)$(MANDIR)/man1 $(VERSION) $(BINDIR)
+	chmod 644 $(DESTDIR)$(MANDIR)/man1/*.1
+	install -m 644 dist/completion/mpi5k.bash $(DESTDIR)$(BASHCOMPDIR)/mpi5k
+	ln -sf mpi5k $(DESTDIR)$(BASHCOMPDIR)/mpi5k-gateway
+	ln -sf mpi5k $(DESTDIR)$(BASHCOMPDIR)/mpirun-wrap
+	install -m 644 dist/completion/_mpi5k $(DESTDIR)$(ZSHCOMPDIR)/_mpi5k
 	install -m 755 $(INSTALL_BIN)/mpi5k $(INSTALL_BIN)/mpi5k-gateway scripts/mpirun-wrap $(DESTDIR)$(BINDIR)/
 	install -m 644 $(INSTALL_BIN)/libmpi5k.so $(DESTDIR)$(LIBDIR)/
 	install -m 755 dist/keep-warm $(DESTDIR)$(LIBDIR)/
@@ -105,20 +122,29 @@ install: $(INSTALL_BIN)/libmpi5k.so $(INSTALL_BIN)/mpi5k-gateway $(INSTALL_BIN)/
 	    chmod 644 $(DESTDIR)$(SYSCONFDIR)/mpi5k/$$f; } || exit 1; \
 	done
 	install -m 644 $(DOCS) $(DESTDIR)$(DOCDIR)/
+	install -D -m 644 dist/mx.conf $(DESTDIR)$(DOCDIR)/examples/mx.conf
+	install -d $(DESTDIR)$(DOCDIR)/examples/prometheus
+	install -m 644 dist/prometheus/mpi5k.rules.yml dist/prometheus/prometheus.yml \
+		dist/prometheus/grafana-dashboard.json $(DESTDIR)$(DOCDIR)/examples/prometheus/
 
 # The Debian package: the binaries built again as Debian hardens C and Go
 # programs (PIE, full RELRO) and stripped, `make install` of them into a
 # staging tree with PREFIX=/usr, Debian's copyright file in place of
 # LICENSE, then dpkg-deb. The version orders by commit time:
-# 0~git<UTC time>.<commit>; the maintainer is the commit's author unless
+# <VERSION>~git<UTC time>.<commit> between releases (before <VERSION>
+# itself, which a tagged commit builds); the maintainer is the commit's author unless
 # DEB_MAINTAINER says otherwise.
 DEBARCH        = $(shell dpkg --print-architecture)
-DEBVERSION     = 0~git$(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y%m%d%H%M%S).$(shell git rev-parse --short HEAD)
+DEBVERSION     = $(if $(findstring -dev+,$(VERSION)),$(BASEVERSION)~git$(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y%m%d%H%M%S).$(shell git rev-parse --short HEAD),$(BASEVERSION))
 DEB_MAINTAINER ?= $(shell git log -1 --format='%an <%ae>')
 DEB            ?= $(BIN)/mpi5k_$(DEBVERSION)_$(DEBARCH).deb
 DEBROOT        := $(BIN)/debroot
 DEBBIN         := $(BIN)/deb
 HARDEN_LD      := -linkmode=external -extldflags '-Wl,-z,relro,-z,now'
+# The man pages of bin/, in bin/man (make install writes them too).
+man: $(BIN)/mpi5k $(BIN)/mpi5k-gateway
+	./scripts/manpages.sh $(BIN) $(BIN)/man $(VERSION) $(CURDIR)/$(BIN)
+
 deb: $(GOFILES) $(CSRC) go.mod
 	@mkdir -p $(DEBBIN)
 	CGO_ENABLED=1 CGO_LDFLAGS='-Wl,-z,relro,-z,now' $(GO) build -buildmode=c-shared -trimpath -o $(DEBBIN)/libmpi5k.so ./shim
@@ -133,7 +159,9 @@ deb: $(GOFILES) $(CSRC) go.mod
 	install -m 644 dist/copyright $(DEBROOT)/usr/share/doc/mpi5k/copyright
 	printf 'mpi5k (%s) unstable; urgency=medium\n\n  * Built from commit %s.\n\n -- %s  %s\n' \
 	  '$(DEBVERSION)' "$$(git rev-parse HEAD)" "$(DEB_MAINTAINER)" "$$(git log -1 --format=%aD)" | gzip -9n >$(DEBROOT)/usr/share/doc/mpi5k/changelog.gz
-	install -D -m 644 dist/lintian-overrides $(DEBROOT)/usr/share/lintian/overrides/mpi5k
+	gzip -9n $(DEBROOT)/usr/share/man/man1/*.1
+	rm $(DEBROOT)/usr/share/man/man1/mpirun-wrap.1.gz
+	ln -s mpi5k-run.1.gz $(DEBROOT)/usr/share/man/man1/mpirun-wrap.1.gz
 	install -d $(DEBROOT)/DEBIAN
 	install -m 755 dist/postinst dist/prerm dist/postrm $(DEBROOT)/DEBIAN/
 	printf '/etc/mpi5k/gateway.env\n/etc/mpi5k/sites.map.example\n' >$(DEBROOT)/DEBIAN/conffiles

@@ -2,6 +2,7 @@ package dist
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,7 +35,11 @@ func tree(t *testing.T, root string) []string {
 			return err
 		}
 		rel, _ := filepath.Rel(root, p)
-		files = append(files, fi.Mode().Perm().String()+" /"+rel)
+		mode := fi.Mode().Perm().String()
+		if fi.Mode()&os.ModeSymlink != 0 {
+			mode = "l" + mode[1:]
+		}
+		files = append(files, mode+" /"+rel)
 		return nil
 	})
 	if err != nil {
@@ -55,8 +60,26 @@ var installed = []string{
 	"-rwxr-xr-x /usr/local/lib/mpi5k/keep-warm",
 	"-rw-r--r-- /usr/local/lib/mpi5k/libmpi5k.so",
 	"-rw-r--r-- /usr/local/lib/systemd/system/mpi5k-gateway.service",
+	"-rw-r--r-- /usr/local/share/bash-completion/completions/mpi5k",
+	"lrwxrwxrwx /usr/local/share/bash-completion/completions/mpi5k-gateway",
+	"lrwxrwxrwx /usr/local/share/bash-completion/completions/mpirun-wrap",
+	"-rw-r--r-- /usr/local/share/man/man1/mpi5k.1",
+	"-rw-r--r-- /usr/local/share/man/man1/mpi5k-bench.1",
+	"-rw-r--r-- /usr/local/share/man/man1/mpi5k-doctor.1",
+	"-rw-r--r-- /usr/local/share/man/man1/mpi5k-gateway.1",
+	"-rw-r--r-- /usr/local/share/man/man1/mpi5k-lab.1",
+	"-rw-r--r-- /usr/local/share/man/man1/mpi5k-node.1",
+	"-rw-r--r-- /usr/local/share/man/man1/mpi5k-run.1",
+	"-rw-r--r-- /usr/local/share/man/man1/mpi5k-sitemap.1",
+	"-rw-r--r-- /usr/local/share/man/man1/mpi5k-trace.1",
+	"-rw-r--r-- /usr/local/share/man/man1/mpirun-wrap.1",
+	"-rw-r--r-- /usr/local/share/zsh/vendor-completions/_mpi5k",
 	"-rw-r--r-- /usr/local/share/doc/mpi5k/LICENSE",
 	"-rw-r--r-- /usr/local/share/doc/mpi5k/README.md",
+	"-rw-r--r-- /usr/local/share/doc/mpi5k/examples/mx.conf",
+	"-rw-r--r-- /usr/local/share/doc/mpi5k/examples/prometheus/grafana-dashboard.json",
+	"-rw-r--r-- /usr/local/share/doc/mpi5k/examples/prometheus/mpi5k.rules.yml",
+	"-rw-r--r-- /usr/local/share/doc/mpi5k/examples/prometheus/prometheus.yml",
 	"-rw-r--r-- /usr/local/share/doc/mpi5k/operations.md",
 	"-rw-r--r-- /usr/local/share/doc/mpi5k/sitemap-format.md",
 }
@@ -121,7 +144,20 @@ func verifyUnit(t *testing.T, unit string) {
 func TestUnitVerifies(t *testing.T) {
 	root := t.TempDir()
 	runMake(t, "install", "PREFIX="+root+"/usr", "SYSCONFDIR="+root+"/etc")
-	verifyUnit(t, root+"/usr/lib/systemd/system/mpi5k-gateway.service")
+	unit := root + "/usr/lib/systemd/system/mpi5k-gateway.service"
+	verifyUnit(t, unit)
+	// With the MX drop-in from the examples, as an admin installs it.
+	if err := os.MkdirAll(unit+".d", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(root + "/usr/share/doc/mpi5k/examples/mx.conf")
+	if err != nil {
+		t.Fatalf("make install left no MX drop-in: %v", err)
+	}
+	if err := os.WriteFile(unit+".d/mx.conf", b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	verifyUnit(t, unit)
 }
 
 func TestDeb(t *testing.T) {
@@ -137,6 +173,9 @@ func TestDeb(t *testing.T) {
 	var got []string
 	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		f := strings.Fields(l)
+		if len(f) == 8 && strings.HasPrefix(f[0], "l") && f[6] == "->" {
+			f = f[:6] // a symbolic link: name -> target
+		}
 		if len(f) == 6 && !strings.HasPrefix(f[0], "d") {
 			if f[1] != "root/root" {
 				t.Errorf("%s owned by %s, want root/root", f[5], f[1])
@@ -150,12 +189,17 @@ func TestDeb(t *testing.T) {
 	for _, f := range installed {
 		f = strings.Replace(f, "/usr/local/", "/usr/", 1)
 		f = strings.Replace(f, "/usr/lib/systemd/", "/lib/systemd/", 1)
-		if !strings.HasSuffix(f, "/LICENSE") {
+		switch {
+		case strings.HasSuffix(f, "/LICENSE"):
+		case strings.Contains(f, "/man/man1/mpirun-wrap.1"):
+			want = append(want, "lrwxrwxrwx /usr/share/man/man1/mpirun-wrap.1.gz") // to mpi5k-run.1.gz
+		case strings.Contains(f, "/man/man1/"):
+			want = append(want, f+".gz") // gzip -9n, as Debian's policy wants
+		default:
 			want = append(want, f)
 		}
 	}
-	want = append(want, "-rw-r--r-- /usr/share/doc/mpi5k/copyright", "-rw-r--r-- /usr/share/doc/mpi5k/changelog.gz",
-		"-rw-r--r-- /usr/share/lintian/overrides/mpi5k")
+	want = append(want, "-rw-r--r-- /usr/share/doc/mpi5k/copyright", "-rw-r--r-- /usr/share/doc/mpi5k/changelog.gz")
 	slices.Sort(want)
 	slices.Sort(got)
 	if !slices.Equal(got, want) {
@@ -166,7 +210,7 @@ func TestDeb(t *testing.T) {
 		t.Fatal(err)
 	}
 	arch, _ := exec.Command("dpkg", "--print-architecture").Output()
-	if !regexp.MustCompile(`^Package: mpi5k\nVersion: 0~git\d{14}\.[0-9a-f]{7,}\nArchitecture: ` +
+	if !regexp.MustCompile(`^Package: mpi5k\nVersion: \d+\.\d+\.\d+(~git\d{14}\.[0-9a-f]{7,})?\nArchitecture: ` +
 		regexp.QuoteMeta(strings.TrimSpace(string(arch))) + `\nDepends: libc6, procps\n$`).Match(info) {
 		t.Errorf("dpkg-deb -f:\n%s", info)
 	}
@@ -195,10 +239,11 @@ func TestDeb(t *testing.T) {
 		t.Log("lintian not installed (apt-get install lintian): package not checked")
 		return
 	}
-	out, err = exec.Command("lintian", "--tag-display-limit", "0", deb).CombinedOutput()
+	// --pedantic, and no override: the man pages are real ones.
+	out, err = exec.Command("lintian", "--pedantic", "--display-info", "--tag-display-limit", "0", deb).CombinedOutput()
 	var tags []string
 	for _, l := range strings.Split(string(out), "\n") {
-		if strings.HasPrefix(l, "E: ") || strings.HasPrefix(l, "W: ") {
+		if len(l) > 3 && strings.Contains("EWIP", l[:1]) && l[1:3] == ": " {
 			tags = append(tags, l)
 		}
 	}
@@ -242,4 +287,157 @@ func TestKeepWarmScript(t *testing.T) {
 	if v := value(); v != "1" {
 		t.Errorf("MPI5K_KEEP_WARM=no: sysctl %s, want 1 untouched", v)
 	}
+}
+
+// TestPrometheusFiles: the shipped rules, their tests and the example
+// configuration pass promtool (gateway's TestMonitoringFiles checks their
+// metric names against a running gateway).
+func TestPrometheusFiles(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("promtool not installed (scripts/deps.sh installs Debian's prometheus)")
+		}
+		t.Skip("promtool not installed: apt-get install prometheus")
+	}
+	for _, args := range [][]string{
+		{"check", "rules", "mpi5k.rules.yml"},
+		{"check", "config", "prometheus.yml"},
+		{"test", "rules", "mpi5k.rules.test.yml"},
+	} {
+		c := exec.Command(promtool, args...)
+		c.Dir = "prometheus"
+		if out, err := c.CombinedOutput(); err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+}
+
+// TestManPagesAndCompletion: the installed man pages and completions
+// list every flag the installed commands declare (their --help and
+// --help-advanced), man renders each page without a warning, and bash
+// completes each command's subcommands and flags.
+func TestManPagesAndCompletion(t *testing.T) {
+	for _, tool := range []string{"help2man", "man", "bash"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed (scripts/deps.sh installs it)", tool)
+		}
+	}
+	dest := t.TempDir()
+	runMake(t, "install", "DESTDIR="+dest)
+	bin := filepath.Join(dest, "usr/local/bin")
+	man := filepath.Join(dest, "usr/local/share/man/man1")
+	flagRe := regexp.MustCompile(`(?:^|[\s\[])(--[a-z][a-z0-9-]*)`)
+	flagsOf := func(args ...string) []string {
+		var all []string
+		for _, h := range []string{"--help", "--help-advanced"} {
+			out, _ := exec.Command(filepath.Join(bin, args[0]), append(args[1:], h)...).CombinedOutput()
+			if h == "--help-advanced" && strings.Contains(string(out), "unknown flag") {
+				continue
+			}
+			for _, m := range flagRe.FindAllStringSubmatch(string(out), -1) {
+				all = append(all, m[1])
+			}
+		}
+		slices.Sort(all)
+		return slices.Compact(all)
+	}
+	complete := func(words ...string) []string {
+		script := fmt.Sprintf(`PATH=%s:$PATH; source %s; COMP_WORDS=(%s); COMP_CWORD=%d; _mpi5k; printf '%%s\n' "${COMPREPLY[@]}"`,
+			bin, filepath.Join(dest, "usr/local/share/bash-completion/completions/mpi5k"), shellQuote(words), len(words)-1)
+		out, err := exec.Command("bash", "-c", script).CombinedOutput()
+		if err != nil {
+			t.Fatalf("bash completion of %q: %v\n%s", words, err, out)
+		}
+		return strings.Fields(string(out))
+	}
+	render := func(page string) string {
+		c := exec.Command("man", "--warnings", "-l", filepath.Join(man, page+".1"))
+		c.Env = append(os.Environ(), "MANWIDTH=100", "LC_ALL=C.UTF-8")
+		var stderr strings.Builder
+		c.Stderr = &stderr
+		out, err := c.Output()
+		if err != nil || stderr.Len() > 0 {
+			t.Errorf("man %s: %v\n%s", page, err, stderr.String())
+		}
+		// Join words the renderer hyphenated or wrapped.
+		return strings.ReplaceAll(strings.ReplaceAll(string(out), "‐\n", ""), "\u2010", "-")
+	}
+	cmds, _ := exec.Command(filepath.Join(bin, "mpi5k"), "--help").Output()
+	var subs []string
+	inList := false
+	for _, l := range strings.Split(string(cmds), "\n") {
+		switch {
+		case l == "commands:":
+			inList = true
+		case inList && strings.HasPrefix(l, "  "):
+			subs = append(subs, strings.Fields(l)[0])
+		case inList:
+			inList = false
+		}
+	}
+	if len(subs) < 7 {
+		t.Fatalf("mpi5k --help lists %d commands: %q", len(subs), subs)
+	}
+	if got := complete("mpi5k", ""); !slices.Equal(got, slices.Sorted(slices.Values(subs))) {
+		t.Errorf("completion of mpi5k's commands: %q, want %q", got, subs)
+	}
+	pages := map[string][]string{"mpi5k-gateway": {"mpi5k-gateway"}}
+	for _, s := range subs {
+		if s != "version" {
+			pages["mpi5k-"+s] = []string{"mpi5k", s}
+		}
+	}
+	for page, cmd := range pages {
+		text := render(page)
+		flags := flagsOf(cmd...)
+		if len(flags) == 0 && page != "mpi5k-lab" && page != "mpi5k-trace" && page != "mpi5k-sitemap" {
+			t.Errorf("%q declares no flag?", cmd)
+		}
+		// Commands with commands of their own: each one's flags.
+		for _, w := range complete(append(slices.Clone(cmd), "")...) {
+			if !strings.HasPrefix(w, "-") && page != "mpi5k-gateway" && !strings.Contains(w, "/") && page != "mpi5k-run" {
+				if _, err := os.Stat(w); err == nil {
+					continue // a file the completion offered
+				}
+				flags = append(flags, flagsOf(append(slices.Clone(cmd), w)...)...)
+			}
+		}
+		slices.Sort(flags)
+		flags = slices.Compact(flags)
+		for _, f := range flags {
+			if f == "--help" || f == "--help-advanced" && page != "mpi5k-gateway" && page != "mpi5k-run" {
+				continue
+			}
+			if !strings.Contains(text, f) {
+				t.Errorf("man %s lacks %s", page, f)
+			}
+		}
+		if len(cmd) == 1 || cmd[1] == "run" || cmd[1] == "bench" || cmd[1] == "doctor" {
+			got := complete(append(slices.Clone(cmd), "--")...)
+			for _, f := range flagsOf(cmd...) {
+				if !slices.Contains(got, f) {
+					t.Errorf("completion of %s --: lacks %s", strings.Join(cmd, " "), f)
+				}
+			}
+		}
+	}
+	// mpirun-wrap's page is mpi5k run's.
+	if b, err := os.ReadFile(filepath.Join(man, "mpirun-wrap.1")); err != nil || string(b) != ".so man1/mpi5k-run.1\n" {
+		t.Errorf("mpirun-wrap.1: %q, %v", b, err)
+	}
+	if zsh, err := exec.LookPath("zsh"); err == nil {
+		f := filepath.Join(dest, "usr/local/share/zsh/vendor-completions/_mpi5k")
+		if out, err := exec.Command(zsh, "-n", f).CombinedOutput(); err != nil {
+			t.Errorf("zsh -n %s: %v\n%s", f, err, out)
+		}
+	}
+}
+
+func shellQuote(words []string) string {
+	q := make([]string, len(words))
+	for i, w := range words {
+		q[i] = "'" + strings.ReplaceAll(w, "'", `'\''`) + "'"
+	}
+	return strings.Join(q, " ")
 }

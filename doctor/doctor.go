@@ -126,6 +126,18 @@ func (e Env) sysctl(name string) (string, error) {
 	return string(bytes.TrimSpace(b)), err
 }
 
+// Features is one line on what this host's kernel gives mpi5k, for
+// --version: the release, the WAN timers, the congestion controls.
+func Features(e Env) string {
+	timers := "TCP_RTO_MIN_US (10 ms WAN RTO floor)"
+	if err := e.SetTimers(); err != nil {
+		timers = "no TCP_RTO_MIN_US (200 ms RTO floor)"
+	}
+	avail, _ := e.sysctl("net.ipv4.tcp_available_congestion_control")
+	allowed, _ := e.sysctl("net.ipv4.tcp_allowed_congestion_control")
+	return fmt.Sprintf("Linux %s: %s; congestion controls %s (allowed without CAP_NET_ADMIN: %s)", e.Release(), timers, avail, allowed)
+}
+
 // TCP_RTO_MIN_US and TCP_DELACK_MAX_US came with Linux 6.15.
 func kernel(e Env) Result {
 	rel := e.Release()
@@ -265,6 +277,11 @@ func reach(e Env, addr string, d time.Duration) Result {
 		return Result{OK, "reach " + addr, "connected: a gateway (or something) listens there", ""}
 	case errors.Is(err, unix.ECONNREFUSED):
 		return Result{OK, "reach " + addr, "the host answers; nothing listens on the port yet (no gateway running)", ""}
+	}
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return Result{Fail, "reach " + addr, "cannot resolve the name: " + err.Error(),
+			"check the host name's spelling and this host's resolver (getent hosts " + dns.Name + "), or give the address"}
 	}
 	return Result{Fail, "reach " + addr, "cannot connect: " + err.Error(), "open the WAN port between the gateway hosts (firewall), or give the gateway a WAN address the other sites can route to (the site map's wan=)"}
 }

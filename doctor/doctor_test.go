@@ -3,6 +3,7 @@ package doctor
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -104,10 +105,11 @@ func TestDebian12NonRoot(t *testing.T) {
 		timers: unix.ENOPROTOOPT,
 		cc:     map[string]error{"bbr": unix.EPERM},
 		listen: map[string]error{":5000": unix.EADDRINUSE},
-		dial:   map[string]error{"gw.rennes:5001": errors.New("dial tcp 10.0.0.2:5001: i/o timeout"), "gw.lyon:5001": unix.ECONNREFUSED},
+		dial: map[string]error{"gw.rennes:5001": errors.New("dial tcp 10.0.0.2:5001: i/o timeout"), "gw.lyon:5001": unix.ECONNREFUSED,
+			"gw.nowhere:5001": &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "gw.nowhere", IsNotFound: true}}},
 		unsync: true,
 	}
-	rs := Run(h.env(t), Options{LANPort: 5000, WANPort: 5001, Shim: filepath.Join(t.TempDir(), "missing.so"), Reach: []string{"gw.rennes:5001", "gw.lyon:5001"}})
+	rs := Run(h.env(t), Options{LANPort: 5000, WANPort: 5001, Shim: filepath.Join(t.TempDir(), "missing.so"), Reach: []string{"gw.rennes:5001", "gw.lyon:5001", "gw.nowhere:5001"}})
 	expect(t, rs, "kernel", Warn, "Linux 6.1.0-test has no TCP_RTO_MIN_US", "Linux 6.15 or newer")
 	expect(t, rs, "cc bbr", Warn, "(reno cubic)", `sysctl -w net.ipv4.tcp_allowed_congestion_control="reno cubic bbr"`, "CAP_NET_ADMIN")
 	expect(t, rs, "cc cubic", OK)
@@ -118,6 +120,10 @@ func TestDebian12NonRoot(t *testing.T) {
 	expect(t, rs, "WAN port", OK, "TCP 5001 is free")
 	expect(t, rs, "reach gw.rennes:5001", Fail, "i/o timeout", "firewall")
 	expect(t, rs, "reach gw.lyon:5001", OK, "nothing listens")
+	expect(t, rs, "reach gw.nowhere:5001", Fail, "cannot resolve the name", "getent hosts gw.nowhere")
+	if strings.Contains(find(t, rs, "reach gw.nowhere:5001").Fix, "firewall") {
+		t.Error("a name that does not resolve gets the firewall fix")
+	}
 	expect(t, rs, "shim", Fail, "no such file", "same path on every rank host")
 	expect(t, rs, "clock", Warn, "not synchronised", "chrony")
 	var b strings.Builder

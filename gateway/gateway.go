@@ -291,7 +291,7 @@ func New(cfg Config) (*Gateway, error) {
 	g.listens.m = map[netip.AddrPort]int{}
 	g.records.locals = map[netip.AddrPort]int{}
 	g.m = newMetrics(g)
-	g.m.reg.MustRegister(degradedCollector{g})
+	g.m.sited.MustRegister(degradedCollector{g})
 	if g.lanLn, err = g.lan.Listen(g.me.LAN); err != nil {
 		return nil, fmt.Errorf("gateway: LAN listener %v: %w", g.me.LAN, err)
 	}

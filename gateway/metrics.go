@@ -22,8 +22,9 @@ import (
 // live in relay.Stats (atomics on the hot path); a custom collector reads
 // them at scrape time, so forwarding never touches a Prometheus object.
 type metrics struct {
-	g   *Gateway
-	reg *prometheus.Registry
+	g     *Gateway
+	reg   *prometheus.Registry
+	sited prometheus.Registerer // reg, adding the site label
 
 	lanRefused      prometheus.Counter
 	wanRefused      prometheus.Counter
@@ -65,7 +66,10 @@ func newMetrics(g *Gateway) *metrics {
 	inUse := func(name, help string, v *atomic.Int64) prometheus.GaugeFunc {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) })
 	}
-	m.reg.MustRegister(m.refusals,
+	// Every series carries the gateway's site: the collector's own
+	// descriptions name it themselves, the rest get it here.
+	m.sited = prometheus.WrapRegistererWith(prometheus.Labels{"site": g.site.Name}, m.reg)
+	m.sited.MustRegister(m.refusals, buildInfo(),
 		inUse("mpi5k_lan_connections", "LAN connections open (limit: MaxLANConns).", &g.lanConns),
 		inUse("mpi5k_lan_pending_connections", "LAN connections waiting for their first frame (limit: MaxPendingLAN).", &g.lanPending),
 		inUse("mpi5k_wan_pending_connections", "WAN connections in their handshake (TLS and HELLO), from every source.", &g.wanPending),
@@ -122,7 +126,8 @@ func newMetrics(g *Gateway) *metrics {
 	m.skips = d("mpi5k_wan_bbr_probe_rtt_skips_total", "Holds after which BBR restamped min_rtt from the restart instead of entering PROBE_RTT.")
 	m.held = d("mpi5k_wan_bbr_hold_seconds_total", "Time the PROBE_RTT guard held the link's writes (draining included).")
 	m.bbrMinRTT = d("mpi5k_wan_bbr_min_rtt_seconds", "BBR's windowed minimum RTT of the WAN socket (TCP_CC_INFO).")
-	m.reg.MustRegister(m.lanRefused, m.wanRefused, m.wanDialFailures, m.streamsOpened, m.peerQueries, m,
+	m.reg.MustRegister(m)
+	m.sited.MustRegister(m.lanRefused, m.wanRefused, m.wanDialFailures, m.streamsOpened, m.peerQueries,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }
@@ -257,6 +262,9 @@ func (m *metrics) handler() http.Handler {
 		}
 		if m.g.allUp() {
 			fmt.Fprintln(w, "ready")
+			for _, d := range m.g.Degraded() {
+				fmt.Fprintf(w, "degraded (%s): %s\n", d, DegradedText(d))
+			}
 			return
 		}
 		http.Error(w, "not ready: a WAN link is down or being primed", http.StatusServiceUnavailable)

@@ -273,15 +273,15 @@ func TestDegradedMetric(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	got := strings.Contains(body, `mpi5k_degraded{what="`+degradedWarm+`"} 1`)
+	got := strings.Contains(body, `mpi5k_degraded{reason="`+degradedWarm+`",site="a"} 1`)
 	if want := werr == nil && !warm; got != want {
 		t.Errorf("keep-warm degradation exported: %v, want %v (warm %v, err %v):\n%s", got, want, warm, werr, grepLines(body, "mpi5k_degraded"))
 	}
-	a.degrade("test feature")
+	a.degrade("test_feature")
 	if r, err := http.Get("http://" + maddr + "/metrics"); err == nil {
 		b, _ := io.ReadAll(r.Body)
 		r.Body.Close()
-		if !strings.Contains(string(b), `mpi5k_degraded{what="test feature"} 1`) {
+		if !strings.Contains(string(b), `mpi5k_degraded{reason="test_feature",site="a"} 1`) {
 			t.Errorf("a degradation added while running is not exported:\n%s", grepLines(string(b), "mpi5k_degraded"))
 		}
 	}

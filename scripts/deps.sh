@@ -5,7 +5,7 @@ set -eu
 PKGS="build-essential pkg-config git iproute2 procps psmisc kmod
 openmpi-bin libopenmpi-dev mpich libmpich-dev gfortran
 iperf3 socat sockperf graphviz tshark nftables
-systemd lintian"
+systemd lintian prometheus help2man zsh"
 missing=""
 for p in $PKGS; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

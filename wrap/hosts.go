@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -48,6 +50,59 @@ func hostOptions(f Flavour) map[string]hostOption {
 		return map[string]hostOption{"-w": {false}, "--nodelist": {false}, "-F": {true}, "--nodefile": {true}}
 	}
 	return nil
+}
+
+// foreignHostOptions are host-list options of one launcher family that
+// another family's launcher does not take: Open MPI's orterun has no -f,
+// so `mpiexec -f hosts` there runs every rank on this host.
+var foreignHostOptions = map[Flavour]map[string]string{
+	OpenMPI: {"-f": "MPICH's", "-hosts": "MPICH's", "--hosts": "MPICH's", "-w": "srun's", "--nodelist": "srun's"},
+	PRRTE:   {"-f": "MPICH's", "-hosts": "MPICH's", "--hosts": "MPICH's", "-w": "srun's", "--nodelist": "srun's"},
+	Hydra:   {"-H": "Open MPI's", "--default-hostfile": "Open MPI's", "-w": "srun's", "--nodelist": "srun's"},
+}
+
+var familyName = map[Flavour]string{OpenMPI: "Open MPI's", PRRTE: "Open MPI 5's", Hydra: "MPICH's"}
+
+// checkHostOptions refuses a host-list option of another launcher family,
+// naming the flavour found and how it was found.
+func checkHostOptions(f Flavour, argv []string) error {
+	foreign := foreignHostOptions[f]
+	if foreign == nil {
+		return nil
+	}
+	opts, _ := scanArgs(f, argv)
+	for _, o := range opts {
+		if whose, ok := foreign[o.Name]; ok {
+			var own []string
+			for n := range hostOptions(f) {
+				if !strings.HasPrefix(n, "--") {
+					own = append(own, n)
+				}
+			}
+			slices.Sort(own)
+			return fmt.Errorf("%s is %s host option, but %s is %s launcher (flavour %s, %s), which does not take it: "+
+				"give it its own (%s), or name the launcher you meant (e.g. mpiexec.mpich, mpirun.openmpi) or --flavour",
+				o.Name, whose, argv[0], familyName[f], f, flavourOrigin(argv[0]), strings.Join(own, ", "))
+		}
+	}
+	return nil
+}
+
+// flavourOrigin says how the flavour of launcher was found, for a message.
+func flavourOrigin(launcher string) string {
+	if flavourOfName(filepath.Base(launcher)) != Unknown {
+		return "by its name"
+	}
+	path := launcher
+	if !strings.Contains(launcher, "/") {
+		if p, err := lookPath(launcher); err == nil {
+			path = p
+		}
+	}
+	if real, err := filepath.EvalSymlinks(path); err == nil && real != path {
+		return "found as " + real
+	}
+	return "found as " + path
 }
 
 // HostsFromArgs reads the host list an mpirun command line names. args is

@@ -98,6 +98,12 @@ func Run(ctx context.Context, c Config) (int, error) {
 		fmt.Fprintf(c.Stderr, "mpi5k: --launcher oarsh: %s starts its daemons with %s too\n", filepath.Base(c.Argv[0]), added)
 		c.Argv = argv
 	}
+	if filepath.Base(c.Launcher[0]) == "ssh" && c.Getenv("OAR_NODEFILE") != "" {
+		fmt.Fprintf(c.Stderr, "mpi5k: $OAR_NODEFILE is set (an OAR job) and --launcher is ssh: OAR jobs usually reach their nodes with oarsh (mpi5k run --launcher oarsh ...)\n")
+	}
+	if err := checkHostOptions(f, c.Argv); err != nil {
+		return 2, err
+	}
 	hosts, src, err := HostsFromArgs(f, c.Argv)
 	if err != nil {
 		return 2, err
@@ -136,7 +142,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 	}
 	if c.SitesFile != "" {
 		if po.Rules, err = ReadSiteRules(c.SitesFile); err != nil {
-			return 2, err
+			return 2, fmt.Errorf("--sites: %w", err)
 		}
 	}
 	plan, err := MakePlan(ctx, hosts, po)

@@ -28,7 +28,7 @@ type SiteRule struct {
 func ReadSiteRules(path string) ([]SiteRule, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w (want a readable file of \"<host-or-CIDR> <site>\" lines, docs/cli.md)", err)
 	}
 	defer f.Close()
 	var rules []SiteRule

@@ -10,6 +10,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	gw "github.com/mpi5k/mpi5k/gateway"
 )
 
 // Metric names the summary reads from each gateway's /metrics (exported by
@@ -272,7 +274,7 @@ func human(v float64) string {
 }
 
 // metricDegraded is 1 per feature a gateway runs without; its label
-// "what" says which and why (package gateway, degraded.go).
+// "reason" says which (package gateway, degraded.go, has the sentence).
 const metricDegraded = "mpi5k_degraded"
 
 // degradedOf joins a gateway's degradations ("" if none).
@@ -284,8 +286,8 @@ func degradedOf(fams map[string]*dto.MetricFamily) string {
 	var whats []string
 	for _, m := range f.GetMetric() {
 		for _, l := range m.GetLabel() {
-			if l.GetName() == "what" && value(m) > 0 {
-				whats = append(whats, l.GetValue())
+			if l.GetName() == "reason" && value(m) > 0 {
+				whats = append(whats, gw.DegradedText(l.GetValue()))
 			}
 		}
 	}

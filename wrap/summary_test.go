@@ -2,6 +2,7 @@ package wrap
 
 import (
 	"fmt"
+	gw "github.com/mpi5k/mpi5k/gateway"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -90,15 +91,16 @@ func TestSummaryDegraded(t *testing.T) {
 		t.Cleanup(srv.Close)
 		return strings.TrimPrefix(srv.URL, "http://")
 	}
-	const two = "# TYPE mpi5k_degraded gauge\nmpi5k_degraded{what=\"no BBR\"} 1\nmpi5k_degraded{what=\"not warm\"} 1\n"
+	const two = "# TYPE mpi5k_degraded gauge\nmpi5k_degraded{reason=\"no_bbr\"} 1\nmpi5k_degraded{reason=\"not_warm\"} 1\n"
 	gws := []*gateway{{site: &Site{Name: "a"}, metrics: serve(two)}, {site: &Site{Name: "b"}, metrics: serve(two)},
-		{site: &Site{Name: "c"}, metrics: serve("# TYPE mpi5k_degraded gauge\nmpi5k_degraded{what=\"not warm\"} 1\n")},
+		{site: &Site{Name: "c"}, metrics: serve("# TYPE mpi5k_degraded gauge\nmpi5k_degraded{reason=\"not_warm\"} 1\n")},
 		{site: &Site{Name: "d"}, metrics: serve("# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1\n")}}
 	out := summary(gws, nil, nil)
 	if n := strings.Count(out, "degraded"); n != 1 {
 		t.Errorf("%d lines mention degraded, want 1:\n%s", n, out)
 	}
-	if want := "  degraded: a, b: no BBR; not warm | c: not warm\n"; !strings.Contains(out, want) {
+	bbr, warm := gw.DegradedText("no_bbr"), gw.DegradedText("not_warm")
+	if want := "  degraded: a, b: " + bbr + "; " + warm + " | c: " + warm + "\n"; !strings.Contains(out, want) {
 		t.Errorf("summary lacks %q:\n%s", want, out)
 	}
 }

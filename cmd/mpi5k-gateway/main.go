@@ -14,9 +14,13 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
+	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/mpi5k/mpi5k/doctor"
 	"github.com/mpi5k/mpi5k/gateway"
 	"github.com/mpi5k/mpi5k/internal/cli"
+	"github.com/mpi5k/mpi5k/internal/logfmt"
 	"github.com/mpi5k/mpi5k/sitemap"
 	"github.com/spf13/pflag"
 )
@@ -47,6 +51,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ready := fs.String("ready-file", "", "file written once every WAN link is up (and primed)")
 	logLevel := "info"
 	fs.Var(cli.Choice{P: &logLevel, Words: []string{"debug", "info", "warn", "error"}}, "log-level", "debug, info, warn or error")
+	logFormat := "auto"
+	fs.Var(cli.Choice{P: &logFormat, Words: logfmt.Formats}, "log-format", "text, json, journal (text without times, each line led by its syslog priority), or auto: journal when stderr is systemd's journal, else text")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	helpAdv := fs.Bool("help-advanced", false, "list the advanced tuning flags and exit")
 	stdinEOF := fs.Bool("exit-on-stdin-eof", false, "drain and exit when standard input closes (set by mpi5k run: a gateway started through ssh then dies with its launcher)")
@@ -62,7 +68,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	switch {
 	case *showVersion:
-		fmt.Fprintln(stdout, "mpi5k-gateway", version)
+		fmt.Fprint(stdout, cli.VersionText("mpi5k-gateway", version, doctor.Features(doctor.Local())))
 		return cli.ExitOK
 	case *helpAdv:
 		fmt.Fprintf(stdout, "advanced flags of mpi5k-gateway (defaults set by measurements; for experiments):\n%s", cli.AdvancedUsages(fs))
@@ -98,10 +104,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return cmd.Failf("--map: %v", err)
 	}
+	if _, ok := m.Site(*site); !ok {
+		return cmd.Usagef("--site %q: no such site in %s; its sites: %s (give one of them, or add the site to the map)",
+			*site, *mapPath, siteNames(m))
+	}
 	var level slog.Level
 	level.UnmarshalText([]byte(logLevel)) // a word cli.Choice took
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	log, err := logfmt.New(stderr, level, logFormat)
+	if err != nil {
+		return cmd.Usagef("--log-format: %v", err) // cli.Choice took the word
+	}
 	cfg.Map, cfg.Site, cfg.ReadyFile, cfg.MetricsAddr, cfg.Logger = m, *site, *ready, *metrics, log
+	gateway.Version = version
 	cfg.ReadyTag = *readyTag
 	cfg.KeyFile = *key
 	cfg.ListenLAN, cfg.ListenWAN = lanAt.V, wanAt.V
@@ -130,11 +144,53 @@ func run(args []string, stdout, stderr io.Writer) int {
 		defer signal.Stop(hup)
 		go reloadOnHUP(ctx, hup, g, *mapPath, log)
 	}
-	if err := g.Run(ctx); err != nil {
+	go notifyReady(ctx, g, notifyWait, log)
+	err = g.Run(ctx)
+	notify(log, daemon.SdNotifyStopping)
+	if err != nil {
 		log.Error("gateway failed", "err", err)
 		return cli.ExitFailure
 	}
 	return cli.ExitOK
+}
+
+// notifyWait is how long a gateway under systemd (Type=notify) waits for
+// every WAN link before it reports ready all the same: a service gateway
+// serves the sites that are up while others are down, and `systemctl
+// start` must not wait for a site that is off (TimeoutStartSec is 90 s).
+const notifyWait = 30 * time.Second
+
+// notifyReady tells systemd (NOTIFY_SOCKET; nothing without it) that the
+// gateway is ready once every WAN link is up, or after wait with a STATUS
+// that says links are missing (/ready names them).
+func notifyReady(ctx context.Context, g *gateway.Gateway, wait time.Duration, log *slog.Logger) {
+	if os.Getenv("NOTIFY_SOCKET") == "" {
+		return
+	}
+	notify(log, "STATUS=listening; waiting for every WAN link")
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-g.Ready():
+		notify(log, daemon.SdNotifyReady+"\nSTATUS=serving; every WAN link up")
+		return
+	case <-t.C:
+		notify(log, daemon.SdNotifyReady+"\nSTATUS=serving; not every WAN link is up yet (GET /ready names what is missing)")
+	case <-ctx.Done():
+		return
+	}
+	select {
+	case <-g.Ready():
+		notify(log, "STATUS=serving; every WAN link up")
+	case <-ctx.Done():
+	}
+}
+
+// notify sends state to systemd's notification socket, if there is one.
+func notify(log *slog.Logger, state string) {
+	if _, err := daemon.SdNotify(false, state); err != nil {
+		log.Warn("systemd notification not sent", "err", err, "state", state)
+	}
 }
 
 // checkListenAddr checks a listen address (host:port, host optional)
@@ -157,13 +213,25 @@ func reloadOnHUP(ctx context.Context, hup <-chan os.Signal, g *gateway.Gateway, 
 			return
 		case <-hup:
 		}
+		notify(log, daemon.SdNotifyReloading)
 		m, err := sitemap.Load(path)
 		if err == nil {
-			if _, err = g.Reload(m); err == nil {
-				continue // Reload logs what changed
-			}
+			_, err = g.Reload(m) // Reload logs what changed
+		}
+		notify(log, daemon.SdNotifyReady)
+		if err == nil {
+			continue
 		}
 		log.Error("SIGHUP: site map not reloaded; the map in force stays", "map", path, "err", err,
 			"fix", "correct the file (mpi5k sitemap check "+path+") and send SIGHUP again")
 	}
+}
+
+// siteNames lists the map's sites, comma-separated, for an error message.
+func siteNames(m *sitemap.Map) string {
+	var names []string
+	for _, s := range m.Sites() {
+		names = append(names, s.Name)
+	}
+	return strings.Join(names, ", ")
 }

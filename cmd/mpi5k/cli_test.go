@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,6 +64,16 @@ func TestCommandLines(t *testing.T) {
 	twoSites := write("two.sites", "127.0.0.2 x\n127.0.0.3 y\n")
 	exit7 := write("exit7", "#!/bin/sh\nexit 7\n")
 	gw := []string{"mpi5k-gateway", "--map", goodMap, "--site", "s1"}
+	// mpiexec resolving to Open MPI's orterun, as Debian's alternatives do.
+	orterun := write("orterun", "#!/bin/sh\nexit 0\n")
+	mpiexec := filepath.Join(dir, "mpiexec")
+	if err := os.Symlink(orterun, mpiexec); err != nil {
+		t.Fatal(err)
+	}
+	sitesDir := filepath.Join(dir, "dir.sites")
+	if err := os.Mkdir(sitesDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	job := []string{"mpirun", "-np", "2", "-H", "127.0.0.2,127.0.0.3", "true"}
 	// --dry-run: a wrapper that wrongly took a value prints, not starts.
 	run := func(flags ...string) []string {
@@ -93,18 +104,29 @@ func TestCommandLines(t *testing.T) {
 		{append(gw, "--lan-forward", "bogus"), 2, []string{`invalid argument "bogus" for "--lan-forward" flag: want chunked, pipelined`, hint}, ""},
 		{append(gw, "--lan-forward", "pipelined"), 2, []string{"--lan-forward pipelined applies to --lan-transport mx only", hint}, ""},
 		{[]string{"mpi5k-gateway", "--help-advanced"}, 0, nil, "--lan-forward"},
+		{[]string{"mpi5k-gateway", "--map", goodMap, "--site", "zz"}, 2, []string{`--site "zz": no such site in ` + goodMap + "; its sites: s1 (give one of them", hint}, ""},
+		{append(gw, "--lan", "1.2.3.4:70000"), 2, []string{`invalid argument "1.2.3.4:70000" for "--lan" flag: port 70000 out of range 1..65535`, hint}, ""},
+		{append(gw, "--lan", "gw.site1:5000"), 2, []string{`"gw.site1" is not an IP address (give the host's address, not its name)`, hint}, ""},
 		{[]string{"mpi5k-gateway", "--map", badMap, "--site", "s1"}, 1, []string{badMap + ":1: site s1 has no gateway"}, ""},
 		{[]string{"mpi5k-gateway", "--map", filepath.Join(dir, "nomap"), "--site", "s1"}, 1, []string{filepath.Join(dir, "nomap")}, ""},
 
 		// mpi5k
 		{[]string{"mpi5k", "--version"}, 0, nil, "mpi5k v-test\n"},
 		{[]string{"mpi5k", "version"}, 0, nil, "mpi5k v-test\n"},
+		{[]string{"mpi5k", "--version"}, 0, nil, "built with " + runtime.Version() + " for linux/"},
+		{[]string{"mpi5k-gateway", "--version"}, 0, nil, "\nkernel: Linux "},
 		{[]string{"mpi5k", "--help"}, 0, nil, "usage: mpi5k <command>"},
 		{[]string{"mpi5k", "--frobnicate"}, 2, []string{`mpi5k: unknown flag "--frobnicate"`, "Run 'mpi5k " + hint}, ""},
 		{[]string{"mpi5k", "frobnicate"}, 2, []string{`mpi5k: unknown command "frobnicate"`, hint}, ""},
 		{[]string{"mpi5k", "doctor", "--frobnicate"}, 2, []string{"mpi5k doctor: unknown flag: --frobnicate", "Run 'mpi5k doctor " + hint}, ""},
 		{[]string{"mpi5k", "doctor", "--lan-port", "70000"}, 2, []string{`invalid argument "70000" for "--lan-port" flag: port 70000 out of range 0..65535`, hint}, ""},
 		{[]string{"mpi5k", "doctor", "--help"}, 0, nil, "usage: mpi5k doctor"},
+		{[]string{"mpi5k", "doctor", "--reach", "127.0.0.1"}, 2, []string{`--reach "127.0.0.1": want HOST:PORT, e.g. gw.site2:5001`, hint}, ""},
+		{[]string{"mpi5k", "doctor", "--reach", "127.0.0.1:0"}, 2, []string{`--reach "127.0.0.1:0": port "0" out of range 1..65535`, hint}, ""},
+		{[]string{"mpi5k", "run", "-np", "4", "mpirun", "./x"}, 2, []string{"unknown shorthand flag: 'n' in -np", "mpi5k run's own flags come before the launcher, the launcher's after it: mpi5k run [flags] mpirun -np 4 ./app", hint}, ""},
+		{[]string{"mpi5k", "run", "--help"}, 0, nil, "75 a gateway failed while the job ran"},
+		{[]string{"mpi5k", "run", "--dry-run", "--sites", twoSites, mpiexec, "-f", twoSites, "./x"}, 2, []string{"-f is MPICH's host option, but " + mpiexec + " is Open MPI's launcher (flavour openmpi, found as " + orterun + "), which does not take it: give it its own (-H, ", "mpiexec.mpich", hint}, ""},
+		{run("--sites", sitesDir), 2, []string{"--sites: " + sitesDir, "is a directory", hint}, ""},
 		{[]string{"mpi5k", "run", "--help"}, 0, nil, "the MPI launcher's own status"},
 		{[]string{"mpi5k", "run", "--help-advanced"}, 0, nil, "--wan-rto-min"},
 		{run("--lan-port", "5000", "--wan-port", "5001", "--metrics-port", "5002"), 0, nil, "--site y --metrics 127.0.0.3:5002 --exit-on-stdin-eof --ready-tag "},
@@ -121,7 +143,7 @@ func TestCommandLines(t *testing.T) {
 		{run("--lan-forward", "twice"), 2, []string{`invalid argument "twice" for "--lan-forward" flag: want chunked, pipelined`, hint}, ""},
 		{run("--sites", dupSites), 2, []string{dupSites + ":3: 127.0.0.2 is given twice (first at " + dupSites + ":1)", hint}, ""},
 		{run("--sites", badSites), 2, []string{badSites + `:1: want "<host-or-CIDR> <site>", got 3 fields`}, ""},
-		{run("--sites", filepath.Join(dir, "nosites")), 2, []string{filepath.Join(dir, "nosites")}, ""},
+		{run("--sites", filepath.Join(dir, "nosites")), 2, []string{"--sites: open " + filepath.Join(dir, "nosites") + ": no such file or directory (want a readable file of \"<host-or-CIDR> <site>\" lines", hint}, ""},
 		{[]string{"mpi5k", "run"}, 2, []string{"no launcher command given", hint}, ""},
 		// One site: the launcher runs unchanged and its status is the wrapper's.
 		{[]string{"mpi5k", "run", "--sites", oneSite, "--flavour", "mpich", exit7, "-hosts", "127.0.0.2,127.0.0.3"}, 7, []string{"every host is in site x"}, ""},
@@ -197,6 +219,29 @@ func TestCommandLines(t *testing.T) {
 				t.Errorf("%s: stderr not empty: %s", name, stderr.String())
 			}
 		})
+	}
+
+	// Under OAR without --launcher oarsh the wrapper says what OAR jobs use.
+	{
+		var stderr bytes.Buffer
+		cmd := exec.Command(filepath.Join(bin, "mpi5k"), run()...)
+		cmd.Args = append([]string{"mpi5k"}, run()[1:]...)
+		cmd.Stderr = &stderr
+		cmd.Env = append(os.Environ(), "HOME="+dir, "OAR_NODEFILE="+twoSites)
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("dry run under OAR: %v\n%s", err, stderr.String())
+		}
+		if !strings.Contains(stderr.String(), "$OAR_NODEFILE is set (an OAR job) and --launcher is ssh: OAR jobs usually reach their nodes with oarsh (mpi5k run --launcher oarsh") {
+			t.Errorf("no oarsh hint under OAR:\n%s", stderr.String())
+		}
+		stderr.Reset()
+		cmd = exec.Command(filepath.Join(bin, "mpi5k"), append([]string{"run", "--launcher", "oarsh"}, run()[2:]...)...)
+		cmd.Stderr = &stderr
+		cmd.Env = append(os.Environ(), "HOME="+dir, "OAR_NODEFILE="+twoSites)
+		cmd.Run()
+		if strings.Contains(stderr.String(), "usually reach their nodes with oarsh") {
+			t.Errorf("oarsh hint with --launcher oarsh:\n%s", stderr.String())
+		}
 	}
 
 	// A dry run asks no DNS (.invalid names never resolve) and leaves

@@ -45,6 +45,15 @@ func doctorMain(args []string) int {
 	if code, done := c.Parse(fs, args); done {
 		return code
 	}
+	for _, r := range *reach {
+		host, port, err := net.SplitHostPort(r)
+		if err != nil || host == "" {
+			return c.Usagef("--reach %q: want HOST:PORT, e.g. gw.site2:5001 or [2001:db8::2]:5001 (the other gateway's WAN port)", r)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return c.Usagef("--reach %q: port %q out of range 1..65535", r, port)
+		}
+	}
 	opts := doctor.Options{LANPort: lanPort, WANPort: wanPort, Shim: *preload, Reach: *reach, DialTimeout: *timeout}
 	hosts := fs.Args()
 	if *local || len(hosts) == 0 {

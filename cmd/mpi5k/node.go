@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/mpi5k/mpi5k/internal/cli"
+	"github.com/mpi5k/mpi5k/internal/logfmt"
 	"github.com/mpi5k/mpi5k/node"
 	"github.com/mpi5k/mpi5k/sitemap"
 )
@@ -51,6 +52,8 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	fs.Var(cli.Duration{P: &hold}, "resume-hold", "how long a resumable connection whose stream broke waits for another before its rank's socket is reset")
 	logLevel := "info"
 	fs.Var(cli.Choice{P: &logLevel, Words: []string{"debug", "info", "warn", "error"}}, "log-level", "debug, info, warn or error")
+	logFormat := "auto"
+	fs.Var(cli.Choice{P: &logFormat, Words: logfmt.Formats}, "log-format", "text, json, journal (text without times, each line led by its syslog priority), or auto: journal when stderr is systemd's journal, else text")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	stdinEOF := fs.Bool("exit-on-stdin-eof", false, "exit when standard input closes (set by mpi5k run: a daemon started through ssh then dies with its launcher)")
 	cmd := cli.Command{Name: "mpi5k node", Stdout: stdout, Stderr: stderr, Help: func(w io.Writer) {
@@ -83,7 +86,10 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	}
 	var level slog.Level
 	level.UnmarshalText([]byte(logLevel)) // a word cli.Choice took
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	log, err := logfmt.New(stderr, level, logFormat)
+	if err != nil {
+		return cmd.Usagef("--log-format: %v", err) // cli.Choice took the word
+	}
 	if hold <= 0 {
 		return cmd.Usagef("--resume-hold %v: want a positive duration, e.g. 30s", hold)
 	}

@@ -73,6 +73,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 			runSynopsis, cli.UsagesOf(fs, visible(false)), cli.UsagesOf(fs, visible(true)),
 			strings.Count(cli.AdvancedUsages(fs), "\n"), cli.ExitStatusHelp(true))
 	}}
+	cmd.UnknownFlag = "mpi5k run's own flags come before the launcher, the launcher's after it: mpi5k run [flags] mpirun -np 4 ./app"
 	if code, done := cmd.Parse(fs, args); done {
 		return code
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/mpi5k/mpi5k/doctor"
 	"github.com/mpi5k/mpi5k/internal/cli"
 )
 
@@ -24,7 +25,7 @@ func init() {
 		if fs.NArg() > 0 {
 			return cmd.Usagef("unexpected argument %q", fs.Arg(0))
 		}
-		fmt.Println("mpi5k", version)
+		fmt.Print(cli.VersionText("mpi5k", version, doctor.Features(doctor.Local())))
 		return cli.ExitOK
 	})
 }

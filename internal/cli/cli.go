@@ -9,6 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
+	"runtime/debug"
+	"strings"
 
 	"github.com/spf13/pflag"
 )
@@ -27,6 +30,10 @@ type Command struct {
 	Name           string
 	Help           func(w io.Writer) // usage text, flags included
 	Stdout, Stderr io.Writer
+	// UnknownFlag, if set, follows the message of an unknown flag: what
+	// the user most likely meant (mpi5k run: a launcher's flag given
+	// before the launcher).
+	UnknownFlag string
 }
 
 // Parse parses args into fs. done is true when the caller must return
@@ -41,6 +48,9 @@ func (c Command) Parse(fs *pflag.FlagSet, args []string) (code int, done bool) {
 		return ExitOK, true
 	}
 	if err != nil {
+		if c.UnknownFlag != "" && strings.HasPrefix(err.Error(), "unknown ") {
+			return c.Usagef("%v\n%s", err, c.UnknownFlag), true
+		}
 		return c.Usagef("%v", err), true
 	}
 	return ExitOK, false
@@ -59,12 +69,40 @@ func (c Command) Failf(format string, a ...any) int {
 	return ExitFailure
 }
 
+// Commit is the commit a binary was built from, set by the Makefile
+// (-X); without it, the build's own record of it, if any.
+var Commit string
+
+// VersionText is what --version prints: the name and version on the
+// first line (the version from git tags, set at build time), then the
+// commit and toolchain from the build's own record, then features, a line
+// on what this host's kernel gives (doctor.Features).
+func VersionText(name, version, features string) string {
+	commit, modified := Commit, ""
+	if commit == "" {
+		commit = "unknown"
+	}
+	goVersion, platform := runtime.Version(), runtime.GOOS+"/"+runtime.GOARCH
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			switch {
+			case s.Key == "vcs.revision" && len(s.Value) >= 12 && Commit == "":
+				commit = s.Value[:12]
+			case s.Key == "vcs.modified" && s.Value == "true":
+				modified = ", modified"
+			}
+		}
+	}
+	return fmt.Sprintf("%s %s\ncommit %s%s, built with %s for %s\nkernel: %s\n", name, version, commit, modified, goVersion, platform, features)
+}
+
 // ExitStatusHelp is the paragraph on exit statuses every help text ends
 // with; launcher adds the line of `mpi5k run`.
 func ExitStatusHelp(launcher bool) string {
 	s := "exit status: 0 success, 1 runtime failure, 2 bad command line"
 	if launcher {
-		s += ";\n  otherwise the MPI launcher's own status (128+N if a signal N ended it)"
+		s += ";\n  75 a gateway failed while the job ran and the job did not succeed (docs/failures.md);\n" +
+			"  otherwise the MPI launcher's own status (128+N if a signal N ended it)"
 	}
 	return s + "\n"
 }

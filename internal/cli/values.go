@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -210,12 +211,34 @@ func (v *AddrPort) String() string {
 }
 
 func (v *AddrPort) Set(s string) error {
-	ap, err := netip.ParseAddrPort(s)
-	if err != nil || ap.Port() == 0 {
-		return fmt.Errorf("want IP:PORT, e.g. 10.0.0.2:5000 or [2001:db8::2]:5000")
+	ap, err := ParseAddrPort(s)
+	if err != nil {
+		return err
 	}
 	v.V = ap
 	return nil
+}
+
+// ParseAddrPort parses IP:PORT with an error that says which part is wrong
+// and what would be right.
+func ParseAddrPort(s string) (netip.AddrPort, error) {
+	const want = "want IP:PORT, e.g. 10.0.0.2:5000 or [2001:db8::2]:5000"
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("%s", want)
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("%q is not an IP address (give the host's address, not its name): %s", host, want)
+	}
+	n, err := strconv.ParseInt(port, 10, 64)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("port %q is not a number: %s", port, want)
+	}
+	if n < 1 || n > 65535 {
+		return netip.AddrPort{}, fmt.Errorf("port %d out of range 1..65535", n)
+	}
+	return netip.AddrPortFrom(ip, uint16(n)), nil
 }
 
 func (v *AddrPort) Type() string { return "ip:port" }
