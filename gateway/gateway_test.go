@@ -721,7 +721,7 @@ func TestDrainAndReadyFile(t *testing.T) {
 		t.Fatalf("/ready with the mesh up: %d", code)
 	}
 	_, body := get("/metrics")
-	for _, want := range []string{`mpi5k_wan_link_up{link="0",peer="b",site="a"} 1`, "mpi5k_wan_tcp_cwnd_segments", "mpi5k_window_stalls_total", "mpi5k_lan_refused_total 0",
+	for _, want := range []string{`mpi5k_wan_link_up{link="0",peer="b",site="a"} 1`, "mpi5k_wan_tcp_cwnd_segments", "mpi5k_window_stalls_total", `mpi5k_lan_refused_total{site="a"} 0`,
 		`mpi5k_wan_frames_poll_thread_total{dir="rx",link="0",peer="b",site="a"}`, "mpi5k_wan_poll_thread_partial_writes_total", "mpi5k_wan_frames_inline_total",
 		`mpi5k_wan_window_clamp_bytes{link="0",peer="b",site="a"} 0`, "mpi5k_wan_peer_window_clamp_bytes", "mpi5k_wan_queue_delay_seconds",
 		`mpi5k_wan_clamp_lifts_total{link="0",peer="b",site="a"} 0`} {
