@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	mrand "math/rand/v2"
 	"testing"
@@ -349,6 +350,30 @@ func BenchmarkSeal(b *testing.B) {
 				b.SetBytes(int64(len(chunk)))
 				for b.Loop() {
 					o.h.seq = w.h.seq - 1
+					if _, err := o.Open(dst, rec); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkRecord: sealing and opening one record per op, in lockstep as
+// a link's two ends do, for a small batch (a message's frame, where the
+// per-record work shows) and a bulk one.
+func BenchmarkRecord(b *testing.B) {
+	for _, size := range []int{64, 128 << 10} {
+		for _, s := range suites {
+			w, o := pair(b, s, ModeEncrypt)
+			iov := [][]byte{make([]byte, size)}
+			var rec []byte
+			dst := make([]byte, size)
+			b.Run(fmt.Sprintf("%s/%d", s, size), func(b *testing.B) {
+				b.SetBytes(int64(size))
+				b.ReportAllocs()
+				for b.Loop() {
+					rec, _ = w.Append(rec[:0], iov)
 					if _, err := o.Open(dst, rec); err != nil {
 						b.Fatal(err)
 					}
