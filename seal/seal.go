@@ -120,13 +120,14 @@ type Limits struct {
 }
 
 // DefaultLimits keep each key far below AES-GCM's confidentiality limit
-// (draft-irtf-cfrg-aead-limits: s + q + 1 blocks give an advantage of
-// about (s+q+1)^2 / 2^129): 2^34 bytes (16 GiB, 2^30 blocks) and 2^24
-// records give an advantage below 2^-68, where TLS 1.3 aims at 2^-60
-// (RFC 8446 §5.5: 2^24.5 full records). ChaCha20-Poly1305 has no such
-// limit and takes the same, which cost nothing: an update derives four
-// short HKDF outputs and a key schedule. The hour bounds how long a key
-// that leaked from memory opens records.
+// (draft-irtf-cfrg-aead-limits: the advantage an attacker draws from s
+// blocks sealed in q records is about (s+q+1)^2 / 2^129): 2^34 bytes
+// (16 GiB, 2^30 blocks) and 2^24 records give about 2^-69 per key, where
+// TLS 1.3 aims at 2^-60 (RFC 8446 §5.5: 2^24.5 full records).
+// ChaCha20-Poly1305 has no such limit at this volume and takes the same,
+// which costs little: an update derives three short HKDF outputs and a
+// key schedule, some microseconds. The hour bounds how long a key that
+// leaked from memory opens records.
 var DefaultLimits = Limits{Records: 1 << 24, Bytes: 1 << 34, Age: time.Hour}
 
 func (l Limits) orDefault() Limits {
