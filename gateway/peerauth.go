@@ -170,8 +170,8 @@ type peerAuth struct {
 	mode seal.Mode // what the records after the handshake protect
 	// limits bound each key of mpi5k/3 records (Config.KeyUpdate).
 	limits seal.Limits
-	// fixedKeys offers mpi5k/2 alone, as a gateway built before key
-	// updates does (tests of mixed builds).
+	// fixedKeys offers and knows mpi5k/2 alone, as a gateway built
+	// before key updates does (tests of mixed builds).
 	fixedKeys bool
 }
 
@@ -351,7 +351,10 @@ func (a *peerAuth) handshake(ctx context.Context, c net.Conn, cfg *tls.Config, c
 		tc = tls.Server(tr, cfg)
 	}
 	err := tc.HandshakeContext(ctx)
-	peerMode, _, known := modeOf(offered)
+	peerMode, updating, known := modeOf(offered)
+	if a.fixedKeys && updating {
+		known = false // an older build knows no mpi5k/3
+	}
 	if !client && known && peerMode != a.mode {
 		// The dialer refuses our mode when it sees it; say why here too.
 		return nil, nil, fmt.Errorf("TLS handshake with %v: %w", c.RemoteAddr(), errModeMismatch(peerMode, a.mode))
