@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/seal"
 	"github.com/mpi5k/mpi5k/sitemap"
 	"github.com/mpi5k/mpi5k/tuning"
 	"github.com/mpi5k/mpi5k/units"
@@ -114,6 +115,14 @@ type Config struct {
 	// authenticated but not encrypted, for a WAN the operator already
 	// protects. Both ends must agree.
 	WANIntegrityOnly bool
+	// KeyUpdate bounds what one key of a WAN link's records seals before
+	// the sender moves to the next (mpi5k/3 records, docs/security.md):
+	// zero fields are seal.DefaultLimits', and no field goes past them.
+	// A tuning knob for tests, which force updates every few records.
+	KeyUpdate seal.Limits
+	// fixedKeys makes the gateway offer mpi5k/2 records alone, whose keys
+	// never change, as a build before key updates: tests of mixed builds.
+	fixedKeys bool
 
 	// AllowPorts is the destination policy: the ports of this site's hosts
 	// that streams from other sites may reach besides those where ranks

@@ -33,19 +33,29 @@ import (
 // with its handshake: the link runs on package seal's records, keyed from
 // it (docs/wire-format.md, "Records").
 
-// protos name the protocol inside TLS, one per record mode (ALPN): a TLS
-// endpoint of another kind fails the handshake instead of reading relay
-// records, and the two gateways learn each other's --wan-encrypt there.
-var protos = [...]string{seal.ModeEncrypt: "mpi5k/2", seal.ModeIntegrity: "mpi5k/2+integrity-only"}
+// protos name the protocol inside TLS, one per record format and mode
+// (ALPN): a TLS endpoint of another kind fails the handshake instead of
+// reading relay records, and the two gateways learn each other's
+// --wan-encrypt there. mpi5k/3 records update their keys (package seal);
+// mpi5k/2 is what gateways built before that speak, so a pair where one
+// is such a build (a site's service gateway) still peers, with keys that
+// never change.
+var protos = [2][2]string{
+	seal.ModeEncrypt:   {"mpi5k/2", "mpi5k/3"},
+	seal.ModeIntegrity: {"mpi5k/2+integrity-only", "mpi5k/3+integrity-only"},
+}
 
-// modeOf is the record mode an ALPN protocol names.
-func modeOf(proto string) (seal.Mode, bool) {
-	for m, p := range protos {
-		if p == proto {
-			return seal.Mode(m), true
+// modeOf is the record mode an ALPN protocol names, and whether its keys
+// update.
+func modeOf(proto string) (m seal.Mode, updating, ok bool) {
+	for m, ps := range protos {
+		for v, p := range ps {
+			if p == proto {
+				return seal.Mode(m), v == 1, true
+			}
 		}
 	}
-	return 0, false
+	return 0, false, false
 }
 
 // encryptFlag renders mode as the --wan-encrypt setting that selects it.
@@ -158,6 +168,11 @@ func ParseKey(text []byte, path string) (ed25519.PrivateKey, error) {
 type peerAuth struct {
 	cur  atomic.Pointer[authState]
 	mode seal.Mode // what the records after the handshake protect
+	// limits bound each key of mpi5k/3 records (Config.KeyUpdate).
+	limits seal.Limits
+	// fixedKeys offers and knows mpi5k/2 alone, as a gateway built
+	// before key updates does (tests of mixed builds).
+	fixedKeys bool
 }
 
 // authState is the site map whose keys are trusted and the certificate
@@ -209,11 +224,14 @@ func newAuthState(m *sitemap.Map, site *sitemap.Site, key ed25519.PrivateKey, ke
 // base is what both ends share: TLS 1.3 only (no renegotiation, no
 // static-RSA or CBC suites, forward secrecy), no resumption (so no
 // 0-RTT data, no ticket to replay, and no NewSessionTicket after the
-// handshake, which the switch to records relies on). Both protocols are
-// offered, this gateway's mode first: the server picks its own, and
+// handshake, which the switch to records relies on). Both modes are
+// offered, this gateway's first, each in both formats (nextProtos): the
+// server picks its own mode, in mpi5k/3 unless the client lacks it, and
 // whichever end finds the other's mode differs refuses the connection
 // with a message naming the flag, instead of a record that fails its tag.
-func (a *peerAuth) base() *tls.Config {
+// ALPN is part of the handshake TLS authenticates: nobody on the path can
+// strip mpi5k/3 to keep a link on keys that never change.
+func (a *peerAuth) base(client bool) *tls.Config {
 	// The certificate in force when the handshake runs, not when the
 	// configuration was made: the acceptor's lives as long as the gateway.
 	cert := func() *tls.Certificate { return &a.state().cert }
@@ -226,8 +244,25 @@ func (a *peerAuth) base() *tls.Config {
 			return cert(), nil
 		},
 		SessionTicketsDisabled: true,
-		NextProtos:             []string{protos[a.mode], protos[1-a.mode]},
+		NextProtos:             a.nextProtos(client),
 	}
+}
+
+// nextProtos is the ALPN list: this gateway's mode first, each mode in
+// both formats. TLS servers pick by their own order, so the server lists
+// mpi5k/3 first and picks it whenever the client offers it; the client
+// lists mpi5k/2 first, which changes no choice and lets a server built
+// before mpi5k/3 still read the client's mode and name a --wan-encrypt
+// mismatch.
+func (a *peerAuth) nextProtos(client bool) []string {
+	own, other := protos[a.mode], protos[1-a.mode]
+	switch {
+	case a.fixedKeys:
+		return []string{own[0], other[0]}
+	case client:
+		return []string{own[0], own[1], other[0], other[1]}
+	}
+	return []string{own[1], own[0], other[1], other[0]}
 }
 
 // peerKey is the Ed25519 key of the peer's leaf certificate. TLS has
@@ -250,7 +285,7 @@ func peerKey(raw [][]byte) (ed25519.PublicKey, error) {
 // dialer is the client configuration toward site s: its key must be one
 // the map lists for s, and its mode (the protocol it picked) ours.
 func (a *peerAuth) dialer(s *sitemap.Site) *tls.Config {
-	c := a.base()
+	c := a.base(true)
 	c.ServerName = "mpi5k" // sent in the clear; the peer's name is not checked
 	// The chain is not verified against a CA: VerifyPeerCertificate pins
 	// the key instead.
@@ -266,7 +301,7 @@ func (a *peerAuth) dialer(s *sitemap.Site) *tls.Config {
 		return nil
 	}
 	c.VerifyConnection = func(cs tls.ConnectionState) error {
-		if m, ok := modeOf(cs.NegotiatedProtocol); ok && m != a.mode {
+		if m, _, ok := modeOf(cs.NegotiatedProtocol); ok && m != a.mode {
 			return errModeMismatch(m, a.mode)
 		}
 		return nil
@@ -277,7 +312,7 @@ func (a *peerAuth) dialer(s *sitemap.Site) *tls.Config {
 // acceptor is the server configuration: the client must prove a key the
 // map lists for a site that dials us (accept says which).
 func (a *peerAuth) acceptor(accept func(*sitemap.Site) bool) *tls.Config {
-	c := a.base()
+	c := a.base(false)
 	c.ClientAuth = tls.RequireAnyClientCert
 	c.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
 		k, err := peerKey(raw)
@@ -321,7 +356,7 @@ func (a *peerAuth) handshake(ctx context.Context, c net.Conn, cfg *tls.Config, c
 		cfg.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
 			ours := false
 			for _, p := range h.SupportedProtos {
-				if _, ok := modeOf(p); ok {
+				if _, _, ok := modeOf(p); ok {
 					ours = true
 				}
 			}
@@ -347,7 +382,11 @@ func (a *peerAuth) handshake(ctx context.Context, c net.Conn, cfg *tls.Config, c
 		tc = tls.Server(tr, cfg)
 	}
 	err := tc.HandshakeContext(ctx)
-	switch peerMode, known := modeOf(offered); {
+	peerMode, updating, known := modeOf(offered)
+	if a.fixedKeys && updating {
+		known = false // an older build knows no mpi5k/3
+	}
+	switch {
 	case notGateway != nil:
 		return nil, nil, fmt.Errorf("TLS handshake with %v: %w", c.RemoteAddr(), notGateway)
 	case keyErr != nil:
@@ -360,8 +399,9 @@ func (a *peerAuth) handshake(ctx context.Context, c net.Conn, cfg *tls.Config, c
 		return nil, nil, fmt.Errorf("TLS handshake with %v: %w", c.RemoteAddr(), err)
 	}
 	st := tc.ConnectionState()
-	if m, ok := modeOf(st.NegotiatedProtocol); !ok || m != a.mode {
-		return nil, nil, fmt.Errorf("TLS handshake with %v: protocol %q, want %q", c.RemoteAddr(), st.NegotiatedProtocol, protos[a.mode])
+	m, updating, ok := modeOf(st.NegotiatedProtocol)
+	if !ok || m != a.mode {
+		return nil, nil, fmt.Errorf("TLS handshake with %v: protocol %q, want %q", c.RemoteAddr(), st.NegotiatedProtocol, protos[a.mode][1])
 	}
 	if tr.hn != 0 || tr.left != 0 {
 		// TLS stopped inside a record: the bytes that follow would not be
@@ -378,14 +418,9 @@ func (a *peerAuth) handshake(ctx context.Context, c net.Conn, cfg *tls.Config, c
 		tc.Close()
 		return nil, nil, fmt.Errorf("peer at %v proved key %s, which the site map no longer lists: %w", c.RemoteAddr(), sitemap.FormatKey(k), errUnknownKey)
 	}
-	km, err := st.ExportKeyingMaterial(seal.ExporterLabel, seal.ExporterContext(a.mode), seal.MaterialLen)
+	sealer, opener, err := a.keys(&st, client, updating)
 	if err != nil {
-		return nil, nil, fmt.Errorf("TLS handshake with %v: key export: %w", c.RemoteAddr(), err)
-	}
-	sealer, opener, err := seal.Keys(suiteOf(st.CipherSuite), a.mode, km, client)
-	clear(km)
-	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("TLS handshake with %v: %w", c.RemoteAddr(), err)
 	}
 	sc := relay.NewSealedConn(c, sealer, opener)
 	sc.Peer = k // a reload checks it against the new map (rekey.go)
@@ -395,6 +430,26 @@ func (a *peerAuth) handshake(ctx context.Context, c net.Conn, cfg *tls.Config, c
 // errUnknownKey: the peer proved a key the site map does not list for a
 // site that dials this gateway.
 var errUnknownKey = errors.New("unknown key")
+
+// keys derives the record keys of a handshake from its exporter: under
+// mpi5k/3 a secret per direction, from which each key derives the next
+// (docs/wire-format.md, "Key updates"); under mpi5k/2 a key and IV per
+// direction for the connection's life.
+func (a *peerAuth) keys(st *tls.ConnectionState, client, updating bool) (*seal.Sealer, *seal.Opener, error) {
+	label, n := seal.ExporterLabel, seal.MaterialLen
+	if updating {
+		label, n = seal.SecretsLabel, seal.SecretsLen
+	}
+	km, err := st.ExportKeyingMaterial(label, seal.ExporterContext(a.mode), n)
+	if err != nil {
+		return nil, nil, fmt.Errorf("key export: %w", err)
+	}
+	defer clear(km)
+	if updating {
+		return seal.UpdatingKeys(suiteOf(st.CipherSuite), a.mode, km, client, a.limits)
+	}
+	return seal.Keys(suiteOf(st.CipherSuite), a.mode, km, client)
+}
 
 // suiteOf is the records' AEAD: ChaCha20-Poly1305 when TLS picked it,
 // which Go's TLS does when either end lacks AES instructions (so both
@@ -510,6 +565,7 @@ func (g *Gateway) initAuth() error {
 	if err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}
+	a.limits, a.fixedKeys = g.cfg.KeyUpdate, g.cfg.fixedKeys
 	g.auth = a
 	g.acceptTLS = a.acceptor(func(s *sitemap.Site) bool {
 		ps := g.peersOf(s.ID)

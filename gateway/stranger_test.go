@@ -31,7 +31,7 @@ func clientHello(t testing.TB) []byte {
 	c, s := net.Pipe()
 	defer s.Close()
 	go func() {
-		tls.Client(c, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{protos[0]}}).Handshake()
+		tls.Client(c, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{protos[0][1]}}).Handshake()
 		c.Close()
 	}()
 	var hdr [5]byte
@@ -282,8 +282,8 @@ func TestUnknownKeyIntegrityALPN(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := auth.base()
-	cfg.InsecureSkipVerify, cfg.NextProtos = true, []string{protos[seal.ModeIntegrity]}
+	cfg := auth.base(true)
+	cfg.InsecureSkipVerify, cfg.NextProtos = true, protos[seal.ModeIntegrity][:]
 	c, err := net.DialTCP("tcp", &net.TCPAddr{IP: strangerAddr(1).AsSlice()}, net.TCPAddrFromAddrPort(wanB))
 	if err != nil {
 		t.Fatal(err)

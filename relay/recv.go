@@ -273,7 +273,9 @@ func (l *Link) recvData(r *header.Reader, h header.Header) error {
 func (l *Link) dispatch(h header.Header, p []byte) error {
 	switch h.Type {
 	case header.TypeOpen:
-		if h.Stream == 0 || h.Stream&1 == l.t.nextID&1 {
+		// Our ids are odd if we dialed (t.dialer never changes; nextID
+		// is the allocator's, under t.mu).
+		if h.Stream == 0 || (h.Stream&1 == 1) == l.t.dialer {
 			return fmt.Errorf("OPEN with stream id %d of the wrong parity", h.Stream)
 		}
 		o, err := header.ParseOpen(p)

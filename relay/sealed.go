@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -30,7 +31,12 @@ type SealedConn struct {
 	one [1][]byte // tryWritev's iovec: a literal would escape, an allocation per message
 
 	r  *seal.Reader // the link reader's (recv.go), on whichever thread runs it
+	o  *seal.Opener // r's
 	rd func([]byte) (int, error)
+
+	// The key updates sealed and followed so far (mpi5k/3), for readers
+	// other than the writer and the link reader.
+	sentUpdates, recvUpdates atomic.Uint64
 
 	// Peer is what authenticated the far end, for the connection's owner
 	// (the gateway keeps the key its peer proved); relay never reads it.
@@ -39,19 +45,38 @@ type SealedConn struct {
 
 // NewSealedConn runs records sealed by s and opened by o over c.
 func NewSealedConn(c net.Conn, s *seal.Sealer, o *seal.Opener) *SealedConn {
-	sc := &SealedConn{c: c, s: s, r: seal.NewReader(o)}
+	sc := &SealedConn{c: c, s: s, r: seal.NewReader(o), o: o}
 	sc.sc, _ = c.(syscall.Conn)
 	sc.rd = c.Read
 	return sc
 }
 
 // Read returns batch bytes, blocking until a record has arrived.
-func (c *SealedConn) Read(p []byte) (int, error) { return c.r.Read(p, c.rd) }
+func (c *SealedConn) Read(p []byte) (int, error) { return c.readWith(p, c.rd) }
 
 // readWith returns batch bytes read with read, the poller thread's
 // non-blocking read of the socket.
 func (c *SealedConn) readWith(p []byte, read func([]byte) (int, error)) (int, error) {
-	return c.r.Read(p, read)
+	n, err := c.r.Read(p, read)
+	if u := c.o.Updates(); u != c.recvUpdates.Load() {
+		c.recvUpdates.Store(u)
+	}
+	return n, err
+}
+
+// KeyUpdates reports how many times this end has moved its own key on
+// and followed the peer's (mpi5k/3; 0 for keys that never change). A
+// connection starts from its handshake's keys: a resumed link's count
+// starts again.
+func (c *SealedConn) KeyUpdates() (sent, received uint64) {
+	return c.sentUpdates.Load(), c.recvUpdates.Load()
+}
+
+// sealed notes the sealer's updates after an Append.
+func (c *SealedConn) sealed() {
+	if u := c.s.Updates(); u != c.sentUpdates.Load() {
+		c.sentUpdates.Store(u)
+	}
 }
 
 // Write seals p as one record and writes it.
@@ -71,6 +96,7 @@ func (c *SealedConn) writev(iov [][]byte) error {
 		return err
 	}
 	out, err := c.s.Append(c.out[:0], iov)
+	c.sealed()
 	if err != nil {
 		return err
 	}
@@ -93,6 +119,7 @@ func (c *SealedConn) tryWritev(iov [][]byte, write func([][]byte) (int, error)) 
 		return false, errors.New("relay: sealed write with a record still pending")
 	}
 	out, err := c.s.Append(c.out[:0], iov)
+	c.sealed()
 	if err != nil {
 		return false, err
 	}

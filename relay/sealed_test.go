@@ -5,19 +5,41 @@ import (
 	"errors"
 	mrand "math/rand/v2"
 	"net"
+	"sync"
 	"testing"
 
 	"github.com/mpi5k/mpi5k/seal"
 )
 
 // sealLinks makes the tests' link connections SealedConns (handshaken,
-// handshakenH): TestSealed runs other tests over records.
-var sealLinks bool
+// handshakenH): TestSealed runs other tests over records. With
+// sealUpdates the records are mpi5k/3's, whose keys update within those
+// limits, and sealedConns collects the connections made.
+var (
+	sealLinks   bool
+	sealUpdates *seal.Limits
+	sealedMu    sync.Mutex
+	sealedConns []*SealedConn
+)
 
 // sealedPair wraps both ends of a connection in SealedConns with fresh
 // keys, as the gateway does after TLS.
 func sealedPair(t testing.TB, ca, cb net.Conn) (net.Conn, net.Conn) {
 	t.Helper()
+	if sealUpdates != nil {
+		km := make([]byte, seal.SecretsLen)
+		rand.Read(km)
+		ws, wo, err := seal.UpdatingKeys(seal.AES256GCM, seal.ModeEncrypt, km, true, *sealUpdates)
+		if err != nil {
+			t.Fatal(err)
+		}
+		as, ao, _ := seal.UpdatingKeys(seal.AES256GCM, seal.ModeEncrypt, km, false, *sealUpdates)
+		a, b := NewSealedConn(ca, ws, wo), NewSealedConn(cb, as, ao)
+		sealedMu.Lock()
+		sealedConns = append(sealedConns, a, b)
+		sealedMu.Unlock()
+		return a, b
+	}
 	km := make([]byte, seal.MaterialLen)
 	rand.Read(km)
 	ws, wo, err := seal.Keys(seal.AES256GCM, seal.ModeEncrypt, km, true)
@@ -48,6 +70,52 @@ func TestSealed(t *testing.T) {
 	} {
 		if !t.Run(c.name, c.f) {
 			return
+		}
+	}
+}
+
+// TestSealedKeyUpdate runs TestSealed's links on mpi5k/3 records whose
+// keys update every few records: many updates in both directions of
+// every connection while checksummed streams cross (ManyStreams), and
+// links that break and resume on new connections, whose keys start
+// again from their own secrets (ResumeLossless, TamperResumes), where a
+// forged record never opens under any key of the connection.
+func TestSealedKeyUpdate(t *testing.T) {
+	sealLinks, sealUpdates = true, &seal.Limits{Records: 5, Bytes: 64 << 10}
+	t.Cleanup(func() { sealLinks, sealUpdates, sealedConns = false, nil, nil })
+	for _, c := range []struct {
+		name string
+		f    func(*testing.T)
+	}{
+		{"PollerForwards", TestPollerForwards},
+		{"ManyStreams", TestManyStreams},
+		{"ResumeLossless", TestResumeLossless},
+		{"TamperResumes", testTamperResumes},
+	} {
+		sealedMu.Lock()
+		sealedConns = nil
+		sealedMu.Unlock()
+		if !t.Run(c.name, c.f) {
+			return
+		}
+		sealedMu.Lock()
+		conns := sealedConns
+		sealedMu.Unlock()
+		var most uint64
+		for i := 0; i+1 < len(conns); i += 2 {
+			as, ar := conns[i].KeyUpdates()
+			bs, br := conns[i+1].KeyUpdates()
+			most = max(most, min(as, br), min(bs, ar))
+			// A receiver follows no more updates than its peer made (a
+			// broken connection loses the records in flight).
+			if br > as || ar > bs {
+				t.Errorf("%s: connection %d: updates %d sent and %d followed one way, %d and %d the other",
+					c.name, i/2, as, br, bs, ar)
+			}
+		}
+		t.Logf("%s: %d connections, up to %d key updates followed in one direction", c.name, len(conns)/2, most)
+		if most < 10 {
+			t.Errorf("%s: at most %d key updates followed on a connection: the limits forced none", c.name, most)
 		}
 	}
 }

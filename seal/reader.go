@@ -39,7 +39,7 @@ func (r *Reader) Buffered() bool {
 	if r.end-r.off < PrefixSize {
 		return false
 	}
-	n, err := RecordLen(r.buf[r.off:r.end])
+	n, err := recordLen(r.buf[r.off:r.end], r.o.h.updating)
 	return err != nil || r.end-r.off >= n
 }
 
@@ -65,7 +65,7 @@ func (r *Reader) Read(p []byte, read func([]byte) (int, error)) (int, error) {
 		}
 		need := PrefixSize
 		if r.end-r.off >= PrefixSize {
-			n, err := RecordLen(r.buf[r.off:r.end])
+			n, err := recordLen(r.buf[r.off:r.end], r.o.h.updating)
 			if err != nil {
 				r.err = err
 				return 0, err

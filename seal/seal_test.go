@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	mrand "math/rand/v2"
 	"testing"
@@ -249,24 +250,42 @@ func TestModesDiffer(t *testing.T) {
 
 // FuzzReader: whatever bytes arrive, the Reader returns only batches of
 // records that authenticate (here: none, as the fuzzer holds no key,
-// except the seeds' own) and never panics or buffers past its limit.
-// Seeds: valid records of both modes, a truncated one, an alert and an
-// oversized length.
+// except the seeds' own) and never panics or buffers past its limit,
+// under mpi5k/2's fixed keys and mpi5k/3's updating ones (a new key every
+// two records: the fuzzer flips phase bits). Seeds: valid records of
+// both modes and formats, a truncated one, an alert and an oversized
+// length.
 func FuzzReader(f *testing.F) {
 	km := bytes.Repeat([]byte{7}, MaterialLen)
-	seedW, _, _ := Keys(AES256GCM, ModeEncrypt, km, true)
-	good, _ := seedW.Append(nil, [][]byte{[]byte("seed batch")})
-	good, _ = seedW.Append(good, [][]byte{bytes.Repeat([]byte{1}, 3000)})
-	iw, _, _ := Keys(AES256GCM, ModeIntegrity, km, true)
-	integ, _ := iw.Append(nil, [][]byte{[]byte("clear seed")})
-	f.Add(good, uint8(0))
-	f.Add(integ, uint8(1))
-	f.Add(good[:len(good)-5], uint8(0))
+	keys := func(m Mode, updating, dialer bool) (*Sealer, *Opener) {
+		if updating {
+			w, r, _ := UpdatingKeys(AES256GCM, m, km[:SecretsLen], dialer, Limits{Records: 2})
+			return w, r
+		}
+		w, r, _ := Keys(AES256GCM, m, km, dialer)
+		return w, r
+	}
+	for _, updating := range []bool{false, true} {
+		flag := uint8(0)
+		if updating {
+			flag = 2
+		}
+		seedW, _ := keys(ModeEncrypt, updating, true)
+		good, _ := seedW.Append(nil, [][]byte{[]byte("seed batch")})
+		good, _ = seedW.Append(good, [][]byte{bytes.Repeat([]byte{1}, 3000)})
+		good, _ = seedW.Append(good, [][]byte{[]byte("the next key")})
+		iw, _ := keys(ModeIntegrity, updating, true)
+		integ, _ := iw.Append(nil, [][]byte{[]byte("clear seed")})
+		f.Add(good, flag)
+		f.Add(integ, flag|1)
+		f.Add(good[:len(good)-5], flag)
+	}
 	f.Add(Alert[:], uint8(0))
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 1, 2, 3}, uint8(0))
-	f.Fuzz(func(t *testing.T, data []byte, mode uint8) {
-		m := Mode(mode % 2)
-		_, o, _ := Keys(AES256GCM, m, km, false)
+	f.Add([]byte{0x80, 0, 0, 0, 1, 2, 3}, uint8(2))
+	f.Fuzz(func(t *testing.T, data []byte, flags uint8) {
+		m, updating := Mode(flags%2), flags&2 != 0
+		_, o := keys(m, updating, false)
 		r := NewReader(o)
 		src := &stream{b: data, step: 1 + len(data)%5}
 		p := make([]byte, 1+len(data)%700)
@@ -287,7 +306,7 @@ func FuzzReader(f *testing.F) {
 		// Whatever came back is the batch of records sealed with the
 		// seed keys: sealing it again gives a prefix of the input.
 		if len(got) > 0 {
-			w, _, _ := Keys(AES256GCM, m, km, true)
+			w, _ := keys(m, updating, true)
 			if !authenticPrefix(w, got, data) {
 				t.Fatalf("returned %d bytes that no sealed record of the input carries", len(got))
 			}
@@ -302,7 +321,7 @@ func authenticPrefix(w *Sealer, got, data []byte) bool {
 		if len(data) < PrefixSize {
 			return false
 		}
-		n, err := RecordLen(data)
+		n, err := recordLen(data, w.h.updating)
 		if err != nil || n > len(data) {
 			return false
 		}
@@ -354,6 +373,44 @@ func BenchmarkSeal(b *testing.B) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// BenchmarkRecord: sealing and opening one record per op, in lockstep as
+// a link's two ends do, for a small batch (a message's frame, where the
+// per-record work shows) and a bulk one: mpi5k/2's fixed keys, mpi5k/3's
+// updating ones between updates (the limits and phase checks), and
+// mpi5k/3 moving to a new key at every record (what an update costs).
+func BenchmarkRecord(b *testing.B) {
+	formats := []struct {
+		name string
+		lim  *Limits
+	}{{"mpi5k-2", nil}, {"mpi5k-3", &Limits{}}, {"mpi5k-3-update-each", &Limits{Records: 1}}}
+	for _, f := range formats {
+		for _, size := range []int{64, 128 << 10} {
+			if f.name == "mpi5k-3-update-each" && size > 64 {
+				continue
+			}
+			for _, s := range suites {
+				w, o := pair(b, s, ModeEncrypt)
+				if f.lim != nil {
+					w, o = updatingPair(b, s, ModeEncrypt, *f.lim)
+				}
+				iov := [][]byte{make([]byte, size)}
+				var rec []byte
+				dst := make([]byte, size)
+				b.Run(fmt.Sprintf("%s/%s/%d", f.name, s, size), func(b *testing.B) {
+					b.SetBytes(int64(size))
+					b.ReportAllocs()
+					for b.Loop() {
+						rec, _ = w.Append(rec[:0], iov)
+						if _, err := o.Open(dst, rec); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
 		}
 	}
 }
