@@ -7,12 +7,15 @@ package doctor
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -34,10 +37,30 @@ func (s Status) String() string { return [...]string{"OK", "WARN", "FAIL"}[s] }
 
 // Result is one line of the report.
 type Result struct {
-	Status Status
-	Check  string
-	Detail string
-	Fix    string // empty for OK
+	Status Status `json:"status"`
+	Check  string `json:"check"`
+	Detail string `json:"detail"`
+	Fix    string `json:"fix,omitempty"` // empty for OK
+}
+
+// HostReport is one host's results ("" for this host).
+type HostReport struct {
+	Host    string   `json:"host"`
+	Results []Result `json:"results"`
+}
+
+// MarshalText writes a status as its word (OK, WARN, FAIL).
+func (s Status) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText reads a status word.
+func (s *Status) UnmarshalText(b []byte) error {
+	for i, w := range []string{"OK", "WARN", "FAIL"} {
+		if string(b) == w {
+			*s = Status(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("status %q: want OK, WARN or FAIL", b)
 }
 
 // Env is where the checks read the host. Local returns the real one.
@@ -50,6 +73,10 @@ type Env struct {
 	Listen    func(addr string) error // binds and closes a TCP listener
 	Dial      func(addr string, d time.Duration) error
 	Adjtimex  func() (state int, status int32, maxerr int64, err error)
+	LookPath  func(name string) (string, error)        // a command on PATH
+	Resolve   func(path string) (string, error)        // symbolic links followed
+	Output    func(name string, args ...string) string // a command's output ("" if it failed)
+	Stat      func(path string) error
 }
 
 // Local is the Env of this host.
@@ -85,6 +112,18 @@ func Local() Env {
 			state, err := unix.Adjtimex(&tx)
 			return state, tx.Status, tx.Maxerror, err
 		},
+		LookPath: exec.LookPath,
+		Resolve:  filepath.EvalSymlinks,
+		Output: func(name string, args ...string) string {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+			if err != nil && len(out) == 0 {
+				return ""
+			}
+			return string(out)
+		},
+		Stat: func(p string) error { _, err := os.Stat(p); return err },
 	}
 }
 
@@ -94,6 +133,7 @@ type Options struct {
 	Shim             string   // libmpi5k.so path the ranks preload ("": skip)
 	Reach            []string // host:port of other sites' gateways, dialled
 	DialTimeout      time.Duration
+	JobPorts         [2]int // the range mpi5k run draws a job's ports from (0: skip)
 }
 
 // Run performs every check.
@@ -111,14 +151,113 @@ func Run(e Env, o Options) []Result {
 			r = append(r, port(e, p.name, p.port))
 		}
 	}
+	if o.JobPorts[0] > 0 {
+		r = append(r, jobPorts(e, o.JobPorts[0], o.JobPorts[1]))
+	}
 	for _, a := range o.Reach {
 		r = append(r, reach(e, a, o.DialTimeout))
 	}
 	if o.Shim != "" {
 		r = append(r, shim(o.Shim))
 	}
+	if e.LookPath != nil {
+		r = append(r, mpi(e), service(e))
+	}
 	r = append(r, clock(e))
 	return r
+}
+
+// jobPorts: mpi5k run draws each job's three gateway ports from lo..hi,
+// skipping busy ones; a host with few free left runs few jobs at once.
+func jobPorts(e Env, lo, hi int) Result {
+	const check = "job ports"
+	free := 0
+	for p := lo; p <= hi; p++ {
+		if e.Listen(":"+strconv.Itoa(p)) == nil {
+			free++
+		}
+	}
+	detail := fmt.Sprintf("%d of %d-%d free: room for %d concurrent jobs' gateways here", free, lo, hi, free/3)
+	switch {
+	case free < 3:
+		return Result{Fail, check, detail, fmt.Sprintf("free ports of %d-%d (ss -ltn 'sport >= :%d and sport <= :%d' lists who holds them), or give mpi5k run --lan-port/--wan-port/--metrics-port outside the range", lo, hi, lo, hi)}
+	case free < 30:
+		return Result{Warn, check, detail, fmt.Sprintf("ss -ltn 'sport >= :%d and sport <= :%d' lists who holds them", lo, hi)}
+	}
+	return Result{OK, check, detail + "; the firewall must let them through between the site's nodes, its gateway and the other gateways", ""}
+}
+
+// mpi names the MPI launchers this host has, and what the generic names
+// (mpirun, mpiexec) run: mpi5k run reads a launcher's flags by its family.
+func mpi(e Env) Result {
+	const check = "MPI"
+	var found []string
+	for _, l := range []struct{ name, family, versionArg string }{
+		{"mpirun.openmpi", "Open MPI", "--version"},
+		{"prterun", "Open MPI 5 (PRRTE)", "--version"},
+		{"mpiexec.mpich", "MPICH", "--version"},
+		{"mpiexec.hydra", "MPICH (hydra)", "--version"},
+		{"srun", "Slurm", "--version"},
+	} {
+		if _, err := e.LookPath(l.name); err != nil {
+			continue
+		}
+		v := firstVersion(e.Output(l.name, l.versionArg))
+		found = append(found, strings.TrimSpace(l.family+" "+v)+" ("+l.name+")")
+	}
+	for _, g := range []string{"mpirun", "mpiexec"} {
+		if p, err := e.LookPath(g); err == nil {
+			if real, err := e.Resolve(p); err == nil && real != p {
+				fam := map[string]string{"orterun": " (Open MPI)", "mpirun.openmpi": " (Open MPI)", "prterun": " (Open MPI 5)",
+					"mpiexec.hydra": " (MPICH)", "mpiexec.mpich": " (MPICH)"}[filepath.Base(real)]
+				found = append(found, g+" runs "+real+fam)
+			}
+		}
+	}
+	if len(found) == 0 {
+		return Result{Warn, check, "no MPI launcher on PATH (mpirun.openmpi, mpiexec.mpich, prterun, srun)",
+			"rank hosts need the job's MPI: apt-get install openmpi-bin or mpich (a gateway-only host needs none)"}
+	}
+	return Result{OK, check, strings.Join(found, "; "), ""}
+}
+
+var versionRe = regexp.MustCompile(`\b\d+\.\d+(\.\d+)?[a-z0-9]*\b`)
+
+// firstVersion is the first version number in a --version output.
+func firstVersion(out string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if v := versionRe.FindString(l); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// service reports the installed mpi5k-gateway unit and, where systemd
+// runs, its state.
+func service(e Env) Result {
+	const check = "service"
+	unit := ""
+	for _, d := range []string{"/etc/systemd/system", "/lib/systemd/system", "/usr/lib/systemd/system", "/usr/local/lib/systemd/system"} {
+		if e.Stat(d+"/mpi5k-gateway.service") == nil {
+			unit = d + "/mpi5k-gateway.service"
+			break
+		}
+	}
+	if unit == "" {
+		return Result{OK, check, "mpi5k-gateway.service not installed (a site's gateway hosts run it; mpi5k run starts its own gateways)", ""}
+	}
+	active := strings.TrimSpace(e.Output("systemctl", "is-active", "mpi5k-gateway"))
+	enabled := strings.TrimSpace(e.Output("systemctl", "is-enabled", "mpi5k-gateway"))
+	switch {
+	case active == "active":
+		return Result{OK, check, fmt.Sprintf("%s: active (%s)", unit, enabled), ""}
+	case active == "failed":
+		return Result{Fail, check, unit + ": failed", "journalctl -u mpi5k-gateway -p warning names why; then systemctl restart mpi5k-gateway"}
+	case active == "" || strings.Contains(active, " "):
+		return Result{OK, check, unit + ": installed; systemd's state unknown here (systemctl does not answer)", ""}
+	}
+	return Result{OK, check, fmt.Sprintf("%s: %s (%s); systemctl enable --now mpi5k-gateway starts it, once /etc/mpi5k/gateway.env names the site", unit, active, enabled), ""}
 }
 
 func (e Env) sysctl(name string) (string, error) {

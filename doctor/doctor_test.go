@@ -192,3 +192,55 @@ func TestListenPortsDefault(t *testing.T) {
 		t.Errorf("gateway.DefaultListenPorts %s, the doctor checks against %s", got, want)
 	}
 }
+
+// TestMPIServicePorts: the MPI launchers found and what the generic names
+// run; the service's state as systemctl tells it; the job port range.
+func TestMPIServicePorts(t *testing.T) {
+	h := host{sysctls: map[string]string{"net.ipv4.ip_local_port_range": "32768\t60999"}, capEff: "0000000000000000",
+		listen: map[string]error{":5000": unix.EADDRINUSE, ":5001": unix.EADDRINUSE}}
+	e := h.env(t)
+	paths := map[string]string{"mpirun.openmpi": "/usr/bin/mpirun.openmpi", "mpiexec.mpich": "/usr/bin/mpiexec.mpich", "mpiexec": "/usr/bin/mpiexec"}
+	e.LookPath = func(n string) (string, error) {
+		if p, ok := paths[n]; ok {
+			return p, nil
+		}
+		return "", errors.New("not found")
+	}
+	e.Resolve = func(p string) (string, error) {
+		if p == "/usr/bin/mpiexec" {
+			return "/usr/bin/orterun", nil
+		}
+		return p, nil
+	}
+	active := "failed\n"
+	e.Output = func(name string, args ...string) string {
+		switch {
+		case name == "mpirun.openmpi":
+			return "mpirun (Open MPI) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/\n"
+		case name == "mpiexec.mpich":
+			return "HYDRA build details:\n    Version:                                 4.0.2\n"
+		case name == "systemctl" && args[0] == "is-active":
+			return active
+		case name == "systemctl":
+			return "enabled\n"
+		}
+		return ""
+	}
+	e.Stat = func(p string) error {
+		if p == "/lib/systemd/system/mpi5k-gateway.service" {
+			return nil
+		}
+		return os.ErrNotExist
+	}
+	rs := Run(e, Options{JobPorts: [2]int{5000, 5005}})
+	expect(t, rs, "MPI", OK, "Open MPI 4.1.4 (mpirun.openmpi)", "MPICH 4.0.2 (mpiexec.mpich)", "mpiexec runs /usr/bin/orterun (Open MPI)")
+	expect(t, rs, "service", Fail, "/lib/systemd/system/mpi5k-gateway.service: failed", "journalctl -u mpi5k-gateway -p warning")
+	expect(t, rs, "job ports", Warn, "4 of 5000-5005 free: room for 1 concurrent jobs", "ss -ltn")
+	active = "active\n"
+	expect(t, Run(e, Options{}), "service", OK, "active (enabled)")
+	paths = nil
+	expect(t, Run(e, Options{}), "MPI", Warn, "no MPI launcher on PATH", "apt-get install openmpi-bin or mpich")
+	h.listen = map[string]error{":5000": unix.EADDRINUSE, ":5001": unix.EADDRINUSE, ":5002": unix.EADDRINUSE, ":5003": unix.EADDRINUSE}
+	e.Listen = func(a string) error { return h.listen[a] }
+	expect(t, Run(e, Options{JobPorts: [2]int{5000, 5004}}), "job ports", Fail, "1 of 5000-5004 free", "ss -ltn")
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"net"
 	"os"
 	"os/exec"
@@ -56,7 +57,8 @@ func TestDoctorHosts(t *testing.T) {
 	if err != nil {
 		t.Fatalf("mpi5k doctor: %v\n%s", err, out)
 	}
-	for _, want := range []string{"127.0.0.1: OK   WAN port      TCP " + wan + " is free", "localhost: OK   reach 127.0.0.1:" + wan + " ",
+	for _, want := range []string{"127.0.0.1: OK   WAN port      TCP " + wan + " is free", "127.0.0.1: OK   launcher      " + launcher + " reached 127.0.0.1 and ran mpi5k there",
+		"localhost: OK   job ports ", "localhost: OK   MPI ", "localhost: OK   service ", "localhost: OK   reach 127.0.0.1:" + wan + " ",
 		"127.0.0.1: OK   reach localhost:" + wan + " ", "localhost: ", "keep warm"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
@@ -65,6 +67,30 @@ func TestDoctorHosts(t *testing.T) {
 	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		if !strings.HasPrefix(l, "127.0.0.1: ") && !strings.HasPrefix(l, "localhost: ") {
 			t.Errorf("line without its host: %q", l)
+		}
+	}
+	// --json: one object, the same checks, the launcher's failure a result.
+	picky := filepath.Join(t.TempDir(), "launch")
+	os.WriteFile(picky, []byte("#!/bin/sh\n[ \"$1\" != h1.invalid ] || { echo 'ssh: Could not resolve hostname h1.invalid' >&2; exit 255; }\nshift\nexec sh -c \"$*\"\n"), 0o755)
+	out, err = exec.Command(bin, "doctor", "--json", "--launcher", picky, "--mpi5k", bin, "--lan-port", "0", "--wan-port", "0",
+		"--preload", "", "127.0.0.1", "h1.invalid").Output()
+	var rep struct {
+		Hosts []struct {
+			Host    string
+			Results []struct{ Status, Check, Detail, Fix string }
+		}
+		Failed bool
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("doctor --json: %v\n%s", err, out)
+	}
+	if len(rep.Hosts) != 2 || rep.Hosts[0].Host != "127.0.0.1" || len(rep.Hosts[0].Results) < 8 || rep.Hosts[0].Results[0].Check != "launcher" ||
+		rep.Hosts[0].Results[0].Status != "OK" || !rep.Failed || exitCode(err) != 1 {
+		t.Errorf("doctor --json (exit %d):\n%s", exitCode(err), out)
+	}
+	if len(rep.Hosts) == 2 {
+		if r := rep.Hosts[1].Results; len(r) != 1 || r[0].Status != "FAIL" || r[0].Check != "launcher" || r[0].Fix == "" {
+			t.Errorf("doctor --json, a host the launcher cannot run on: %+v", r)
 		}
 	}
 	out, err = exec.Command(bin, "doctor", "--launcher", "false", "h1").Output()
