@@ -103,8 +103,10 @@ func (g *Gateway) handleLAN(c LANConn, ended func()) {
 		dl.SetReadDeadline(time.Now().Add(g.cfg.FirstFrame))
 	}
 	// Read the first frame exactly (no read-ahead): after OPEN come the
-	// application's own bytes, which belong to the stream.
-	h, body, err := header.ReadOne(c, header.MaxPayload)
+	// application's own bytes, which belong to the stream. Its type and
+	// length are checked before its body is read, so whatever a
+	// connection declares it costs at most a control frame.
+	h, body, err := header.ReadFirst(c, header.TypeOpen, header.TypePeerQuery, header.TypeListen)
 	if err != nil {
 		// err says which: none (EOF, timeout), undecodable, or truncated.
 		g.refuseLAN(c, "lan_first_frame", "no valid first frame", "err", err)
