@@ -99,7 +99,10 @@ type Gateway struct {
 
 	// Limits (Config.Max*): what is in use, and the refusal log.
 	lanConns, lanPending, wanPending atomic.Int64
+	lanControl                       atomic.Int64 // control connections open
 	sources                          sourceTable
+	pending                          pendingTable // connections before their first frame
+	controlBy                        sourceTable  // control connections per host
 	refusals                         ratelog.Limiter
 
 	ctx     context.Context

@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -34,6 +35,17 @@ func (c *Config) fillLimits(npeers int) {
 	if c.MaxSourceStreams == 0 {
 		c.MaxSourceStreams = max(c.MaxLANConns/4, 16)
 	}
+	if c.MaxSourcePending == 0 {
+		// No cap of its own: a full MaxPendingLAN makes room by dropping
+		// the oldest of the largest holder's (pendingTable).
+		c.MaxSourcePending = c.MaxPendingLAN
+	}
+	if c.MaxSourceControl == 0 {
+		c.MaxSourceControl = max(c.MaxLANConns/8, 16)
+	}
+	if c.ControlIdle == 0 {
+		c.ControlIdle = 2 * time.Minute
+	}
 	if c.MaxPeerStreams == 0 {
 		c.MaxPeerStreams = max(budget/max(npeers, 1), 64)
 	}
@@ -58,6 +70,7 @@ func (c *Config) checkLimits() error {
 		name string
 		n    int64
 	}{{"MaxLANConns", int64(c.MaxLANConns)}, {"MaxPendingLAN", int64(c.MaxPendingLAN)}, {"MaxSourceStreams", int64(c.MaxSourceStreams)},
+		{"MaxSourcePending", int64(c.MaxSourcePending)}, {"MaxSourceControl", int64(c.MaxSourceControl)}, {"ControlIdle", int64(c.ControlIdle)},
 		{"MaxPeerStreams", int64(c.MaxPeerStreams)}, {"MaxPendingWAN", int64(c.MaxPendingWAN)}, {"MaxEarly", c.MaxEarly}, {"MaxControl", int64(c.MaxControl)}} {
 		if v.n < 0 {
 			return fmt.Errorf("limit %s is %d: it must be positive (0 takes the default, docs/limits.md)", v.name, v.n)

@@ -65,6 +65,7 @@ func newMetrics(g *Gateway) *metrics {
 	m.reg.MustRegister(m.refusals,
 		inUse("mpi5k_lan_connections", "LAN connections open (limit: MaxLANConns).", &g.lanConns),
 		inUse("mpi5k_lan_pending_connections", "LAN connections waiting for their first frame (limit: MaxPendingLAN).", &g.lanPending),
+		inUse("mpi5k_lan_control_connections", "LAN control connections open (PEER_QUERY, LISTEN; limit per host: MaxSourceControl).", &g.lanControl),
 		inUse("mpi5k_wan_pending_connections", "WAN connections in their HELLO exchange (limit: MaxPendingWAN).", &g.wanPending),
 		inUse("mpi5k_rank_listeners", "Host:ports of this site where ranks listen (LISTEN): streams from other sites may reach them.", &g.listens.n))
 	m.renewals = prometheus.NewDesc("mpi5k_wan_express_renewals_total",
