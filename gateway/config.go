@@ -190,11 +190,11 @@ type Config struct {
 	// still have hundreds of connects pending in a job's wire-up.
 	MaxSourcePending int
 	// MaxSourceControl: control connections (PEER_QUERY, LISTEN) one LAN
-	// host may have open at once (default MaxLANConns/8, at least 16:
-	// above one per rank process and gateway host of a large node);
-	// past it the connection is reset after its first frame. With
-	// MaxSourceStreams and MaxSourcePending it keeps one host below
-	// half of MaxLANConns.
+	// host may have open at once (default MaxLANConns/8, at most 1024,
+	// at least 16: above the one each rank process of a large node
+	// keeps); past it the connection is reset after its first frame.
+	// With MaxSourceStreams it keeps one host below half of
+	// MaxLANConns.
 	MaxSourceControl int
 	// ControlIdle: how long a control connection that holds no LISTEN
 	// registration may send nothing before it is closed (default 2 min).

@@ -41,7 +41,9 @@ func (c *Config) fillLimits(npeers int) {
 		c.MaxSourcePending = c.MaxPendingLAN
 	}
 	if c.MaxSourceControl == 0 {
-		c.MaxSourceControl = max(c.MaxLANConns/8, 16)
+		// One per rank process of a node (each has one to each gateway
+		// host it uses), with room: about 30 KB each (docs/limits.md).
+		c.MaxSourceControl = max(min(c.MaxLANConns/8, maxSourceControl), 16)
 	}
 	if c.ControlIdle == 0 {
 		c.ControlIdle = 2 * time.Minute
@@ -63,6 +65,9 @@ func (c *Config) fillLimits(npeers int) {
 
 // maxMXStreams is the default bound of streams on an MX LAN.
 const maxMXStreams = 1 << 18
+
+// maxSourceControl is the largest default MaxSourceControl.
+const maxSourceControl = 1024
 
 // checkLimits refuses a negative limit (Validate).
 func (c *Config) checkLimits() error {
