@@ -126,7 +126,7 @@ func (g *Gateway) serveControl(c LANConn, h header.Header, body []byte) {
 		idle.wait(len(mine) > 0)
 		h, body, err = r.ReadFrame(buf[:])
 		if err != nil {
-			if !errors.Is(err, io.EOF) && !idle.Fired() {
+			if !errors.Is(err, io.EOF) && !idle.fired() {
 				g.refuseLAN(c, "lan_query", "control connection", "err", err)
 			}
 			return

@@ -531,16 +531,16 @@ func (t *peerTable) get(k recordKey) (record, bool) {
 // sites reach the rank's ports, and the shim keeps it for the process's
 // life without a keepalive. The per-host MaxSourceControl bounds those.
 type idleWatch struct {
-	t     *time.Timer
-	d     time.Duration
-	fired atomic.Bool
+	t      *time.Timer
+	d      time.Duration
+	closed atomic.Bool
 }
 
 // watchIdle returns c's idle watch, disarmed.
 func (g *Gateway) watchIdle(c LANConn) *idleWatch {
 	w := &idleWatch{d: g.cfg.ControlIdle}
 	w.t = time.AfterFunc(time.Hour, func() {
-		w.fired.Store(true)
+		w.closed.Store(true)
 		g.m.refusals.WithLabelValues("control_idle").Inc()
 		g.refusals.Log(g.log, slog.LevelInfo, "control_idle", "LAN control connection closed: idle and holding no LISTEN port",
 			"remote", c.Remote().String(), "idle", g.cfg.ControlIdle)
@@ -560,9 +560,8 @@ func (w *idleWatch) wait(registered bool) {
 	}
 }
 
-// stop disarms the watch for good; Fired then says whether it closed the
-// connection.
+// stop disarms the watch for good.
 func (w *idleWatch) stop() { w.t.Stop() }
 
-// Fired reports whether the watch closed the connection.
-func (w *idleWatch) Fired() bool { return w.fired.Load() }
+// fired reports whether the watch closed the connection.
+func (w *idleWatch) fired() bool { return w.closed.Load() }
