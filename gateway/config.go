@@ -164,7 +164,7 @@ type Config struct {
 	// acknowledges them (0: 16 MiB): above the path's bandwidth-delay
 	// product, or it limits the link's rate.
 	ReplayMax  int
-	FirstFrame time.Duration // how long a LAN connection may take to send OPEN/PEER_QUERY (default 10 s)
+	FirstFrame time.Duration // how long a LAN connection may take to send OPEN/PEER_QUERY/LISTEN (default 10 s)
 
 	Transport LANTransport // nil = LANTransport below
 	Logger    *slog.Logger
@@ -195,6 +195,29 @@ type Config struct {
 	// MaxSourceStreams: streams one LAN host may have open at once
 	// (default MaxLANConns/4); past it its OPEN is reset.
 	MaxSourceStreams int
+	// MaxSourcePending: LAN connections of one host that have not sent
+	// their first frame yet (default MaxPendingLAN: no cap of its own);
+	// past it, reset at accept. Whatever it is, when MaxPendingLAN or
+	// MaxLANConns is full a new connection takes the place of the oldest
+	// pending one of the host holding the most (lan_pending_evicted), if
+	// that host holds more than the newcomer's: one host's silent
+	// connections cannot keep another's ranks out, and one host may
+	// still have hundreds of connects pending in a job's wire-up.
+	MaxSourcePending int
+	// MaxSourceControl: control connections (PEER_QUERY, LISTEN) one LAN
+	// host may have open at once (default MaxLANConns/8, at most 1024,
+	// at least 16: above the one each rank process of a large node
+	// keeps); past it the connection is reset after its first frame.
+	// With MaxSourceStreams it keeps one host below half of
+	// MaxLANConns.
+	MaxSourceControl int
+	// ControlIdle: how long a control connection that holds no LISTEN
+	// registration may send nothing before it is closed (default 2 min).
+	// A rank's shim keeps its control connection for the process's
+	// life, holding its LISTEN ports, and never idles one out; one with
+	// no port is only for PEER_QUERY, which the shim sends again on a
+	// fresh connection when the gateway has closed it.
+	ControlIdle time.Duration
 	// MaxPeerStreams: streams a peer site may have open into this site at
 	// once (default MaxLANConns's default shared by the peers, at least
 	// 64); past it the OPEN is refused (code 10, limit).

@@ -100,8 +100,11 @@ type Gateway struct {
 
 	// Limits (Config.Max*): what is in use, and the refusal log.
 	lanConns, lanPending, wanPending atomic.Int64
+	lanControl                       atomic.Int64 // control connections open
 	sources                          sourceTable
-	admit                            wanAdmit // WAN pending slots by source (admit.go)
+	admit                            wanAdmit     // WAN pending slots by source (admit.go)
+	pending                          pendingTable // connections before their first frame
+	controlBy                        sourceTable  // control connections per host
 	refusals                         ratelog.Limiter
 
 	ctx     context.Context

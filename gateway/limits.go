@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -34,6 +35,19 @@ func (c *Config) fillLimits(npeers int) {
 	if c.MaxSourceStreams == 0 {
 		c.MaxSourceStreams = max(c.MaxLANConns/4, 16)
 	}
+	if c.MaxSourcePending == 0 {
+		// No cap of its own: a full MaxPendingLAN makes room by dropping
+		// the oldest of the largest holder's (pendingTable).
+		c.MaxSourcePending = c.MaxPendingLAN
+	}
+	if c.MaxSourceControl == 0 {
+		// One per rank process of a node (each has one to each gateway
+		// host it uses), with room: about 30 KB each (docs/limits.md).
+		c.MaxSourceControl = max(min(c.MaxLANConns/8, maxSourceControl), 16)
+	}
+	if c.ControlIdle == 0 {
+		c.ControlIdle = 2 * time.Minute
+	}
 	if c.MaxPeerStreams == 0 {
 		c.MaxPeerStreams = max(budget/max(npeers, 1), 64)
 	}
@@ -55,12 +69,16 @@ func (c *Config) fillLimits(npeers int) {
 // maxMXStreams is the default bound of streams on an MX LAN.
 const maxMXStreams = 1 << 18
 
+// maxSourceControl is the largest default MaxSourceControl.
+const maxSourceControl = 1024
+
 // checkLimits refuses a negative limit (Validate).
 func (c *Config) checkLimits() error {
 	for _, v := range []struct {
 		name string
 		n    int64
 	}{{"MaxLANConns", int64(c.MaxLANConns)}, {"MaxPendingLAN", int64(c.MaxPendingLAN)}, {"MaxSourceStreams", int64(c.MaxSourceStreams)},
+		{"MaxSourcePending", int64(c.MaxSourcePending)}, {"MaxSourceControl", int64(c.MaxSourceControl)}, {"ControlIdle", int64(c.ControlIdle)},
 		{"MaxPeerStreams", int64(c.MaxPeerStreams)}, {"MaxPendingWAN", int64(c.MaxPendingWAN)},
 		{"MaxSourcePendingWAN", int64(c.MaxSourcePendingWAN)}, {"MaxEarly", c.MaxEarly}, {"MaxControl", int64(c.MaxControl)}} {
 		if v.n < 0 {

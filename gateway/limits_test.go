@@ -23,3 +23,28 @@ func TestLimitsFollowTheLAN(t *testing.T) {
 		}
 	}
 }
+
+// TestSourceLimitsDefaults: one host's streams and control connections
+// together stay below half of MaxLANConns, whatever the descriptor
+// budget, so another host always finds room; MaxSourcePending has no cap
+// of its own (admit makes room instead).
+func TestSourceLimitsDefaults(t *testing.T) {
+	for _, conns := range []int{64, 2048, 10000, 1 << 16, maxMXStreams} {
+		c := Config{MaxLANConns: conns}
+		c.fillLimits(1)
+		if held := c.MaxSourceStreams + c.MaxSourceControl; held > conns/2 {
+			t.Errorf("MaxLANConns %d: one host may hold %d streams and %d control connections, above half", conns, c.MaxSourceStreams, c.MaxSourceControl)
+		}
+		if c.MaxSourceControl < 16 || c.MaxSourceControl > maxSourceControl || c.MaxSourcePending != c.MaxPendingLAN || c.ControlIdle <= 0 {
+			t.Errorf("MaxLANConns %d: MaxSourceControl %d, MaxSourcePending %d (MaxPendingLAN %d), ControlIdle %v",
+				conns, c.MaxSourceControl, c.MaxSourcePending, c.MaxPendingLAN, c.ControlIdle)
+		}
+		if err := c.checkLimits(); err != nil {
+			t.Error(err)
+		}
+	}
+	bad := Config{MaxSourceControl: -1}
+	if err := bad.checkLimits(); err == nil {
+		t.Error("a negative MaxSourceControl passed")
+	}
+}

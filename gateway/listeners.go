@@ -88,6 +88,8 @@ func (g *Gateway) serveControl(c LANConn, h header.Header, body []byte) {
 		}
 		c.Close()
 	}()
+	idle := g.watchIdle(c)
+	defer idle.stop()
 	r := header.NewReader(c, 4096)
 	var buf [64]byte
 	out := make([]byte, 0, header.Size+32)
@@ -137,9 +139,10 @@ func (g *Gateway) serveControl(c LANConn, h header.Header, body []byte) {
 			return
 		}
 		var err error
+		idle.wait(len(mine) > 0)
 		h, body, err = r.ReadFrame(buf[:])
 		if err != nil {
-			if !errors.Is(err, io.EOF) {
+			if !errors.Is(err, io.EOF) && !idle.fired() {
 				g.refuseLAN(c, "lan_query", "control connection", "err", err)
 			}
 			return

@@ -72,6 +72,7 @@ func newMetrics(g *Gateway) *metrics {
 	m.sited.MustRegister(m.refusals, buildInfo(),
 		inUse("mpi5k_lan_connections", "LAN connections open (limit: MaxLANConns).", &g.lanConns),
 		inUse("mpi5k_lan_pending_connections", "LAN connections waiting for their first frame (limit: MaxPendingLAN).", &g.lanPending),
+		inUse("mpi5k_lan_control_connections", "LAN control connections open (PEER_QUERY, LISTEN; limit per host: MaxSourceControl).", &g.lanControl),
 		inUse("mpi5k_wan_pending_connections", "WAN connections in their handshake (TLS and HELLO), from every source.", &g.wanPending),
 		inUse("mpi5k_wan_pending_shared_connections", "WAN connections in their handshake from sources that are no map gateway's address (limit: MaxPendingWAN).", &g.admit.nshared),
 		inUse("mpi5k_rank_listeners", "Host:ports of this site where ranks listen (LISTEN): streams from other sites may reach them.", &g.listens.n))

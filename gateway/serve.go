@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"log/slog"
@@ -8,6 +9,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -18,17 +20,129 @@ import (
 func (g *Gateway) serveLAN() {
 	defer g.wg.Done()
 	acceptEach(g, "lan", g.lanLn.Accept, func(c LANConn) {
-		if !takeSlot(&g.lanConns, g.cfg.MaxLANConns) {
-			g.refuseLAN(c, "lan_conns", "too many LAN connections", "limit", g.cfg.MaxLANConns)
+		// Only the site's nodes take a place in the limits, or make room
+		// in them (admit).
+		if s, ok := g.curMap().Lookup(c.Remote().Addr()); !ok || s.ID != g.site.ID {
+			g.refuseLAN(c, "lan_source", "source is not a node of this site")
 			return
 		}
-		if !takeSlot(&g.lanPending, g.cfg.MaxPendingLAN) {
-			g.lanConns.Add(-1)
-			g.refuseLAN(c, "lan_pending", "too many LAN connections waiting for their first frame", "limit", g.cfg.MaxPendingLAN)
-			return
+		e, victim, reason := g.pending.admit(g, c)
+		if victim != nil {
+			g.refused("lan_pending_evicted", "LAN connection dropped before its first frame: its host holds the most of the full MaxPendingLAN/MaxLANConns, and another host needs room",
+				"remote", victim.Remote().String())
+			g.m.lanRefused.Inc()
+			victim.Abort()
 		}
-		go g.handleLAN(c, func() { g.lanConns.Add(-1) })
+		switch reason {
+		case "":
+			go g.handleLAN(c, e, func() { g.lanConns.Add(-1) })
+		case "lan_conns":
+			g.refuseLAN(c, reason, "too many LAN connections", "limit", g.cfg.MaxLANConns)
+		case "lan_pending":
+			g.refuseLAN(c, reason, "too many LAN connections waiting for their first frame", "limit", g.cfg.MaxPendingLAN)
+		case "source_pending":
+			g.refuseLAN(c, reason, "the source host has too many LAN connections waiting for their first frame", "limit", g.cfg.MaxSourcePending)
+		}
 	})
+}
+
+// pendingTable holds the LAN connections that have not sent their first
+// frame yet, by source host, oldest first. When MaxPendingLAN or
+// MaxLANConns is full, a new connection takes the place of the oldest
+// pending connection of the host that holds the most, if that is another
+// host holding more than the newcomer's: one host's silent connections
+// (any number of them) cannot keep another host's rank from opening a
+// stream, while one host alone may still use the whole of both limits
+// for a burst of connects (a job's wire-up from a node of many ranks
+// can have hundreds pending at once).
+type pendingTable struct {
+	mu sync.Mutex
+	by map[netip.Addr]*list.List // of *pendingConn
+	n  int
+}
+
+// pendingConn is a connection in the pendingTable.
+type pendingConn struct {
+	c       LANConn
+	el      *list.Element
+	evicted bool // taken out to make room (admit); under the table's mu
+}
+
+// admit counts c in MaxLANConns and MaxPendingLAN, making room if it
+// must (the victim, for the caller to abort), or returns the reason of
+// its refusal.
+func (t *pendingTable) admit(g *Gateway, c LANConn) (e *pendingConn, victim LANConn, reason string) {
+	a := c.Remote().Addr()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	mine := t.by[a]
+	have := 0
+	if mine != nil {
+		have = mine.Len()
+	}
+	fullConns := g.lanConns.Load() >= int64(g.cfg.MaxLANConns)
+	var big *list.List
+	if fullConns || t.n >= g.cfg.MaxPendingLAN {
+		for _, l := range t.by {
+			if big == nil || l.Len() > big.Len() {
+				big = l
+			}
+		}
+		if big == nil || big == mine || big.Len() <= have {
+			if fullConns {
+				return nil, nil, "lan_conns"
+			}
+			return nil, nil, "lan_pending"
+		}
+	}
+	if have >= g.cfg.MaxSourcePending {
+		return nil, nil, "source_pending"
+	}
+	if big != nil {
+		v := big.Remove(big.Front()).(*pendingConn)
+		v.evicted = true
+		t.drop(v.c.Remote().Addr(), big)
+		victim = v.c
+		// Its MaxLANConns place is the newcomer's: the victim gives it
+		// back when its handler ends, so the count may pass the limit
+		// by the victims not yet gone.
+	}
+	if t.by == nil {
+		t.by = map[netip.Addr]*list.List{}
+	}
+	if mine == nil {
+		mine = list.New()
+		t.by[a] = mine
+	}
+	e = &pendingConn{c: c}
+	e.el = mine.PushBack(e)
+	t.n++
+	g.lanConns.Add(1)
+	g.lanPending.Store(int64(t.n))
+	return e, victim, ""
+}
+
+// drop counts one connection of a's list l out (caller holds mu).
+func (t *pendingTable) drop(a netip.Addr, l *list.List) {
+	t.n--
+	if l.Len() == 0 {
+		delete(t.by, a)
+	}
+}
+
+// done takes e out once its first frame has come (or never will); it
+// reports whether admit had already taken it out to make room.
+func (t *pendingTable) done(g *Gateway, e *pendingConn) (evicted bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !e.evicted {
+		a := e.c.Remote().Addr()
+		l := t.by[a]
+		l.Remove(e.el)
+		t.drop(a, l)
+	}
+	g.lanPending.Store(int64(t.n))
+	return e.evicted
 }
 
 // acceptEach hands every connection the listener accepts to admit, until
@@ -66,31 +180,29 @@ func (g *Gateway) refuseLAN(c LANConn, reason, msg string, args ...any) {
 }
 
 // handleLAN reads the first frame of a node's connection: OPEN (then raw
-// bytes both ways) or PEER_QUERY (a control connection). It calls ended
-// once the connection has ended: the connection counts in MaxLANConns
-// until then, and a stream in its source's MaxSourceStreams. A stream's
+// bytes both ways), or PEER_QUERY or LISTEN (a control connection). It
+// calls ended once the connection has ended: the connection counts in
+// MaxLANConns until then, a stream in its source's MaxSourceStreams and
+// a control connection in its MaxSourceControl. Until its first frame it
+// counts in MaxPendingLAN and its source's MaxSourcePending. A stream's
 // end is waited for without a goroutine (AfterDone).
-func (g *Gateway) handleLAN(c LANConn, ended func()) {
+func (g *Gateway) handleLAN(c LANConn, e *pendingConn, ended func()) {
 	streaming := false
 	defer func() {
 		if !streaming {
 			ended()
 		}
 	}()
-	pending := true
+	remote := c.Remote()
+	pending, evicted := true, false
 	unpend := func() {
 		if pending {
 			pending = false
-			g.lanPending.Add(-1)
+			evicted = g.pending.done(g, e)
 		}
 	}
 	defer unpend()
-	remote := c.Remote()
 	m := g.curMap()
-	if s, ok := m.Lookup(remote.Addr()); !ok || s.ID != g.site.ID {
-		g.refuseLAN(c, "lan_source", "source is not a node of this site")
-		return
-	}
 	if gs, ok := m.GatewaySite(remote.Addr()); ok && (gs.ID != g.site.ID || g.records.isLocal(remote)) {
 		// A gateway never has a reason to open a stream: this is a
 		// connection the gateway dialed to a destination that led back
@@ -101,11 +213,21 @@ func (g *Gateway) handleLAN(c LANConn, ended func()) {
 	dl, _ := c.(interface{ SetReadDeadline(time.Time) error })
 	if dl != nil {
 		dl.SetReadDeadline(time.Now().Add(g.cfg.FirstFrame))
+	} else {
+		// A transport without deadlines (MX): the connection is aborted
+		// instead, which ends the read.
+		t := time.AfterFunc(g.cfg.FirstFrame, func() { c.Abort() })
+		defer t.Stop()
 	}
 	// Read the first frame exactly (no read-ahead): after OPEN come the
-	// application's own bytes, which belong to the stream.
-	h, body, err := header.ReadOne(c, header.MaxPayload)
+	// application's own bytes, which belong to the stream. Its type and
+	// length are checked before its body is read, so whatever a
+	// connection declares it costs at most a control frame.
+	h, body, err := header.ReadFirst(c, header.TypeOpen, header.TypePeerQuery, header.TypeListen)
 	if err != nil {
+		if unpend(); evicted {
+			return // logged and aborted by the newcomer
+		}
 		// err says which: none (EOF, timeout), undecodable, or truncated.
 		g.refuseLAN(c, "lan_first_frame", "no valid first frame", "err", err)
 		return
@@ -113,7 +235,9 @@ func (g *Gateway) handleLAN(c LANConn, ended func()) {
 	if dl != nil {
 		dl.SetReadDeadline(time.Time{})
 	}
-	unpend()
+	if unpend(); evicted {
+		return // made room for another host's connection: aborted
+	}
 	switch h.Type {
 	case header.TypeOpen:
 		if s := g.openFromLAN(c, h, body); s != nil {
@@ -124,7 +248,14 @@ func (g *Gateway) handleLAN(c LANConn, ended func()) {
 			})
 		}
 	case header.TypePeerQuery, header.TypeListen:
+		if !g.controlBy.acquire(remote.Addr(), g.cfg.MaxSourceControl) {
+			g.refuseLAN(c, "source_control", "the source host has too many control connections open", "limit", g.cfg.MaxSourceControl)
+			return
+		}
+		g.lanControl.Add(1)
 		g.serveControl(c, h, body)
+		g.lanControl.Add(-1)
+		g.controlBy.release(remote.Addr())
 	default:
 		g.refuseLAN(c, "lan_first_frame", "first frame must be OPEN, PEER_QUERY or LISTEN", "type", h.Type.String())
 	}
@@ -356,8 +487,11 @@ func (t *peerTable) isLocal(ap netip.AddrPort) bool {
 	return t.locals[ap] > 0
 }
 
-// sourceTable counts the open streams of each LAN source host
-// (MaxSourceStreams).
+// sourceTable counts what each LAN source host holds of a per-host limit:
+// open streams (MaxSourceStreams), connections before their first frame
+// (MaxSourcePending), control connections (MaxSourceControl). A host
+// holding nothing has no entry, so the table is bounded by the
+// connections behind it.
 type sourceTable struct {
 	mu sync.Mutex
 	m  map[netip.Addr]int
@@ -368,6 +502,9 @@ func (t *sourceTable) acquire(a netip.Addr, max int) bool {
 	defer t.mu.Unlock()
 	if t.m[a] >= max {
 		return false
+	}
+	if t.m == nil {
+		t.m = map[netip.Addr]int{}
 	}
 	t.m[a]++
 	return true
@@ -387,3 +524,44 @@ func (t *peerTable) get(k recordKey) (record, bool) {
 	r, ok := t.m[k]
 	return r, ok
 }
+
+// idleWatch closes a control connection that sends nothing for
+// ControlIdle while it holds no LISTEN registration. One that holds some
+// is never idled out: its registrations are what lets streams from other
+// sites reach the rank's ports, and the shim keeps it for the process's
+// life without a keepalive. The per-host MaxSourceControl bounds those.
+type idleWatch struct {
+	t      *time.Timer
+	d      time.Duration
+	closed atomic.Bool
+}
+
+// watchIdle returns c's idle watch, disarmed.
+func (g *Gateway) watchIdle(c LANConn) *idleWatch {
+	w := &idleWatch{d: g.cfg.ControlIdle}
+	w.t = time.AfterFunc(time.Hour, func() {
+		w.closed.Store(true)
+		g.m.refusals.WithLabelValues("control_idle").Inc()
+		g.refusals.Log(g.log, slog.LevelInfo, "control_idle", "LAN control connection closed: idle and holding no LISTEN port",
+			"remote", c.Remote().String(), "idle", g.cfg.ControlIdle)
+		c.Abort()
+	})
+	w.t.Stop()
+	return w
+}
+
+// wait arms the watch before the connection's next read, unless the
+// connection holds LISTEN registrations (registered).
+func (w *idleWatch) wait(registered bool) {
+	if registered {
+		w.t.Stop()
+	} else {
+		w.t.Reset(w.d)
+	}
+}
+
+// stop disarms the watch for good.
+func (w *idleWatch) stop() { w.t.Stop() }
+
+// fired reports whether the watch closed the connection.
+func (w *idleWatch) fired() bool { return w.closed.Load() }

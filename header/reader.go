@@ -1,8 +1,11 @@
 package header
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"sync"
 )
 
@@ -293,4 +296,54 @@ func ReadOne(r io.Reader, max int) (Header, []byte, error) {
 		return h, nil, fmt.Errorf("header: %v payload of %d bytes truncated: %w", h.Type, h.Length, err)
 	}
 	return h, p, nil
+}
+
+// ErrUnexpected is the error of a frame whose type is valid but not
+// allowed where it arrived (ReadFirst).
+var ErrUnexpected = errors.New("header: frame type not allowed here")
+
+// ReadFirst reads the first frame of a connection from a peer not yet
+// trusted, as ReadOne does (exactly one frame, no read-ahead), but admits
+// only the control frames in allowed: the type and declared length are
+// checked from the 12-byte header, and a frame of another type (a PAD or
+// DATA declaring a megabyte, say) or longer than MaxControl is refused
+// before any of its body is read. The body it allocates is therefore at
+// most MaxControl bytes, whatever the peer declares.
+func ReadFirst(r io.Reader, allowed ...Type) (Header, []byte, error) {
+	var hb [Size]byte
+	if _, err := io.ReadFull(r, hb[:]); err != nil {
+		return Header{}, nil, err
+	}
+	h, err := Decode(hb[:])
+	if err != nil {
+		return h, nil, err
+	}
+	if !slices.Contains(allowed, h.Type) {
+		return h, nil, fmt.Errorf("%w: first frame is %v declaring %d bytes, want %s (at most %d bytes)",
+			ErrUnexpected, h.Type, h.Length, typeList(allowed), MaxControl)
+	}
+	if h.Length > MaxControl {
+		return h, nil, fmt.Errorf("%w: first frame %v of %d bytes (limit %d)", ErrTooLarge, h.Type, h.Length, MaxControl)
+	}
+	p := make([]byte, h.Length)
+	if _, err := io.ReadFull(r, p); err != nil {
+		return h, nil, fmt.Errorf("header: %v payload of %d bytes truncated: %w", h.Type, h.Length, err)
+	}
+	return h, p, nil
+}
+
+// typeList names ts as "A, B or C".
+func typeList(ts []Type) string {
+	var b strings.Builder
+	for i, t := range ts {
+		switch {
+		case i == 0:
+		case i == len(ts)-1:
+			b.WriteString(" or ")
+		default:
+			b.WriteString(", ")
+		}
+		b.WriteString(t.String())
+	}
+	return b.String()
 }

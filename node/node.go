@@ -286,8 +286,10 @@ func (d *Daemon) fromRank(ctx context.Context, c *net.TCPConn) {
 	c.SetLinger(0) // until a graceful close: see closeGracefully
 	remote := unmap(c.RemoteAddr().(*net.TCPAddr).AddrPort())
 	c.SetReadDeadline(time.Now().Add(d.cfg.FirstFrame))
-	// Exactly one frame: what follows OPEN belongs to the stream.
-	h, body, err := header.ReadOne(c, header.MaxPayload)
+	// Exactly one frame: what follows OPEN belongs to the stream. Any
+	// local user can connect, so the frame's type and length are checked
+	// before its body is read (at most a control frame).
+	h, body, err := header.ReadFirst(c, header.TypeOpen, header.TypePeerQuery, header.TypeListen)
 	if err != nil {
 		d.cfg.Log.Info("rank connection refused: no valid first frame", "remote", remote.String(), "err", err)
 		reset(c)
