@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -132,7 +133,8 @@ func TestWrapMPI(t *testing.T) {
 				t.Fatal(err)
 			}
 			work := filepath.Join(dir, c.name+".work")
-			argv := append([]string{wrap, "--shared-fs", "--workdir", work, "--wan-cc", "cubic"}, c.cmd(bin, hf)...)
+			sumJSON := filepath.Join(dir, c.name+".summary.json")
+			argv := append([]string{wrap, "--shared-fs", "--workdir", work, "--wan-cc", "cubic", "--summary-json", sumJSON}, c.cmd(bin, hf)...)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			cmd := l.CommandContext(ctx, "node-1.site1", argv[0], argv[1:]...)
@@ -157,6 +159,28 @@ func TestWrapMPI(t *testing.T) {
 			re := regexp.MustCompile(`site1 -> site2: ([0-9.]+) (KiB|MiB) sent, .* ([1-9][0-9]*) streams opened`)
 			if !re.MatchString(text) {
 				t.Errorf("summary lacks site1 -> site2 traffic")
+			}
+			// --summary-json holds the same, for programs.
+			var sum struct {
+				Gateways []struct {
+					Site  string
+					Peers []struct {
+						Peer          string
+						BytesSent     float64 `json:"bytes_sent"`
+						StreamsOpened float64 `json:"streams_opened"`
+					}
+					CPU float64 `json:"cpu_s"`
+				}
+				LauncherStatus int `json:"launcher_status"`
+			}
+			if b, err := os.ReadFile(sumJSON); err != nil {
+				t.Errorf("--summary-json: %v", err)
+			} else if err := json.Unmarshal(b, &sum); err != nil {
+				t.Errorf("--summary-json: %v\n%s", err, b)
+			} else if len(sum.Gateways) != 2 || sum.Gateways[0].Site != "site1" || len(sum.Gateways[0].Peers) != 1 ||
+				sum.Gateways[0].Peers[0].Peer != "site2" || sum.Gateways[0].Peers[0].BytesSent < 1<<20 || sum.Gateways[0].Peers[0].StreamsOpened < 1 ||
+				sum.LauncherStatus != 0 {
+				t.Errorf("--summary-json:\n%s", b)
 			}
 			after, err := l.Stats()
 			if err != nil {

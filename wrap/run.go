@@ -3,6 +3,7 @@ package wrap
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -40,6 +41,7 @@ type Config struct {
 	WorkDir                       string // where the map and logs go; must be valid on every host if SharedFS
 	SharedFS                      bool   // WorkDir is visible on every host: skip copying the map
 	TraceDir                      string // MPI5K_TRACE for the ranks
+	SummaryJSON                   string // --summary-json: the gateway summary as JSON, written here
 	DryRun                        bool
 	Keep                          bool // keep WorkDir
 	// Plaintext: the job's own gateways run keyless (no TLS), for a WAN
@@ -339,10 +341,25 @@ func Run(ctx context.Context, c Config) (int, error) {
 	if c.TraceDir != "" {
 		c.collectTrace(ctx, traceHosts(hosts))
 	}
-	if s := summary(gws, start, live); s != "" {
-		fmt.Fprint(c.Stderr, s)
-	}
+	c.report(collect(gws, start, live), code)
 	return code, err
+}
+
+// report prints the gateway summary on stderr and writes it to
+// --summary-json, with the launcher's status.
+func (c *Config) report(sum Summary, code int) {
+	sum.LauncherStatus = code
+	fmt.Fprint(c.Stderr, sum.Text())
+	if c.SummaryJSON == "" {
+		return
+	}
+	b, err := json.MarshalIndent(sum, "", "  ")
+	if err == nil {
+		err = os.WriteFile(c.SummaryJSON, append(b, '\n'), 0o644)
+	}
+	if err != nil {
+		fmt.Fprintf(c.Stderr, "mpi5k: --summary-json %s: %v (the summary above is all there is)\n", c.SummaryJSON, err)
+	}
 }
 
 // startGateways copies the map (unless shared) and the keys (unless nil),

@@ -81,19 +81,30 @@ func snapshot(gws []*gateway) []usage {
 	return us
 }
 
-// cpuLines says what gateway site spent on the CPU during the job (start
-// to end) and per GiB it forwarded, for people and for mpi5k bench.
-func cpuLines(site string, start, end usage) []string {
-	if !end.ok {
-		return []string{fmt.Sprintf("  %s: no CPU time in its metrics", site)}
-	}
-	cpu, wan, during := end.cpu, end.wan, "since it started (no reading at the job's start)"
-	renewals, yields := end.renewals, end.yields
+// setUsage sets the gateway's CPU and WAN bytes from its usage at the
+// job's start (if read) and end.
+func (g *GatewaySummary) setUsage(start, end usage) {
+	g.cpuKnown = end.ok
+	g.CPUSeconds, g.WANBytes, g.CPUTotalSeconds = end.cpu, end.wan, end.cpu
+	g.Renewals, g.Yields = end.renewals, end.yields
 	if start.ok {
-		cpu, wan, during = end.cpu-start.cpu, end.wan-start.wan, "during the job"
-		renewals, yields = end.renewals-start.renewals, end.yields-start.yields
+		g.JobWindow = true
+		g.CPUSeconds, g.WANBytes = end.cpu-start.cpu, end.wan-start.wan
+		g.Renewals, g.Yields = end.renewals-start.renewals, end.yields-start.yields
 	}
-	line := fmt.Sprintf("  %s: %.2f s CPU (user+sys) %s, %.2f s since it started; ", site, cpu, during, end.cpu)
+}
+
+// cpuLines says what the gateway spent on the CPU during the job (start
+// to end) and per GiB it forwarded, for people and for mpi5k bench.
+func (g GatewaySummary) cpuLines() []string {
+	if !g.cpuKnown {
+		return []string{fmt.Sprintf("  %s: no CPU time in its metrics", g.Label)}
+	}
+	cpu, wan, during := g.CPUSeconds, g.WANBytes, "since it started (no reading at the job's start)"
+	if g.JobWindow {
+		during = "during the job"
+	}
+	line := fmt.Sprintf("  %s: %.2f s CPU (user+sys) %s, %.2f s since it started; ", g.Label, cpu, during, g.CPUTotalSeconds)
 	// Below a MiB the quotient says more about the idle cost than about
 	// forwarding.
 	if wan >= 1<<20 {
@@ -102,7 +113,7 @@ func cpuLines(site string, start, end usage) []string {
 		line += fmt.Sprintf("%s over the WAN, too little for a cost per GiB", human(wan))
 	}
 	return []string{line, fmt.Sprintf("  %s site=%s cpu_s=%.3f wan_bytes=%.0f cpu_total_s=%.3f renewals=%.0f yields=%.0f",
-		GatewayTag, site, cpu, wan, end.cpu, renewals, yields)}
+		GatewayTag, g.Label, cpu, wan, g.CPUTotalSeconds, g.Renewals, g.Yields)}
 }
 
 // pairStats is what one gateway says about its link to one peer site.
@@ -169,27 +180,90 @@ func value(m *dto.Metric) float64 {
 	return 0
 }
 
-// summary scrapes every gateway once and prints, per gateway and peer
-// site, the WAN bytes each way, the streams it opened and the WAN socket's
-// retransmissions, then per gateway its CPU time since start (from
-// snapshot; nil or short: none) and per GiB forwarded, and last the
-// gateways that died during the job (live, may be nil).
-func summary(gws []*gateway, start []usage, live *liveness) string {
-	var b strings.Builder
-	var lines []string
-	degraded := map[string][]string{} // what the gateways run without -> sites
-	var whats []string
+// Summary is what the gateways did during a job, as `mpi5k run` prints
+// it and writes it with --summary-json.
+type Summary struct {
+	Gateways []GatewaySummary `json:"gateways"`
+	// Degraded: what gateways ran without, in words, and the sites.
+	Degraded []DegradedSites `json:"degraded,omitempty"`
+	// Died: the gateways that failed during the job, and why.
+	Died []DiedGateway `json:"died,omitempty"`
+	// LauncherStatus is the exit status of the MPI launcher (mpi5k run's
+	// own status, unless a gateway failed: 75).
+	LauncherStatus int `json:"launcher_status"`
+}
+
+// GatewaySummary is one gateway's part.
+type GatewaySummary struct {
+	Site  string        `json:"site"`
+	Label string        `json:"gateway"` // site, or site@host for a site's further gateways
+	Error string        `json:"error,omitempty"`
+	Peers []PeerSummary `json:"peers,omitempty"`
+	// CPU seconds (user + system) and WAN bytes while the job ran (since
+	// the gateway started when JobWindow is false), CPU since start.
+	CPUSeconds      float64 `json:"cpu_s"`
+	CPUTotalSeconds float64 `json:"cpu_total_s"`
+	WANBytes        float64 `json:"wan_bytes"`
+	JobWindow       bool    `json:"job_window"`
+	Renewals        float64 `json:"express_renewals"`
+	Yields          float64 `json:"express_yields"`
+	cpuKnown        bool
+}
+
+// PeerSummary is what one gateway says about its links to one peer site.
+type PeerSummary struct {
+	Peer           string   `json:"peer"`
+	BytesSent      float64  `json:"bytes_sent"`
+	BytesReceived  float64  `json:"bytes_received"`
+	StreamsOpened  float64  `json:"streams_opened"`
+	Retransmits    float64  `json:"wan_retransmits"`
+	RetransmitsRTO float64  `json:"wan_retransmits_rto"`
+	RTOs           float64  `json:"wan_rtos"`
+	IdleRestarts   float64  `json:"wan_idle_restarts"`
+	ProbeRTTs      *float64 `json:"bbr_probe_rtt,omitempty"` // BBR links only
+	ProbeRTTSkips  *float64 `json:"bbr_probe_rtt_skips,omitempty"`
+	Renewals       *float64 `json:"express_renewals,omitempty"`
+	Yields         float64  `json:"express_yields"`
+	Resumes        *float64 `json:"resumes,omitempty"` // gateways with resume on
+}
+
+// DegradedSites is one set of degradations and the sites that ran with it.
+type DegradedSites struct {
+	What  string   `json:"what"`
+	Sites []string `json:"sites"`
+}
+
+// DiedGateway is a gateway that failed during the job.
+type DiedGateway struct {
+	Gateway string `json:"gateway"`
+	Host    string `json:"host"`
+	Site    string `json:"site"`
+	Why     string `json:"why"`
+}
+
+// collect scrapes every gateway once: per gateway and peer site the WAN
+// bytes each way, the streams it opened and the WAN socket's
+// retransmissions, per gateway its CPU time since start (from snapshot;
+// nil or short: none), and last the gateways that died during the job
+// (live, may be nil).
+func collect(gws []*gateway, start []usage, live *liveness) Summary {
+	var sum Summary
+	degraded := map[string]int{} // what -> its index in sum.Degraded
 	for i, g := range gws {
+		gs := GatewaySummary{Site: g.site.Name, Label: g.label()}
 		fams, err := scrape(g.metrics)
 		if err != nil {
-			lines = append(lines, fmt.Sprintf("  %s: no metrics (%v)", g.label(), err))
+			gs.Error = fmt.Sprintf("no metrics (%v)", err)
+			sum.Gateways = append(sum.Gateways, gs)
 			continue
 		}
 		if w := degradedOf(fams); w != "" {
-			if degraded[w] == nil {
-				whats = append(whats, w)
+			if _, ok := degraded[w]; !ok {
+				degraded[w] = len(sum.Degraded)
+				sum.Degraded = append(sum.Degraded, DegradedSites{What: w})
 			}
-			degraded[w] = append(degraded[w], g.site.Name)
+			d := &sum.Degraded[degraded[w]]
+			d.Sites = append(d.Sites, g.site.Name)
 		}
 		stats := map[string]*pairStats{}
 		perPeer(fams, metricBytes, "tx", stats, func(s *pairStats) *float64 { return &s.sent })
@@ -211,48 +285,93 @@ func summary(gws []*gateway, start []usage, live *liveness) string {
 		sort.Strings(peers)
 		for _, p := range peers {
 			st := stats[p]
-			line := fmt.Sprintf("  %s -> %s: %s sent, %s received, %.0f streams opened, %.0f WAN retransmits (%.0f in RTO recovery), %.0f RTOs, %.0f idle restarts",
-				g.label(), p, human(st.sent), human(st.recv), st.streams, st.retrans, st.retransRTO, st.rtos, st.idle)
+			ps := PeerSummary{Peer: p, BytesSent: st.sent, BytesReceived: st.recv, StreamsOpened: st.streams,
+				Retransmits: st.retrans, RetransmitsRTO: st.retransRTO, RTOs: st.rtos, IdleRestarts: st.idle, Yields: st.yields}
 			if st.bbr {
-				// Each dip cost the link ~200 ms at 4 segments per RTT.
-				line += fmt.Sprintf(", %.0f BBR PROBE_RTT dips (%.0f skipped)", st.dips, st.skips)
+				ps.ProbeRTTs, ps.ProbeRTTSkips = &st.dips, &st.skips
 			}
-			// Renewals follow losses on the express link; resumes are
-			// breaks of a link's connection that no stream saw.
 			if st.renews {
-				line += fmt.Sprintf(", %.0f express link renewals", st.renewals)
-			}
-			// A yield sends the messages on the bulk links for a while,
-			// because another flow keeps the WAN queue full.
-			if st.yields > 0 {
-				line += fmt.Sprintf(", messages on the bulk links %.0f times (another flow filled the WAN queue)", st.yields)
+				ps.Renewals = &st.renewals
 			}
 			if st.resumable {
-				line += fmt.Sprintf(", %.0f links resumed after a break", st.resumes)
+				ps.Resumes = &st.resumes
 			}
-			lines = append(lines, line)
+			gs.Peers = append(gs.Peers, ps)
 		}
 		var u0 usage
 		if i < len(start) {
 			u0 = start[i]
 		}
-		lines = append(lines, cpuLines(g.label(), u0, usageOf(fams))...)
+		gs.setUsage(u0, usageOf(fams))
+		sum.Gateways = append(sum.Gateways, gs)
 	}
-	if len(whats) > 0 {
+	if live != nil {
+		for _, f := range live.dead {
+			sum.Died = append(sum.Died, DiedGateway{Gateway: f.g.label(), Host: f.g.hostName(), Site: f.g.site.Name, Why: f.why})
+		}
+	}
+	return sum
+}
+
+// summary is collect's result as the lines `mpi5k run` prints on stderr
+// ("" when there is nothing to say).
+func summary(gws []*gateway, start []usage, live *liveness) string {
+	return collect(gws, start, live).Text()
+}
+
+// Text renders the summary for people; the MPI5K-GATEWAY lines are for
+// mpi5k bench.
+func (sum Summary) Text() string {
+	var lines []string
+	for _, g := range sum.Gateways {
+		if g.Error != "" {
+			lines = append(lines, fmt.Sprintf("  %s: %s", g.Label, g.Error))
+			continue
+		}
+		for _, st := range g.Peers {
+			line := fmt.Sprintf("  %s -> %s: %s sent, %s received, %.0f streams opened, %.0f WAN retransmits (%.0f in RTO recovery), %.0f RTOs, %.0f idle restarts",
+				g.Label, st.Peer, human(st.BytesSent), human(st.BytesReceived), st.StreamsOpened, st.Retransmits, st.RetransmitsRTO, st.RTOs, st.IdleRestarts)
+			if st.ProbeRTTs != nil {
+				// Each dip cost the link ~200 ms at 4 segments per RTT.
+				line += fmt.Sprintf(", %.0f BBR PROBE_RTT dips (%.0f skipped)", *st.ProbeRTTs, *st.ProbeRTTSkips)
+			}
+			// Renewals follow losses on the express link; resumes are
+			// breaks of a link's connection that no stream saw.
+			if st.Renewals != nil {
+				line += fmt.Sprintf(", %.0f express link renewals", *st.Renewals)
+			}
+			// A yield sends the messages on the bulk links for a while,
+			// because another flow keeps the WAN queue full.
+			if st.Yields > 0 {
+				line += fmt.Sprintf(", messages on the bulk links %.0f times (another flow filled the WAN queue)", st.Yields)
+			}
+			if st.Resumes != nil {
+				line += fmt.Sprintf(", %.0f links resumed after a break", *st.Resumes)
+			}
+			lines = append(lines, line)
+		}
+		lines = append(lines, g.cpuLines()...)
+	}
+	if len(sum.Degraded) > 0 {
 		// One line, whatever the number of gateways: sites that run
 		// without the same features are named together.
 		var parts []string
-		for _, w := range whats {
-			parts = append(parts, strings.Join(degraded[w], ", ")+": "+w)
+		for _, d := range sum.Degraded {
+			parts = append(parts, strings.Join(d.Sites, ", ")+": "+d.What)
 		}
 		lines = append(lines, "  degraded: "+strings.Join(parts, " | "))
 	}
-	if d := live.died(); d != "" {
-		lines = append(lines, d)
+	if len(sum.Died) > 0 {
+		parts := make([]string, len(sum.Died))
+		for i, d := range sum.Died {
+			parts[i] = fmt.Sprintf("%s (host %s, site %s) %s", d.Gateway, d.Host, d.Site, d.Why)
+		}
+		lines = append(lines, "  died during the job: "+strings.Join(parts, "; "))
 	}
 	if len(lines) == 0 {
 		return ""
 	}
+	var b strings.Builder
 	b.WriteString("mpi5k: gateway summary\n")
 	for _, l := range lines {
 		b.WriteString(l + "\n")

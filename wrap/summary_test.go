@@ -77,7 +77,9 @@ func TestCPULines(t *testing.T) {
 			"  MPI5K-GATEWAY site=a cpu_s=0.250 wan_bytes=1024 cpu_total_s=1.250 renewals=3 yields=2"}},
 		{usage{}, usage{}, []string{"  a: no CPU time in its metrics"}},
 	} {
-		if got := cpuLines("a", c.start, c.end); !slices.Equal(got, c.want) {
+		g := GatewaySummary{Label: "a"}
+		g.setUsage(c.start, c.end)
+		if got := g.cpuLines(); !slices.Equal(got, c.want) {
 			t.Errorf("cpuLines(%+v, %+v):\n got %q\nwant %q", c.start, c.end, got, c.want)
 		}
 	}

@@ -310,9 +310,7 @@ func (c *Config) runWithMap(ctx context.Context, f Flavour, hosts []Host) (int, 
 	if c.TraceDir != "" {
 		c.collectTrace(ctx, traceHosts(hosts))
 	}
-	if s := summary(own, start, live); s != "" {
-		fmt.Fprint(c.Stderr, s)
-	}
+	c.report(collect(own, start, live), code)
 	if len(running) > 0 {
 		fmt.Fprintf(c.Stderr, "mpi5k: through the running gateways of site %s (their /metrics: %s)\n", siteNames(running), metricsURLs(running))
 	}

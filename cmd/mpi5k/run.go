@@ -59,6 +59,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.WorkDir, "workdir", "", "directory for the site map and gateway logs (default ~/.mpi5k/run-PID-TIME)")
 	fs.BoolVar(&c.SharedFS, "shared-fs", false, "the workdir is visible on every host: do not copy the map")
 	fs.StringVar(&c.TraceDir, "trace", "", "record the ranks' socket calls into DIR (see docs/tracing.md)")
+	fs.StringVar(&c.SummaryJSON, "summary-json", "", "also write the gateway summary (bytes, streams, retransmissions per site pair; CPU per gateway; the launcher's status) as JSON to FILE")
 	fs.BoolVar(&c.DryRun, "dry-run", false, "print the site map and every command, run nothing (resolves no names, writes no files)")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the workdir (map, gateway logs) after the run")
 	fs.BoolVar(&c.Plaintext, "wan-plaintext", false, "the job's gateways run without keys: the WAN leg unauthenticated and unencrypted (only for a WAN already protected, e.g. an IPsec tunnel between gateway hosts; docs/security.md)")
