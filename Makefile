@@ -139,6 +139,7 @@ DEBVERSION     = $(if $(findstring -dev+,$(VERSION)),$(BASEVERSION)~git$(shell T
 DEB_MAINTAINER ?= $(shell git log -1 --format='%an <%ae>')
 DEB            ?= $(BIN)/mpi5k_$(DEBVERSION)_$(DEBARCH).deb
 DEBROOT        := $(BIN)/debroot
+NOTICE_PKGS    := ./cmd/mpi5k ./cmd/mpi5k-gateway ./shim
 DEBBIN         := $(BIN)/deb
 HARDEN_LD      := -linkmode=external -extldflags '-Wl,-z,relro,-z,now'
 # The man pages of bin/, in bin/man (make install writes them too).
@@ -156,16 +157,29 @@ deb: $(GOFILES) $(CSRC) go.mod
 	rm -rf $(DEBROOT)
 	$(MAKE) --no-print-directory install INSTALL_BIN=$(DEBBIN) DESTDIR=$(CURDIR)/$(DEBROOT) PREFIX=/usr UNITDIR=/lib/systemd/system
 	rm $(DEBROOT)/usr/share/doc/mpi5k/LICENSE
-	install -m 644 dist/copyright $(DEBROOT)/usr/share/doc/mpi5k/copyright
-	printf 'mpi5k (%s) unstable; urgency=medium\n\n  * Built from commit %s.\n\n -- %s  %s\n' \
-	  '$(DEBVERSION)' "$$(git rev-parse HEAD)" "$(DEB_MAINTAINER)" "$$(git log -1 --format=%aD)" | gzip -9n >$(DEBROOT)/usr/share/doc/mpi5k/changelog.gz
+	$(GO) run ./dist/notices $(NOTICE_PKGS) | gzip -9n >$(DEBROOT)/usr/share/doc/mpi5k/THIRD-PARTY-NOTICES.gz
+	{ sed '/^Source:/q' dist/copyright; \
+	  echo 'Comment: The binaries also contain these Go modules; THIRD-PARTY-NOTICES.gz beside'; \
+	  echo ' this file holds their licenses in full:'; \
+	  $(GO) run ./dist/notices -list $(NOTICE_PKGS); \
+	  sed '1,/^Source:/d' dist/copyright; } >$(DEBROOT)/usr/share/doc/mpi5k/copyright
+	chmod 644 $(DEBROOT)/usr/share/doc/mpi5k/copyright
+	# dist/changelog, led between releases by an entry for this commit.
+	{ if [ '$(DEBVERSION)' != '$(BASEVERSION)' ]; then \
+	    printf 'mpi5k (%s) unstable; urgency=medium\n\n  * Commit %s, before %s (CHANGELOG.md).\n\n -- %s  %s\n\n' \
+	      '$(DEBVERSION)' "$$(git rev-parse --short=12 HEAD)" '$(BASEVERSION)' "$(DEB_MAINTAINER)" "$$(git log -1 --format=%aD)"; fi; \
+	  cat dist/changelog; } | gzip -9n >$(DEBROOT)/usr/share/doc/mpi5k/changelog.gz
+	install -m 644 CHANGELOG.md $(DEBROOT)/usr/share/doc/mpi5k/
 	gzip -9n $(DEBROOT)/usr/share/man/man1/*.1
 	rm $(DEBROOT)/usr/share/man/man1/mpirun-wrap.1.gz
 	ln -s mpi5k-run.1.gz $(DEBROOT)/usr/share/man/man1/mpirun-wrap.1.gz
 	install -d $(DEBROOT)/DEBIAN
 	install -m 755 dist/postinst dist/prerm dist/postrm $(DEBROOT)/DEBIAN/
 	printf '/etc/mpi5k/gateway.env\n/etc/mpi5k/sites.map.example\n' >$(DEBROOT)/DEBIAN/conffiles
+	mkdir -p $(DEBBIN)/shlibs/debian && printf 'Source: mpi5k\n\nPackage: mpi5k\nArchitecture: any\n' >$(DEBBIN)/shlibs/debian/control
+	cd $(DEBBIN)/shlibs && dpkg-shlibdeps -O ../mpi5k ../mpi5k-gateway ../libmpi5k.so 2>/dev/null | sed -n 's/^shlibs:Depends=//p' >../depends
 	sed -e 's|@VERSION@|$(DEBVERSION)|' -e 's|@ARCH@|$(DEBARCH)|' -e 's|@MAINTAINER@|$(DEB_MAINTAINER)|' \
+	  -e "s|@DEPENDS@|$$(cat $(DEBBIN)/depends)|" \
 	  -e "s|@SIZE@|$$(du -sk --exclude=DEBIAN $(DEBROOT) | cut -f1)|" dist/control.in >$(DEBROOT)/DEBIAN/control
 	cd $(DEBROOT) && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | xargs -0 md5sum >DEBIAN/md5sums
 	dpkg-deb --root-owner-group -Zxz --build $(DEBROOT) $(DEB)
