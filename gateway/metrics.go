@@ -33,10 +33,10 @@ type metrics struct {
 	peerQueries     *prometheus.CounterVec
 	refusals        *prometheus.CounterVec
 
-	bytes, pad, frames, writes, stalls, streams, up, rtt *prometheus.Desc
-	polled, partial, inline                              *prometheus.Desc
-	clamp, peerClamp, queue, lifts                       *prometheus.Desc
-	cwnd, ssthresh, srtt, retrans, lost, notsent         *prometheus.Desc
+	bytes, pad, frames, writes, stalls, streams, up, rtt, rtts *prometheus.Desc
+	polled, partial, inline                                    *prometheus.Desc
+	clamp, peerClamp, queue, lifts                             *prometheus.Desc
+	cwnd, ssthresh, srtt, retrans, lost, notsent               *prometheus.Desc
 	// Derived from periodic TCP_INFO samples (tcpevents.go).
 	ev                                        wanEvents
 	samples, rtxFast, rtxRTO, rtos, idleRst   *prometheus.Desc
@@ -105,6 +105,7 @@ func newMetrics(g *Gateway) *metrics {
 	m.replayed = d("mpi5k_wan_replayed_bytes_total", "Bytes written again after resumes (what the peer had not received).")
 	m.replay = d("mpi5k_wan_replay_bytes", "Bytes the link keeps until the peer acknowledges them (limit: ReplayMax for bulk).")
 	m.rtt = d("mpi5k_wan_ping_rtt_seconds", "Last PING round trip through the link.")
+	m.rtts = d("mpi5k_wan_frame_rtt_seconds", "Round trips of PING frames through the link (about one a second on a busy link): queued behind the link's data in both gateways like any frame, what a message waits crossing the trunk and back.")
 	m.clamp = d("mpi5k_wan_window_clamp_bytes", "Receive-window cap this gateway asks of the peer for the link (queue control; 0 = none).")
 	m.peerClamp = d("mpi5k_wan_peer_window_clamp_bytes", "Receive-window cap the peer asked of this gateway's socket (0 = none).")
 	m.queue = d("mpi5k_wan_queue_delay_seconds", "Standing queue at the WAN bottleneck seen by the link's sender (least srtt - min_rtt over a round trip).")
@@ -135,7 +136,7 @@ func newMetrics(g *Gateway) *metrics {
 
 // Describe implements prometheus.Collector.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.bytes, m.pad, m.frames, m.polled, m.partial, m.inline, m.writes, m.stalls, m.streams, m.up, m.rtt,
+	for _, d := range []*prometheus.Desc{m.bytes, m.pad, m.frames, m.polled, m.partial, m.inline, m.writes, m.stalls, m.streams, m.up, m.rtt, m.rtts,
 		m.clamp, m.peerClamp, m.queue, m.lifts,
 		m.cwnd, m.ssthresh, m.srtt, m.retrans, m.lost, m.notsent, m.samples, m.rtxFast, m.rtxRTO, m.rtos, m.idleRst, m.renewals, m.yields, m.peerStreams, m.early,
 		m.probeRTTs, m.probeRTTTime, m.bbrBW, m.bbrMinRTT, m.holds, m.skips, m.held, m.down, m.resumes, m.replayed, m.replay} {
@@ -206,6 +207,13 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		c(m.stalls, prometheus.CounterValue, float64(st.WindowStalls.Load()))
 		c(m.streams, prometheus.GaugeValue, float64(r.l.NumStreams()))
 		c(m.rtt, prometheus.GaugeValue, float64(st.RTT.Load())/1e9)
+		if n, sum, cum := st.RTTs.Snapshot(); n > 0 {
+			buckets := make(map[float64]uint64, len(cum))
+			for i, b := range relay.RTTBuckets {
+				buckets[b.Seconds()] = cum[i]
+			}
+			ch <- prometheus.MustNewConstHistogram(m.rtts, n, sum.Seconds(), buckets, r.peer, r.idx)
+		}
 		c(m.clamp, prometheus.GaugeValue, float64(st.Clamp.Load()))
 		c(m.peerClamp, prometheus.GaugeValue, float64(st.PeerClamp.Load()))
 		c(m.queue, prometheus.GaugeValue, float64(st.QueueDelay.Load())/1e9)

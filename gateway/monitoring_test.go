@@ -16,7 +16,8 @@ import (
 // renaming a metric without them fails here; and promtool, where
 // installed, finds the gateway's exposition clean.
 func TestMonitoringFiles(t *testing.T) {
-	_, a, _ := startPair(t, nil)
+	// PINGs every 100 ms, so the frame round-trip histogram fills at once.
+	_, a, _ := startPair(t, func(c *Config) { c.PingInterval, c.DeadAfter = 100*time.Millisecond, 30*time.Second })
 	// Series that exist only once something happened: a refusal, a
 	// degradation, the first TCP_INFO samples of the links.
 	a.refused("test_reason", "a refusal, so mpi5k_refusals_total has a series")
@@ -26,7 +27,8 @@ func TestMonitoringFiles(t *testing.T) {
 		rec := httptest.NewRecorder()
 		a.m.handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 		scrape = rec.Body.String()
-		if strings.Contains(scrape, "mpi5k_wan_tcp_rtos_total{") || time.Now().After(deadline) {
+		if strings.Contains(scrape, "mpi5k_wan_tcp_rtos_total{") && strings.Contains(scrape, "mpi5k_wan_frame_rtt_seconds_count{") ||
+			time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)

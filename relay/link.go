@@ -63,6 +63,7 @@ type Stats struct {
 	WindowStalls           atomic.Uint64 // times a stream waited for credit
 	StreamsOpened          atomic.Uint64
 	RTT                    atomic.Int64 // last PING round trip, ns
+	RTTs                   RTTHistogram // every PING round trip
 	// The poller thread's share (see poller.go): frames it received, and
 	// frames it wrote without blocking, of which the socket took only part
 	// (the writer sent the rest).

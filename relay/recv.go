@@ -352,6 +352,7 @@ func (l *Link) dispatch(h header.Header, p []byte) error {
 		}
 		if rtt := time.Now().UnixNano() - t; t != 0 && rtt > 0 { // t is 0 for flush markers
 			l.Stats.RTT.Store(rtt)
+			l.Stats.RTTs.Observe(time.Duration(rtt))
 		}
 	case header.TypeAck:
 		n, err := header.DecodeAck(p)
