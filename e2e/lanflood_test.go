@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -80,7 +79,7 @@ func TestGatewayLANFlood(t *testing.T) {
 		t.Fatalf("a stream before the flood: %v", err)
 	}
 	time.Sleep(500 * time.Millisecond)
-	idleRSS, idleFDs := procRSS(t, pid), procFDs(t, pid)
+	idleRSS, idleFDs := procRSS(pid), int(procFDs(pid))
 
 	attacker := netip.MustParseAddr("127.1.0.66")
 	var held []net.Conn
@@ -91,7 +90,7 @@ func TestGatewayLANFlood(t *testing.T) {
 	}()
 	peakRSS, peakFDs := idleRSS, idleFDs
 	sample := func() {
-		peakRSS, peakFDs = max(peakRSS, procRSS(t, pid)), max(peakFDs, procFDs(t, pid))
+		peakRSS, peakFDs = max(peakRSS, procRSS(pid)), max(peakFDs, int(procFDs(pid)))
 	}
 	// Half of each PAD is sent, so that a gateway that took the
 	// declared length has it resident, not only reserved.
@@ -130,7 +129,7 @@ func TestGatewayLANFlood(t *testing.T) {
 	}
 	held = nil
 	time.Sleep(2 * time.Second)
-	afterRSS, afterFDs := procRSS(t, pid), procFDs(t, pid)
+	afterRSS, afterFDs := procRSS(pid), int(procFDs(pid))
 	t.Logf("gateway a (pid %d, 4096 descriptors): VmRSS idle %.1f MiB, under the flood at most %.1f MiB, after %.1f MiB; descriptors idle %d, under the flood at most %d, after %d",
 		pid, mib(idleRSS), mib(peakRSS), mib(afterRSS), idleFDs, peakFDs, afterFDs)
 	if peakRSS > idleRSS+floodRSS {
@@ -211,32 +210,4 @@ func floodOpen(gw netip.AddrPort, src netip.Addr, dst netip.AddrPort) error {
 		return fmt.Errorf("echo %q, want %q", got, msg)
 	}
 	return nil
-}
-
-// procRSS is pid's VmRSS in bytes.
-func procRSS(t *testing.T, pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				t.Fatalf("VmRSS %q: %v", v, err)
-			}
-			return kb << 10
-		}
-	}
-	t.Fatalf("no VmRSS in /proc/%d/status", pid)
-	return 0
-}
-
-// procFDs is the number of pid's open descriptors.
-func procFDs(t *testing.T, pid int) int {
-	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(ents)
 }

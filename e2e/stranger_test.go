@@ -221,7 +221,8 @@ func scrapeLines(m netip.AddrPort, prefix string, f func(float64)) {
 	}
 }
 
-// procRSS is VmRSS of process pid, in bytes.
+// procRSS is VmRSS of process pid, in bytes (0 once it is gone). It
+// takes no *testing.T: flood goroutines call it.
 func procRSS(pid int) int64 {
 	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	for _, line := range strings.Split(string(b), "\n") {
