@@ -96,6 +96,47 @@ func TestPollerPartialWrite(t *testing.T) {
 	t.Logf("%d of %d frames only partly taken by the socket", l.Stats.PollPartial.Load(), l.Stats.PollSent.Load())
 }
 
+// TestPollerCorks: when the poller thread finds several streams' messages
+// readable at once, it writes their frames to the idle link together
+// (fewer writes than frames), and every message still arrives whole and
+// in its stream's order.
+func TestPollerCorks(t *testing.T) {
+	const streams, rounds = 16, 100
+	dst := testnet.Echo(t, loopback)
+	a, _ := pair(t, Config{})
+	if a.w == nil {
+		t.Skip("no poller on this system")
+	}
+	apps := make([]*net.TCPConn, streams)
+	for i := range apps {
+		apps[i], _ = openVia(t, a, dst)
+		defer apps[i].Close()
+	}
+	msg, got := make([]byte, 200), make([]byte, 200)
+	sent0, writes0 := a.Stats.PollSent.Load(), a.Stats.Writes.Load()
+	for r := range rounds {
+		for i, app := range apps {
+			msg[0], msg[1] = byte(r), byte(i)
+			if _, err := app.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, app := range apps {
+			msg[0], msg[1] = byte(r), byte(i)
+			app.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.ReadFull(app, got); err != nil || !bytes.Equal(got, msg) {
+				t.Fatalf("round %d, stream %d: %v (% x)", r, i, err, got[:2])
+			}
+		}
+	}
+	sent, writes := a.Stats.PollSent.Load()-sent0, a.Stats.Writes.Load()-writes0
+	t.Logf("frames sent by the poller thread %d, writes to the link %d", sent, writes)
+	// Without corking each frame the poller sends is a write of its own.
+	if writes >= sent {
+		t.Fatalf("%d writes for %d frames from the poller thread: nothing was corked", writes, sent)
+	}
+}
+
 // TestAppendIOVSkip: a frame less its first k bytes, for every k.
 func TestAppendIOVSkip(t *testing.T) {
 	f := frame{h: header.Header{Type: header.TypeDataAt, Stream: 3, Length: header.DataAtPrefix + 5}, body: []byte("hello")}
