@@ -190,8 +190,9 @@
 //   - config.go: Config and its defaults, the HELLO exchange (Handshake).
 //   - link.go: Link, one WAN connection: its life, failure, drain.
 //   - keep.go: keepalives, one timer for all links.
-//   - send.go: the write side: frames, the send queues, inline writes, the
-//     writer goroutine, Hold and Pad.
+//   - send.go: the write side: frames, the send queues, inline writes,
+//     the poller thread's corked batches, the writer goroutine, Hold and
+//     Pad.
 //   - recv.go: the read side: the link's reader (a stage: on the poller
 //     thread while the link is idle), frame decoding, dispatch to streams.
 //   - renew.go: retiring a link for its successor (express renewal).
