@@ -258,10 +258,12 @@ func (l *Link) writeNow(f frame, mode sendMode) bool {
 // bench/figures/permessage.
 
 // corkMore reports whether f may join the frames corked on l: they hold
-// the socket, nothing was queued behind them, and f is small. Under l.mu.
+// the socket, nothing was queued behind them, f is small, and what lets an
+// idle link be written at once (idleFor) still holds. Under l.mu.
 func (l *Link) corkMore(f *frame) bool {
 	return l.corked && !l.broken && l.ui == len(l.urgent) && l.bi == len(l.bulk) &&
-		len(l.cork) < l.cfg.MaxBatch && int(f.h.Length) <= l.cfg.SmallFrame
+		len(l.cork) < l.cfg.MaxBatch && int(f.h.Length) <= l.cfg.SmallFrame &&
+		!l.held() && l.replayRoom()
 }
 
 // corkNow takes the socket for the poller's batch with f as its first
