@@ -82,6 +82,11 @@
 //     at once with a blocking write (an out-stage on a goroutine), or
 //     written at once without blocking, small frames only (an out-stage on
 //     the poller thread, which serves every socket and must not block).
+//     When one epoll_wait finds several streams' messages, the poller
+//     thread corks: the small frames the batch's steps send to an idle
+//     link go out together in one non-blocking writev once the batch's
+//     steps have run, not one writev (and one TCP segment for the peer to
+//     read) each (bench/figures/permessage).
 //   - Failure: a protocol violation (bad frame, DATA beyond the granted
 //     window, OPEN id of the wrong parity), the peer's FIN, or a broken
 //     connection (a read/write error, a peer silent for DeadAfter) of a
@@ -185,8 +190,9 @@
 //   - config.go: Config and its defaults, the HELLO exchange (Handshake).
 //   - link.go: Link, one WAN connection: its life, failure, drain.
 //   - keep.go: keepalives, one timer for all links.
-//   - send.go: the write side: frames, the send queues, inline writes, the
-//     writer goroutine, Hold and Pad.
+//   - send.go: the write side: frames, the send queues, inline writes,
+//     the poller thread's corked batches, the writer goroutine, Hold and
+//     Pad.
 //   - recv.go: the read side: the link's reader (a stage: on the poller
 //     thread while the link is idle), frame decoding, dispatch to streams.
 //   - renew.go: retiring a link for its successor (express renewal).

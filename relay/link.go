@@ -126,6 +126,13 @@ type Link struct {
 	ui, bi    int
 	writing   bool
 	inline    inlineWrite // the inline writer's scratch (send), while writing
+	// corked: the poller thread holds the socket (writing) for the frames
+	// its current batch of events sends here (cork; send.go's corking),
+	// written with corkIOV and corkHdrs; the poller thread's alone.
+	corked    bool
+	cork      []frame
+	corkIOV   net.Buffers
+	corkHdrs  []byte
 	wake      chan struct{}
 	closed    bool
 	err       error

@@ -57,6 +57,11 @@ type poller struct {
 	mu    sync.Mutex
 	ws    map[uint32]*waiter
 	next  uint32
+	// cork: the thread runs the steps of a batch of several events, whose
+	// small frames wait for its end (corks, flushed by flushCorks; send.go's
+	// corking). The thread's alone.
+	cork  bool
+	corks []*Link
 }
 
 // tickID is the timer's epoll data; waiters' ids start at 1.
@@ -135,6 +140,7 @@ func (p *poller) loop() {
 			continue // EINTR
 		}
 		ticked := false
+		p.cork = n > 1
 		for _, ev := range evs[:n] {
 			if ev.Fd == tickID {
 				rawRead(p.tick, buf[:]) // the expirations count; any is one tick
@@ -148,6 +154,8 @@ func (p *poller) loop() {
 				busy = true
 			}
 		}
+		p.cork = false
+		p.flushCorks()
 		if busy && !fast {
 			if idle {
 				p.idle(false)
@@ -177,6 +185,15 @@ func (p *poller) loop() {
 			goIdle()
 		}
 	}
+}
+
+// flushCorks writes the frames the batch's steps corked, link by link.
+func (p *poller) flushCorks() {
+	for i, l := range p.corks {
+		l.flushCork()
+		p.corks[i] = nil
+	}
+	p.corks = p.corks[:0]
 }
 
 // setTick makes the timerfd tick every d from now on; 0 stops it.
@@ -344,6 +361,7 @@ type waiter struct {
 	rn       int
 	rerr     error
 	wiov     [][]byte // writev: the current writer's
+	wv       []unix.Iovec
 	wn       int
 	werr     error
 	cfn      func(uintptr) // ctl: under mu
@@ -383,7 +401,7 @@ func newWaiter(c any, g *stage, quiet bool) *waiter {
 	}
 	w.wfn = func(fd uintptr) bool {
 		for {
-			w.wn, w.werr = rawWritev(int(fd), w.wiov)
+			w.wn, w.wv, w.werr = rawWritev(int(fd), w.wiov, w.wv)
 			if w.werr != unix.EINTR {
 				return true
 			}

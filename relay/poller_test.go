@@ -96,6 +96,57 @@ func TestPollerPartialWrite(t *testing.T) {
 	t.Logf("%d of %d frames only partly taken by the socket", l.Stats.PollPartial.Load(), l.Stats.PollSent.Load())
 }
 
+// TestPollerCorks: when the poller thread finds several streams' messages
+// readable at once, it writes their frames to the idle link together
+// (fewer writes than frames), and every message still arrives whole and
+// in its stream's order, also when the link's socket takes only part of
+// a corked batch (a small send buffer, 4000-byte messages).
+func TestPollerCorks(t *testing.T) {
+	for _, size := range []int{200, 4000} {
+		t.Run(fmt.Sprint(size), func(t *testing.T) { testPollerCorks(t, size) })
+	}
+}
+
+func testPollerCorks(t *testing.T, size int) {
+	const streams, rounds = 16, 100
+	dst := testnet.Echo(t, loopback)
+	a, _ := pair(t, Config{})
+	if a.w == nil {
+		t.Skip("no poller on this system")
+	}
+	if size > 1000 {
+		TCPOf(a.conn).SetWriteBuffer(8192) // below a batch of 16 frames
+	}
+	apps := make([]*net.TCPConn, streams)
+	for i := range apps {
+		apps[i], _ = openVia(t, a, dst)
+		defer apps[i].Close()
+	}
+	msg, got := make([]byte, size), make([]byte, size)
+	sent0, writes0 := a.Stats.PollSent.Load(), a.Stats.Writes.Load()
+	for r := range rounds {
+		for i, app := range apps {
+			msg[0], msg[1], msg[size-1] = byte(r), byte(i), byte(r+i)
+			if _, err := app.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, app := range apps {
+			msg[0], msg[1], msg[size-1] = byte(r), byte(i), byte(r+i)
+			app.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.ReadFull(app, got); err != nil || !bytes.Equal(got, msg) {
+				t.Fatalf("round %d, stream %d: %v (% x)", r, i, err, got[:2])
+			}
+		}
+	}
+	sent, writes := a.Stats.PollSent.Load()-sent0, a.Stats.Writes.Load()-writes0
+	t.Logf("frames sent by the poller thread %d, writes to the link %d, partly taken %d", sent, writes, a.Stats.PollPartial.Load())
+	// Without corking each frame the poller sends is a write of its own.
+	if size < 1000 && writes >= sent {
+		t.Fatalf("%d writes for %d frames from the poller thread: nothing was corked", writes, sent)
+	}
+}
+
 // TestAppendIOVSkip: a frame less its first k bytes, for every k.
 func TestAppendIOVSkip(t *testing.T) {
 	f := frame{h: header.Header{Type: header.TypeDataAt, Stream: 3, Length: header.DataAtPrefix + 5}, body: []byte("hello")}

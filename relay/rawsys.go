@@ -44,13 +44,13 @@ func rawIO(trap uintptr, fd int, b []byte) (int, error) {
 	return int(r), nil
 }
 
-// rawWritev writes iov (at most 1024 slices, IOV_MAX) with one writev.
-func rawWritev(fd int, iov [][]byte) (int, error) {
-	var small [8]unix.Iovec
-	v := small[:0]
-	if len(iov) > len(small) {
-		v = make([]unix.Iovec, 0, len(iov))
-	}
+// rawWritev writes iov (at most 1024 slices, IOV_MAX) with one writev,
+// building the iovecs in v (the caller's scratch, returned grown and
+// cleared): a corked batch of frames (send.go) takes more iovecs than a
+// stack array holds, and a new array per call would be an allocation per
+// batch.
+func rawWritev(fd int, iov [][]byte, v []unix.Iovec) (int, []unix.Iovec, error) {
+	v = v[:0]
 	for _, b := range iov {
 		if len(b) == 0 {
 			continue
@@ -61,11 +61,12 @@ func rawWritev(fd int, iov [][]byte) (int, error) {
 		v = append(v, x)
 	}
 	if len(v) == 0 {
-		return 0, nil
+		return 0, v, nil
 	}
 	r, _, e := unix.RawSyscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&v[0])), uintptr(len(v)))
+	clear(v) // pins no payload
 	if e != 0 {
-		return -1, e
+		return -1, v, e
 	}
-	return int(r), nil
+	return int(r), v, nil
 }

@@ -583,6 +583,9 @@ func (s *Stream) outStep(onPoller bool) waitOn {
 		now := time.Now()
 		full := k == len(*p) // p belongs to the link once forwarded
 		mode := sendTry
+		if pw, ok := s.w.(*waiter); ok && onPoller && pw.p.cork {
+			mode = sendCork // the poller's batch goes on: write at its end
+		}
 		if !onPoller {
 			// A read that fills the buffer means the application streams,
 			// and it streams on until it pauses (burstGap).
