@@ -533,7 +533,7 @@ func TestGatewayWAN(t *testing.T) {
 			t.Fatalf("site2 gateway metrics: %v", err)
 		}
 		for _, line := range strings.Split(out, "\n") {
-			if v, ok := strings.CutPrefix(line, "process_resident_memory_bytes "); ok {
+			if v, ok := strings.CutPrefix(dropSite(line), "process_resident_memory_bytes "); ok {
 				x, err := strconv.ParseFloat(v, 64)
 				if err == nil {
 					return x / (1 << 20)

@@ -154,7 +154,7 @@ func refusalsOf(w *wanLab, host string, gw netip.Addr, reason string) (float64, 
 		return 0, fmt.Errorf("gateway %v metrics: %v", gw, err)
 	}
 	for _, line := range strings.Split(out, "\n") {
-		if v, ok := strings.CutPrefix(line, `mpi5k_refusals_total{reason="`+reason+`"} `); ok {
+		if v, ok := strings.CutPrefix(dropSite(line), `mpi5k_refusals_total{reason="`+reason+`"} `); ok {
 			x, _ := strconv.ParseFloat(v, 64)
 			return x, nil
 		}

@@ -291,7 +291,7 @@ func gwMetric(t *testing.T, l *testbed.Lab, site, sample string) float64 {
 		t.Fatalf("metrics of the gateway of %s: %v", site, err)
 	}
 	for _, line := range strings.Split(string(out), "\n") {
-		if v, ok := strings.CutPrefix(line, sample+" "); ok {
+		if v, ok := strings.CutPrefix(dropSite(line), sample+" "); ok {
 			x, _ := strconv.ParseFloat(v, 64)
 			return x
 		}
