@@ -294,8 +294,8 @@ func runBench(args []string) int {
 		return 0
 	}
 
-	h := npb.Header{Date: time.Now().UTC().Format(time.RFC3339), Version: version, Cores: runtime.NumCPU(),
-		Ranks: c.Ranks, MPI: *flavour, Lab: ex.Describe(), Scale: c.Scale, Reps: c.Reps, Size: *size, Compute: *compute}
+	h := npb.Header{Date: time.Now().UTC().Format(time.RFC3339), Version: version, Commit: cli.Commit, Cores: runtime.NumCPU(),
+		Ranks: c.Ranks, MPI: *flavour, Lab: ex.Describe(c.Cross), Setup: ex.Setup(), Scale: c.Scale, Reps: c.Reps, Size: *size, Compute: *compute}
 	h.RanksPerCore = float64(h.Ranks) / float64(h.Cores)
 	fmt.Printf("# %s\n# %d runs, %d ranks on %d cores, size %s; results in %s\n# %s\n",
 		h.Lab, len(c.Plan()), h.Ranks, h.Cores, h.Size, absOut, npb.ComputeNote(h.Compute))
