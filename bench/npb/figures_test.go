@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"gonum.org/v1/plot/vg"
 )
 
 // Legends name modes in plain words, never by their --gw-mode labels.
@@ -159,5 +161,20 @@ func TestPingSpread(t *testing.T) {
 			p.BWLoMBps > p.BWMBps || p.BWHiMBps < p.BWMBps {
 			t.Errorf("spread of %+v", p)
 		}
+	}
+}
+
+// A heading too wide for its figure breaks at "; ", never inside a part.
+func TestWrapHeading(t *testing.T) {
+	width := func(s string) vg.Length { return vg.Length(len(s)) }
+	h := "RTT 20ms, WAN 200 Mbit/s; 4 ranks on 2 cores; commit abc, 2026-12-02"
+	if got := wrapHeading(h, width, 200); got != h {
+		t.Errorf("wide enough: %q", got)
+	}
+	if got, want := wrapHeading(h, width, 45), "RTT 20ms, WAN 200 Mbit/s; 4 ranks on 2 cores;\ncommit abc, 2026-12-02"; got != want {
+		t.Errorf("narrow: %q, want %q", got, want)
+	}
+	if got := wrapHeading(h, width, 5); strings.Count(got, "\n") != 2 {
+		t.Errorf("narrower than every part: %q", got)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -389,9 +390,10 @@ func saveTiled(plots []*plot.Plot, heading, base string) ([]string, error) {
 			sty := plot.New().Title.TextStyle
 			sty.Font.Size = vg.Points(11)
 			sty.XAlign, sty.YAlign = draw.XCenter, draw.YTop
+			text := wrapHeading(heading, func(s string) vg.Length { return sty.Width(s) }, dc.Max.X-dc.Min.X-vg.Millimeter*4)
 			top := dc.Max.Y - vg.Millimeter*2
-			dc.FillText(sty, vg.Point{X: dc.Center().X, Y: top}, heading)
-			dc.Max.Y = top - sty.Height(heading) - vg.Millimeter*2
+			dc.FillText(sty, vg.Point{X: dc.Center().X, Y: top}, text)
+			dc.Max.Y = top - sty.Height(text) - vg.Millimeter*2
 		}
 		cv := plot.Align([][]*plot.Plot{plots}, tiles, dc)
 		for i, p := range plots {
@@ -420,6 +422,25 @@ func saveTiled(plots []*plot.Plot, heading, base string) ([]string, error) {
 		return []string{png}, err
 	}
 	return []string{png, svg}, nil
+}
+
+// wrapHeading breaks a heading at its "; " into lines no wider than w
+// (as width measures them), so a one-panel figure keeps all of it.
+func wrapHeading(h string, width func(string) vg.Length, w vg.Length) string {
+	var lines []string
+	cur := ""
+	for _, part := range strings.Split(h, "; ") {
+		switch {
+		case cur == "":
+			cur = part
+		case width(cur+"; "+part) <= w:
+			cur += "; " + part
+		default:
+			lines = append(lines, cur+";")
+			cur = part
+		}
+	}
+	return strings.Join(append(lines, cur), "\n")
 }
 
 // decadeTicks labels 1, 2 and 5 times each power of ten: a latency axis
