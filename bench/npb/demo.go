@@ -269,6 +269,7 @@ func (d *Demo) DrawFigure(dir string) ([]string, error) {
 	ratio.Title.Text = "time through the gateways / direct time\nbars: best run; marks: every run; below 1: the gateways are faster"
 	ratio.Y.Label.Text = "best time through the gateways / best direct time"
 	ratio.X.Label.Text = "workload"
+	ratio.Y.Tick.Marker = ratioTicks{}
 	cpu := plot.New()
 	cpu.Title.Text = fmt.Sprintf("the gateways' CPU during the job\nshare of the machine's %d cores over the timed run", h.Cores)
 	cpu.Y.Label.Text = "gateways' CPU (% of all cores)"

@@ -178,3 +178,25 @@ func TestWrapHeading(t *testing.T) {
 		t.Errorf("narrower than every part: %q", got)
 	}
 }
+
+// A ratio axis is labelled often enough to read a bar's value off it.
+func TestRatioTicks(t *testing.T) {
+	var labels []string
+	for _, tk := range (ratioTicks{}).Ticks(0, 1.6) {
+		if tk.Label != "" {
+			labels = append(labels, tk.Label)
+		}
+	}
+	if got := strings.Join(labels, " "); got != "0 0.25 0.5 0.75 1 1.25 1.5" {
+		t.Errorf("0..1.6: %q", got)
+	}
+	labels = nil
+	for _, tk := range (ratioTicks{}).Ticks(0, 3.2) {
+		if tk.Label != "" {
+			labels = append(labels, tk.Label)
+		}
+	}
+	if got := strings.Join(labels, " "); got != "0 0.5 1 1.5 2 2.5 3" {
+		t.Errorf("0..3.2: %q", got)
+	}
+}

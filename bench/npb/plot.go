@@ -166,6 +166,7 @@ func (r *Report) barPlots() ([]*plot.Plot, error) {
 		p := plot.New()
 		p.Title.Text = barTitle(r.Header, ref, x) + "\nbars: best run; marks: every run"
 		p.Y.Label.Text = "time / best " + ref + " time"
+		p.Y.Tick.Marker = ratioTicks{}
 		p.Y.Min = 0
 		ymax := 1.2
 		for k, i := range modes {
@@ -422,6 +423,32 @@ func saveTiled(plots []*plot.Plot, heading, base string) ([]string, error) {
 		return []string{png}, err
 	}
 	return []string{png, svg}, nil
+}
+
+// ratioTicks labels a ratio axis at steps of 0.25, 0.5 or 1 (by its
+// range), with minor ticks between: gonum's defaults labelled only two.
+type ratioTicks struct{}
+
+func (ratioTicks) Ticks(min, max float64) []plot.Tick {
+	step := 0.25
+	switch {
+	case max-min > 8:
+		step = 2
+	case max-min > 4:
+		step = 1
+	case max-min > 2:
+		step = 0.5
+	}
+	var ticks []plot.Tick
+	for i := math.Ceil(min / step * 2); i*step/2 <= max; i++ {
+		v := i * step / 2
+		t := plot.Tick{Value: v}
+		if int(i)%2 == 0 {
+			t.Label = strconv.FormatFloat(v, 'f', -1, 64)
+		}
+		ticks = append(ticks, t)
+	}
+	return ticks
 }
 
 // wrapHeading breaks a heading at its "; " into lines no wider than w
