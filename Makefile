@@ -1,6 +1,7 @@
 # mpi5k build. `make` builds bin/, `make deps` installs what the project
 # needs on Debian 12 (idempotent), `make test` runs every check CI runs,
-# `make demo` runs the with/without-gateway demo on the emulated grid,
+# `make demo` runs the workloads with and without the gateways on an idle,
+# a lossy and a shared emulated WAN (a few minutes, needs root),
 # `make install` (PREFIX, DESTDIR) installs the tools, the library and the
 # systemd unit, `make deb` builds a Debian package of the same files.
 GO      ?= go

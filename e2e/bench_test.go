@@ -92,7 +92,7 @@ func TestBenchLab(t *testing.T) {
 			t.Errorf("pingpong %s: implausible curve %+v", s.Mode, s.PingPong)
 		}
 	}
-	rep := npb.NewReport(npb.Header{Cores: 2, Ranks: 4, Lab: ex.Describe()}, c.Modes, samples)
+	rep := npb.NewReport(npb.Header{Cores: 2, Ranks: 4, Lab: ex.Describe(c.Cross)}, c.Modes, samples)
 	files, err := rep.WriteFiles(dir)
 	if err != nil {
 		t.Fatal(err)

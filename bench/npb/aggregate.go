@@ -43,6 +43,12 @@ type PingSummary struct {
 	LatMinUs float64 `json:"lat_us_min"`
 	LatMedUs float64 `json:"lat_us_med"`
 	BWMBps   float64 `json:"bw_MBps"`
+	// The lowest and highest of the repetitions' median latencies and
+	// bandwidths: the spread figures draw (0 in older reports).
+	LatMedLoUs float64 `json:"lat_us_med_lo,omitempty"`
+	LatMedHiUs float64 `json:"lat_us_med_hi,omitempty"`
+	BWLoMBps   float64 `json:"bw_MBps_lo,omitempty"`
+	BWHiMBps   float64 `json:"bw_MBps_hi,omitempty"`
 }
 
 // Median of xs (which it sorts); the mean of the middle two for even n.
@@ -187,7 +193,9 @@ func SummarizePing(samples []Sample) []PingSummary {
 	out := make([]PingSummary, 0, len(order))
 	for _, k := range order {
 		out = append(out, PingSummary{Mode: k.mode, Cross: k.cross, Size: k.size, N: len(mins[k]),
-			LatMinUs: minOf(mins[k]), LatMedUs: Median(meds[k]), BWMBps: Median(bws[k])})
+			LatMinUs: minOf(mins[k]), LatMedUs: Median(meds[k]), BWMBps: Median(bws[k]),
+			LatMedLoUs: slices.Min(meds[k]), LatMedHiUs: slices.Max(meds[k]),
+			BWLoMBps: slices.Min(bws[k]), BWHiMBps: slices.Max(bws[k])})
 	}
 	return out
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -35,20 +36,49 @@ type LabExecutor struct {
 	DryRun   bool // Command writes no host file: `mpi5k bench --dry-run` leaves nothing behind
 }
 
-// Describe is the lab line of the report header.
-func (e *LabExecutor) Describe() string {
-	c := e.Lab.Config()
+// Describe is the lab line of the report header; cross is the plan's
+// competing-traffic settings (Config.Cross), so the line names competing
+// flows only when some run has them.
+func (e *LabExecutor) Describe(cross []bool) string {
+	return describeLab(e.Lab.Name(), e.Lab.Config(), e.describeCross(), cross)
+}
+
+func describeLab(name string, c testbed.Config, flows string, cross []bool) string {
 	rate := "unlimited"
 	if c.WANRate > 0 {
 		rate = fmt.Sprintf("%g Mbit/s", float64(c.WANRate)/1e6)
 	}
-	cross := ""
-	if c.LinkMTU() > c.MTU {
-		cross = fmt.Sprintf(" in %d-byte frames", c.LinkMTU())
+	jumbo := ""
+	if c.LinkMTU() > c.MTU && slices.Contains(cross, true) {
+		jumbo = fmt.Sprintf(" in %d-byte frames", c.LinkMTU())
+	}
+	competing := "no competing traffic"
+	switch {
+	case slices.Contains(cross, true) && slices.Contains(cross, false):
+		competing = "competing traffic " + flows + " per direction in the runs marked cross"
+	case slices.Contains(cross, true):
+		competing = "competing traffic " + flows + " per direction"
 	}
 	return fmt.Sprintf("lab %s: %d sites x %d nodes, RTT %v, WAN %s per direction, queue %d B, loss %g, MTU %d, "+
-		"host TCP %s, competing traffic %s per direction%s", e.Lab.Name(), len(c.Sites), c.Nodes, c.RTT, rate,
-		c.Queue, c.Loss, c.MTU, c.HostTCP(), e.describeCross(), cross)
+		"host TCP %s, %s%s", name, len(c.Sites), c.Nodes, c.RTT, rate,
+		c.Queue, c.Loss, c.MTU, c.HostTCP(), competing, jumbo)
+}
+
+// Setup is the lab's WAN in a few words, for figure titles (Header.Setup).
+func (e *LabExecutor) Setup() string {
+	c := e.Lab.Config()
+	return SetupOf(c)
+}
+
+// SetupOf says a lab configuration's WAN in a few words: "RTT 20ms, WAN
+// 200 Mbit/s, loss 0.1 %, hosts' TCP cubic".
+func SetupOf(c testbed.Config) string {
+	rate := "unlimited"
+	if c.WANRate > 0 {
+		rate = fmt.Sprintf("%g Mbit/s", float64(c.WANRate)/1e6)
+	}
+	return fmt.Sprintf("RTT %v, WAN %s, loss %s, hosts' TCP %s", c.RTT, rate,
+		LossWords(strconv.FormatFloat(c.Loss, 'g', -1, 64)), c.HostTCP())
 }
 
 // crossMix is the competing traffic of one direction of a run lasting d.

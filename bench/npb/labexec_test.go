@@ -42,3 +42,31 @@ func TestLabExecutorCrossMix(t *testing.T) {
 		t.Errorf("template changed: %+v", e.CrossMix)
 	}
 }
+
+// The header names competing flows only when the plan runs beside them:
+// the demo's idle runs once announced a flow they never started.
+func TestDescribeLabCross(t *testing.T) {
+	c := testbed.Config{Nodes: 2, RTT: 20 * time.Millisecond, WANRate: 200e6, HostCC: "cubic", CrossMTU: 9000}
+	if err := c.Normalize(); err != nil {
+		t.Fatal(err)
+	}
+	none := describeLab("x", c, "1 iperf3 flow(s)", []bool{false})
+	if strings.Contains(none, "iperf3") || strings.Contains(none, "9000") || !strings.Contains(none, "no competing traffic") {
+		t.Errorf("without competing runs: %q", none)
+	}
+	with := describeLab("x", c, "1 iperf3 flow(s)", []bool{true})
+	if !strings.Contains(with, "competing traffic 1 iperf3 flow(s) per direction in 9000-byte frames") || strings.Contains(with, "marked") {
+		t.Errorf("beside competing flows: %q", with)
+	}
+	both := describeLab("x", c, "1 iperf3 flow(s)", []bool{false, true})
+	if !strings.Contains(both, "in the runs marked cross") {
+		t.Errorf("both: %q", both)
+	}
+	if got := SetupOf(c); got != "RTT 20ms, WAN 200 Mbit/s, loss 0 %, hosts' TCP cubic" {
+		t.Errorf("setup %q", got)
+	}
+	c.Loss = 0.001
+	if got := SetupOf(c); !strings.Contains(got, "loss 0.1 %") {
+		t.Errorf("setup %q", got)
+	}
+}

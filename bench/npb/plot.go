@@ -8,10 +8,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
@@ -24,8 +24,28 @@ const (
 	figH = 4.2 * vg.Inch
 )
 
+// palette is Okabe and Ito's colour-blind-safe set, so no two series
+// differ by red against green alone; every series has a marker shape too.
+var palette = []color.Color{
+	color.RGBA{0x00, 0x72, 0xB2, 0xff}, // blue
+	color.RGBA{0xE6, 0x9F, 0x00, 0xff}, // orange
+	color.RGBA{0x00, 0x9E, 0x73, 0xff}, // bluish green
+	color.RGBA{0xCC, 0x79, 0xA7, 0xff}, // reddish purple
+	color.RGBA{0x56, 0xB4, 0xE9, 0xff}, // sky blue
+	color.RGBA{0xD5, 0x5E, 0x00, 0xff}, // vermillion
+	color.RGBA{0xF0, 0xE4, 0x42, 0xff}, // yellow
+	color.RGBA{0x55, 0x55, 0x55, 0xff}, // grey
+}
+
 // modeColor keeps a mode's colour the same in every figure.
-func modeColor(i int) color.Color { return plotutil.Color(i) }
+func modeColor(i int) color.Color { return palette[i%len(palette)] }
+
+// shapes are filled and open glyphs in an order where neighbours differ
+// most; modeShape keeps a series' shape the same in every figure.
+var shapes = []draw.GlyphDrawer{draw.CircleGlyph{}, draw.BoxGlyph{}, draw.PyramidGlyph{},
+	draw.CrossGlyph{}, draw.RingGlyph{}, draw.SquareGlyph{}, draw.TriangleGlyph{}, draw.PlusGlyph{}}
+
+func modeShape(i int) draw.GlyphDrawer { return shapes[i%len(shapes)] }
 
 // barTitle titles a bar panel: reference, traffic, and the workloads'
 // compute mode and size, so a figure of an isolating run never passes for
@@ -51,6 +71,19 @@ func trafficTitle(cross bool) string {
 	return "without competing traffic"
 }
 
+// nLabel says how many runs each point of a series stands for: "n=3", or
+// "n=1-3" when some cells lost runs.
+func nLabel(ns []int) string {
+	if len(ns) == 0 {
+		return "n=0"
+	}
+	lo, hi := slices.Min(ns), slices.Max(ns)
+	if lo == hi {
+		return fmt.Sprintf("n=%d", lo)
+	}
+	return fmt.Sprintf("n=%d-%d", lo, hi)
+}
+
 // DrawFigures writes bars.{png,svg} (time normalised to the reference mode)
 // and, if the report has a ping-pong, pingpong.{png,svg} into dir. It
 // returns the paths written.
@@ -59,7 +92,7 @@ func (r *Report) DrawFigures(dir string) ([]string, error) {
 	if bars, err := r.barPlots(); err != nil {
 		return nil, err
 	} else if len(bars) > 0 {
-		p, err := saveTiled(bars, filepath.Join(dir, "bars"))
+		p, err := saveTiled(bars, r.Header.FigureLine(), filepath.Join(dir, "bars"))
 		paths = append(paths, p...)
 		if err != nil {
 			return paths, err
@@ -70,7 +103,7 @@ func (r *Report) DrawFigures(dir string) ([]string, error) {
 		if err != nil {
 			return paths, err
 		}
-		p, err := saveTiled(pp, filepath.Join(dir, "pingpong"))
+		p, err := saveTiled(pp, r.Header.FigureLine(), filepath.Join(dir, "pingpong"))
 		paths = append(paths, p...)
 		if err != nil {
 			return paths, err
@@ -80,8 +113,9 @@ func (r *Report) DrawFigures(dir string) ([]string, error) {
 }
 
 // barPlots draws one panel per traffic setting: for each workload one bar
-// per mode, min time / reference mode's min time. A cell with no result
-// gets no bar and an "n/a" label, never a made-up value.
+// per mode, min time / reference mode's min time, and a mark per run (its
+// time / the reference's min time) so the spread shows. A cell with no
+// result gets no bar and an "n/a" label, never a made-up value.
 func (r *Report) barPlots() ([]*plot.Plot, error) {
 	var workloads []string
 	crosses := map[bool]bool{}
@@ -110,13 +144,14 @@ func (r *Report) barPlots() ([]*plot.Plot, error) {
 	if len(r.Modes) > 0 {
 		ref = r.Modes[0].Name
 	}
+	refLabel := PlainMode(r.Modes, ref)
 	// Modes that ran no pattern workload (the relay chain is a ping-pong
 	// baseline) get no bars: "n/a" is for cells that failed.
-	var modes []Mode
-	for _, m := range r.Modes {
+	var modes []int
+	for i, m := range r.Modes {
 		for _, s := range r.Summary {
 			if s.Mode == m.Name && s.Workload != "pingpong" {
-				modes = append(modes, m)
+				modes = append(modes, i)
 				break
 			}
 		}
@@ -129,15 +164,22 @@ func (r *Report) barPlots() ([]*plot.Plot, error) {
 			continue
 		}
 		p := plot.New()
-		p.Title.Text = barTitle(r.Header, ref, x)
-		p.Y.Label.Text = "min time / " + ref + " min time"
+		p.Title.Text = barTitle(r.Header, ref, x) + "\nbars: best run; marks: every run"
+		p.Y.Label.Text = "time / best " + ref + " time"
+		p.Y.Tick.Marker = ratioTicks{}
 		p.Y.Min = 0
 		ymax := 1.2
-		for i, m := range modes {
+		for k, i := range modes {
+			m := r.Modes[i]
 			vals := make(plotter.Values, len(workloads))
 			var labels plotter.XYLabels
+			var runs plotter.XYs
+			var ns []int
 			for j, w := range workloads {
 				s := find(w, m.Name, x)
+				if s != nil {
+					ns = append(ns, s.N)
+				}
 				if s != nil && s.RatioMin != nil {
 					vals[j] = *s.RatioMin
 					ymax = max(ymax, vals[j])
@@ -147,6 +189,14 @@ func (r *Report) barPlots() ([]*plot.Plot, error) {
 					labels.XYs = append(labels.XYs, plotter.XY{X: float64(j), Y: 0})
 					labels.Labels = append(labels.Labels, "n/a")
 				}
+				base := find(w, ref, x)
+				if base == nil || base.MinS == nil || *base.MinS <= 0 {
+					continue
+				}
+				for _, t := range r.runTimes(w, m.Name, x) {
+					runs = append(runs, plotter.XY{X: float64(j), Y: t / *base.MinS})
+					ymax = max(ymax, t / *base.MinS)
+				}
 			}
 			b, err := plotter.NewBarChart(vals, barW)
 			if err != nil {
@@ -154,22 +204,33 @@ func (r *Report) barPlots() ([]*plot.Plot, error) {
 			}
 			b.Color = modeColor(i)
 			b.LineStyle.Width = 0
-			b.Offset = barW * vg.Length(float64(i)-float64(nm-1)/2)
+			b.Offset = barW * vg.Length(float64(k)-float64(nm-1)/2)
 			p.Add(b)
-			p.Legend.Add(m.Name, b)
+			thumbs := []plot.Thumbnailer{b}
+			if len(runs) > 0 {
+				sc, err := plotter.NewScatter(runs)
+				if err != nil {
+					return nil, err
+				}
+				sc.GlyphStyleFunc = nil
+				sc.GlyphStyle = draw.GlyphStyle{Shape: modeShape(i), Color: color.Black, Radius: vg.Points(2.5)}
+				p.Add(offsetScatter{sc, b.Offset})
+				thumbs = append(thumbs, sc)
+			}
+			p.Legend.Add(fmt.Sprintf("%s (%s)", ModeLabel(m), nLabel(ns)), thumbs...)
 			// Value on top of each bar (or n/a where the cell failed).
 			lab, err := plotter.NewLabels(labels)
 			if err != nil {
 				return nil, err
 			}
-			lab.Offset = vg.Point{X: b.Offset, Y: vg.Points(2)}
+			lab.Offset = vg.Point{X: b.Offset, Y: vg.Points(5)}
 			for k := range lab.TextStyle {
 				lab.TextStyle[k].Font.Size = vg.Points(7)
 				lab.TextStyle[k].XAlign = draw.XCenter
 			}
 			p.Add(lab)
 		}
-		// The reference level: bars below it are faster than direct.
+		// The reference level: bars below it are faster than the reference.
 		one, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: 1}, {X: float64(len(workloads)) - 0.5, Y: 1}})
 		if err != nil {
 			return nil, err
@@ -177,26 +238,52 @@ func (r *Report) barPlots() ([]*plot.Plot, error) {
 		one.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 		one.Color = color.Gray{Y: 90}
 		p.Add(one)
-		p.Y.Max = ymax * 1.3 // headroom for the legend and the value labels
+		p.Legend.Add("1 = as fast as "+refLabel+"; below: faster", one)
+		p.Y.Max = ymax * (1.25 + 0.07*float64(nm)) // headroom for the legend and the value labels
 		p.NominalX(workloads...)
+		p.X.Label.Text = "workload"
 		p.Legend.Top = true
 		plots = append(plots, p)
 	}
 	return plots, nil
 }
 
+// runTimes are the verified runs' times of one cell.
+func (r *Report) runTimes(w, mode string, cross bool) []float64 {
+	var ts []float64
+	for _, s := range r.Samples {
+		if s.Workload == w && s.Mode == mode && s.Cross == cross && s.OK() {
+			ts = append(ts, s.Result.TimeS)
+		}
+	}
+	return ts
+}
+
+// offsetScatter draws a scatter shifted sideways by dx, onto its bar.
+type offsetScatter struct {
+	*plotter.Scatter
+	dx vg.Length
+}
+
+func (o offsetScatter) Plot(c draw.Canvas, p *plot.Plot) {
+	c.Rectangle.Min.X += o.dx
+	c.Rectangle.Max.X += o.dx
+	o.Scatter.Plot(c, p)
+}
+
 // pingPlots draws median half-round-trip latency and bandwidth against
-// message size, one curve per mode (and traffic setting).
+// message size, one curve per mode (and traffic setting), with the
+// repetitions' lowest and highest medians as error bars.
 func (r *Report) pingPlots() ([]*plot.Plot, error) {
 	lat := plot.New()
-	lat.Title.Text = "ping-pong latency (median half round trip)"
-	lat.X.Label.Text = "message size (bytes)"
-	lat.Y.Label.Text = "latency (µs)"
+	lat.Title.Text = "ping-pong latency (median half round trip)\nbars: lowest to highest run's median"
+	lat.X.Label.Text = "message size (bytes, log scale)"
+	lat.Y.Label.Text = "latency (ms, log scale)"
 	lat.X.Scale, lat.Y.Scale = plot.LogScale{}, plot.LogScale{}
 	lat.X.Tick.Marker, lat.Y.Tick.Marker = sizeTicks{}, decadeTicks{}
 	bw := plot.New()
-	bw.Title.Text = "ping-pong bandwidth"
-	bw.X.Label.Text = "message size (bytes)"
+	bw.Title.Text = "ping-pong bandwidth (median)\nbars: lowest to highest run's median"
+	bw.X.Label.Text = "message size (bytes, log scale)"
 	bw.Y.Label.Text = "bandwidth (MB/s)"
 	bw.X.Scale = plot.LogScale{}
 	bw.X.Tick.Marker = sizeTicks{}
@@ -212,34 +299,52 @@ func (r *Report) pingPlots() ([]*plot.Plot, error) {
 		cross bool
 	}
 	var order []curve
-	pts := map[curve][2]plotter.XYs{}
+	pts := map[curve][2]spreadXYs{}
+	ns := map[curve][]int{}
 	for _, p := range r.PingPong {
 		c := curve{p.Mode, p.Cross}
 		if _, ok := pts[c]; !ok {
 			order = append(order, c)
 		}
 		v := pts[c]
-		v[0] = append(v[0], plotter.XY{X: float64(p.Size), Y: p.LatMedUs})
-		v[1] = append(v[1], plotter.XY{X: float64(p.Size), Y: p.BWMBps})
-		pts[c] = v
-	}
-	for _, c := range order {
-		name := c.mode
-		if c.cross {
-			name += " + competing"
+		lo, hi := p.LatMedLoUs, p.LatMedHiUs
+		if lo == 0 && hi == 0 { // an older report: no spread recorded
+			lo, hi = p.LatMedUs, p.LatMedUs
 		}
-		for k, p := range []*plot.Plot{lat, bw} {
-			l, s, err := plotter.NewLinePoints(pts[c][k])
+		v[0] = append(v[0], spreadXY{X: float64(p.Size), Y: p.LatMedUs / 1e3, Lo: lo / 1e3, Hi: hi / 1e3})
+		lo, hi = p.BWLoMBps, p.BWHiMBps
+		if lo == 0 && hi == 0 {
+			lo, hi = p.BWMBps, p.BWMBps
+		}
+		v[1] = append(v[1], spreadXY{X: float64(p.Size), Y: p.BWMBps, Lo: lo, Hi: hi})
+		pts[c] = v
+		ns[c] = append(ns[c], p.N)
+	}
+	for k, c := range order {
+		name := PlainMode(r.Modes, c.mode)
+		if c.cross {
+			name += ", beside competing flows"
+		}
+		name += " (" + nLabel(ns[c]) + ")"
+		for j, p := range []*plot.Plot{lat, bw} {
+			l, s, err := plotter.NewLinePoints(pts[c][j])
 			if err != nil {
 				return nil, fmt.Errorf("ping-pong curve %s: %w", name, err)
 			}
 			l.Color = modeColor(modeIdx[c.mode])
 			s.Color = l.Color
+			s.Shape = modeShape(k)
+			s.Radius = vg.Points(3)
 			if c.cross {
 				l.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
-				s.Shape = draw.CrossGlyph{}
 			}
-			p.Add(l, s)
+			eb, err := plotter.NewYErrorBars(pts[c][j])
+			if err != nil {
+				return nil, fmt.Errorf("ping-pong curve %s: %w", name, err)
+			}
+			eb.Color = l.Color
+			eb.CapWidth = vg.Points(4)
+			p.Add(l, s, eb)
 			p.Legend.Add(name, l, s)
 		}
 	}
@@ -248,16 +353,32 @@ func (r *Report) pingPlots() ([]*plot.Plot, error) {
 		lo := r.PingPong[0].LatMedUs
 		for _, p := range r.PingPong {
 			lo = math.Min(lo, p.LatMedUs)
+			if p.LatMedLoUs > 0 {
+				lo = math.Min(lo, p.LatMedLoUs)
+			}
 		}
 		if lo > 0 {
-			lat.Y.Min = math.Pow(10, math.Floor(math.Log10(lo)))
+			lat.Y.Min = math.Pow(10, math.Floor(math.Log10(lo/1e3)))
 		}
 	}
 	return []*plot.Plot{lat, bw}, nil
 }
 
-// saveTiled draws plots side by side and writes base.png and base.svg.
-func saveTiled(plots []*plot.Plot, base string) ([]string, error) {
+// spreadXY is a point with the range its repetitions spanned.
+type spreadXY struct{ X, Y, Lo, Hi float64 }
+
+// spreadXYs is a curve with error bars (plotter.XYer and YErrorer).
+type spreadXYs []spreadXY
+
+func (s spreadXYs) Len() int                    { return len(s) }
+func (s spreadXYs) XY(i int) (float64, float64) { return s[i].X, s[i].Y }
+func (s spreadXYs) YError(i int) (float64, float64) {
+	return max(0, s[i].Y-s[i].Lo), max(0, s[i].Hi-s[i].Y)
+}
+
+// saveTiled draws plots side by side under heading (the set-up, once for
+// the whole figure) and writes base.png and base.svg.
+func saveTiled(plots []*plot.Plot, heading, base string) ([]string, error) {
 	if err := os.MkdirAll(filepath.Dir(base), 0o755); err != nil {
 		return nil, err
 	}
@@ -266,6 +387,15 @@ func saveTiled(plots []*plot.Plot, base string) ([]string, error) {
 		PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 4}
 	render := func(c vg.CanvasWriterTo, path string) error {
 		dc := draw.New(c)
+		if heading != "" {
+			sty := plot.New().Title.TextStyle
+			sty.Font.Size = vg.Points(11)
+			sty.XAlign, sty.YAlign = draw.XCenter, draw.YTop
+			text := wrapHeading(heading, func(s string) vg.Length { return sty.Width(s) }, dc.Max.X-dc.Min.X-vg.Millimeter*4)
+			top := dc.Max.Y - vg.Millimeter*2
+			dc.FillText(sty, vg.Point{X: dc.Center().X, Y: top}, text)
+			dc.Max.Y = top - sty.Height(text) - vg.Millimeter*2
+		}
 		cv := plot.Align([][]*plot.Plot{plots}, tiles, dc)
 		for i, p := range plots {
 			p.Draw(cv[0][i])
@@ -293,6 +423,51 @@ func saveTiled(plots []*plot.Plot, base string) ([]string, error) {
 		return []string{png}, err
 	}
 	return []string{png, svg}, nil
+}
+
+// ratioTicks labels a ratio axis at steps of 0.25, 0.5 or 1 (by its
+// range), with minor ticks between: gonum's defaults labelled only two.
+type ratioTicks struct{}
+
+func (ratioTicks) Ticks(min, max float64) []plot.Tick {
+	step := 0.25
+	switch {
+	case max-min > 8:
+		step = 2
+	case max-min > 4:
+		step = 1
+	case max-min > 2:
+		step = 0.5
+	}
+	var ticks []plot.Tick
+	for i := math.Ceil(min / step * 2); i*step/2 <= max; i++ {
+		v := i * step / 2
+		t := plot.Tick{Value: v}
+		if int(i)%2 == 0 {
+			t.Label = strconv.FormatFloat(v, 'f', -1, 64)
+		}
+		ticks = append(ticks, t)
+	}
+	return ticks
+}
+
+// wrapHeading breaks a heading at its "; " into lines no wider than w
+// (as width measures them), so a one-panel figure keeps all of it.
+func wrapHeading(h string, width func(string) vg.Length, w vg.Length) string {
+	var lines []string
+	cur := ""
+	for _, part := range strings.Split(h, "; ") {
+		switch {
+		case cur == "":
+			cur = part
+		case width(cur+"; "+part) <= w:
+			cur += "; " + part
+		default:
+			lines = append(lines, cur+";")
+			cur = part
+		}
+	}
+	return strings.Join(append(lines, cur), "\n")
 }
 
 // decadeTicks labels 1, 2 and 5 times each power of ten: a latency axis

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 )
@@ -28,6 +29,81 @@ type Header struct {
 	// reports written before they were recorded).
 	Size    string `json:"size,omitempty"`
 	Compute string `json:"compute,omitempty"`
+	// Commit is the source commit of the mpi5k that ran; Setup the WAN in
+	// a few words (RTT, rate, loss, hosts' TCP), for figure titles. Both
+	// are "" in older reports: SetupLine and CommitLabel then read them
+	// out of Lab and Version.
+	Commit string `json:"commit,omitempty"`
+	Setup  string `json:"setup,omitempty"`
+}
+
+var (
+	labRTT     = regexp.MustCompile(`RTT (\S+?),`)
+	labWAN     = regexp.MustCompile(`WAN (.+?) per direction`)
+	labLoss    = regexp.MustCompile(`loss ([^,]+),`)
+	labHostTCP = regexp.MustCompile(`host TCP ([^,]+)`)
+)
+
+// SetupLine is the WAN of the report in a few words: Setup, or for an
+// older report the same read out of its lab line.
+func (h Header) SetupLine() string {
+	if h.Setup != "" {
+		return h.Setup
+	}
+	var parts []string
+	if m := labRTT.FindStringSubmatch(h.Lab); m != nil {
+		parts = append(parts, "RTT "+m[1])
+	}
+	if m := labWAN.FindStringSubmatch(h.Lab); m != nil {
+		parts = append(parts, "WAN "+m[1])
+	}
+	if m := labLoss.FindStringSubmatch(h.Lab); m != nil {
+		parts = append(parts, "loss "+LossWords(m[1]))
+	}
+	if m := labHostTCP.FindStringSubmatch(h.Lab); m != nil {
+		parts = append(parts, "hosts' TCP "+m[1])
+	}
+	if len(parts) == 0 {
+		return "set-up not recorded"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// LossWords writes a loss probability ("0.001") as a percentage ("0.1 %").
+func LossWords(p string) string {
+	f, err := strconv.ParseFloat(p, 64)
+	if err != nil {
+		return p
+	}
+	return strconv.FormatFloat(f*100, 'g', 3, 64) + " %"
+}
+
+// CommitLabel names the commit that produced the report: Commit, else the
+// commit in Version (v1.2.0-dev+abc123 or a bare hash), else "unknown".
+func (h Header) CommitLabel() string {
+	switch {
+	case h.Commit != "":
+		return h.Commit
+	case strings.Contains(h.Version, "+"):
+		return h.Version[strings.LastIndex(h.Version, "+")+1:]
+	case h.Version != "":
+		return h.Version
+	}
+	return "unknown"
+}
+
+// FigureLine is the second title line of every figure: set-up, machine,
+// commit and day, so a figure cut out of its report still says what made it.
+func (h Header) FigureLine() string {
+	s := h.SetupLine()
+	if h.Ranks > 0 && h.Cores > 0 {
+		s += fmt.Sprintf("; %d ranks on %d cores", h.Ranks, h.Cores)
+	}
+	s += "; commit " + h.CommitLabel()
+	if len(h.Date) >= 10 {
+		s += ", " + h.Date[:10]
+	}
+	return s
 }
 
 // ComputeNote says what a compute mode's times mean, for the report's

@@ -64,7 +64,7 @@ func runBench(args []string) int {
 		npbDir     = fs.String("npb-dir", "", "also run the real NPB MPI binaries in DIR (bt.A.x, is.W.4, ...); alone unless --workloads is given")
 		redraw     = fs.String("redraw", "", "re-read a results.json, print its table and redraw its figures")
 		dryRun     = fs.Bool("dry-run", false, "print the plan and the command lines, run nothing")
-		demo       = fs.Bool("demo", false, "bring up a lab (2 sites x 2 nodes, RTT 20 ms, 200 Mbit/s, Reno hosts), run a short comparison, tear it down")
+		demo       = fs.Bool("demo", false, "what to expect, in minutes: the workloads direct and through the gateways on an idle, a lossy (0.1 %) and a shared (one CUBIC flow each way) WAN, each on a lab of its own (2 sites x 2 nodes, RTT 20 ms, 200 Mbit/s, CUBIC hosts), one table and one figure")
 	)
 	fs.Var(cli.IntRange{P: wanConns, Min: 0, Max: 63, What: "bulk WAN connections"}, "wan-conns", "WAN connections per site pair in the gateway modes (0: the gateways' default)")
 	*crossFlows, *timeout = 1, 3*time.Minute
@@ -86,6 +86,9 @@ func runBench(args []string) int {
 		}
 		return cmd.Failf(format, a...)
 	}
+	if *redraw != "" && filepath.Base(*redraw) == "demo.json" {
+		return redrawDemo(*redraw)
+	}
 	if *redraw != "" {
 		rep, err := npb.ReadReport(*redraw)
 		if err != nil {
@@ -95,16 +98,22 @@ func runBench(args []string) int {
 	}
 
 	if *demo {
-		// A few minutes on a 2-core machine: one repetition at half scale,
-		// no competing traffic, unless the flags say otherwise.
+		// The demo's conditions set the WAN and its competing traffic.
+		for _, f := range []string{"cross", "cross-cc", "cross-flows", "cross-pattern", "cross-seed"} {
+			if fs.Changed(f) {
+				return cmd.Usagef("--%s: --demo sets the WAN and the competing traffic of its conditions itself; drop --%s, or run without --demo on a lab of your own", f, f)
+			}
+		}
+		// A few minutes on a 2-core machine: one repetition at half scale
+		// of every pattern workload, unless the flags say otherwise.
 		if !fs.Changed("reps") {
 			*reps = 1
 		}
 		if !fs.Changed("scale") {
 			*scale = 0.5
 		}
-		if !fs.Changed("cross") {
-			*cross = "none"
+		if !fs.Changed("workloads") {
+			*workloads = demoWorkloads
 		}
 		if !fs.Changed("lab") {
 			*labName = fmt.Sprintf("mpi5k-demo-%d", os.Getpid()%100000)
@@ -206,27 +215,36 @@ func runBench(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	var lab *testbed.Lab
-	var err error
-	if *demo && !*dryRun {
-		// Reno hosts: direct runs then use a loss-based TCP as cluster nodes
-		// do, not this machine's BBR default (see the README's figures).
-		cfg := testbed.Config{Name: *labName, Nodes: 2, RTT: 20 * time.Millisecond, WANRate: 200e6, HostCC: "reno"}
-		fmt.Printf("# bringing up lab %s: 2 sites x 2 nodes, RTT 20ms, WAN 200 Mbit/s, hosts' TCP reno\n", *labName)
-		upCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		lab, err = testbed.Up(upCtx, cfg)
-		cancel()
-		if err != nil {
-			return fail(1, "demo lab: %v", err)
+	if *demo {
+		// The demo's labs have 2 nodes per site: one rank each.
+		if *ranks == 0 {
+			*ranks = 4
 		}
-		defer func() {
-			if err := testbed.Down(*labName); err != nil {
-				fmt.Fprintf(os.Stderr, "mpi5k bench: lab down %s: %v\n", *labName, err)
-			} else {
-				fmt.Printf("# lab %s torn down\n", *labName)
-			}
-		}()
-	} else if lab, err = testbed.Open(*labName); err != nil {
+		c.Ranks = *ranks
+		if err := c.Validate(); err != nil {
+			return fail(2, "%v", err)
+		}
+		absOut, err := filepath.Abs(*out)
+		if err != nil {
+			return fail(1, "%v", err)
+		}
+		if *dryRun {
+			c.StallRetries = 1
+			demoHeader(os.Stdout, c, npb.DemoConditions, *labName, absOut)
+			return 0
+		}
+		wl := filepath.Join(*binDir, "bench", *flavour, "mpi5k-workload")
+		if _, err := os.Stat(wl); err != nil {
+			return fail(1, "workload program %s missing (build it with `make bench-bin`): %v", wl, err)
+		}
+		if _, err := exec.LookPath(launcher); err != nil {
+			return fail(1, "%s not found: install the %s packages (make deps)", launcher, *flavour)
+		}
+		c.StallRetries = 1
+		return runDemo(ctx, c, *labName, *flavour, wl, self, absOut, *compute)
+	}
+	lab, err := testbed.Open(*labName)
+	if err != nil {
 		return fail(1, "%v (start one with: mpi5k lab up --name %s, or use --demo)", err, *labName)
 	}
 	if *ranks == 0 {
@@ -294,8 +312,8 @@ func runBench(args []string) int {
 		return 0
 	}
 
-	h := npb.Header{Date: time.Now().UTC().Format(time.RFC3339), Version: version, Cores: runtime.NumCPU(),
-		Ranks: c.Ranks, MPI: *flavour, Lab: ex.Describe(), Scale: c.Scale, Reps: c.Reps, Size: *size, Compute: *compute}
+	h := npb.Header{Date: time.Now().UTC().Format(time.RFC3339), Version: version, Commit: cli.Commit, Cores: runtime.NumCPU(),
+		Ranks: c.Ranks, MPI: *flavour, Lab: ex.Describe(c.Cross), Setup: ex.Setup(), Scale: c.Scale, Reps: c.Reps, Size: *size, Compute: *compute}
 	h.RanksPerCore = float64(h.Ranks) / float64(h.Cores)
 	fmt.Printf("# %s\n# %d runs, %d ranks on %d cores, size %s; results in %s\n# %s\n",
 		h.Lab, len(c.Plan()), h.Ranks, h.Cores, h.Size, absOut, npb.ComputeNote(h.Compute))
@@ -311,6 +329,10 @@ func runBench(args []string) int {
 	}
 	return code
 }
+
+// demoWorkloads are the pattern workloads the demo runs by default: every
+// NAS-like kernel (the ping-pong says little of what a user's job sees).
+var demoWorkloads = []string{"bt", "cg", "ft", "is", "lu", "mg", "sp"}
 
 // npbName matches NPB's binary names: kernel.class.(x|nprocs).
 var npbName = regexp.MustCompile(`^(bt|cg|ep|ft|is|lu|mg|sp|dt)\.[SWABCDEF]\.(x|[0-9]+)$`)

@@ -154,6 +154,13 @@ func TestCommandLines(t *testing.T) {
 		{[]string{"mpi5k", "bench", "--frobnicate"}, 2, []string{"mpi5k bench: unknown flag: --frobnicate", hint}, ""},
 		{[]string{"mpi5k", "bench", "--wan-conns", "-3"}, 2, []string{`invalid argument "-3" for "--wan-conns"`, hint}, ""},
 		{[]string{"mpi5k", "bench", "--help"}, 0, nil, "usage: mpi5k bench"},
+		// The demo's header says what it runs, and the demo keeps its WAN
+		// conditions its own.
+		{[]string{"mpi5k", "bench", "--demo", "--dry-run"}, 0, nil, "#   0.1 % random loss:       each WAN packet dropped at random with probability 0.001"},
+		{[]string{"mpi5k", "bench", "--demo", "--dry-run"}, 0, nil, "#   one CUBIC flow each way: one bulk CUBIC flow (iperf3) per direction"},
+		{[]string{"mpi5k", "bench", "--demo", "--dry-run", "--workloads", "bt,ft"}, 0, nil, "# mpi5k demo: workloads bt ft (size small, scale 0.5), 1 run(s) of each direct (no gateways) and through the gateways, under 3 WAN conditions"},
+		{[]string{"mpi5k", "bench", "--demo", "--cross", "with"}, 2, []string{"mpi5k bench: --cross: --demo sets the WAN and the competing traffic of its conditions itself", hint}, ""},
+		{[]string{"mpi5k", "bench", "--demo", "--cross-cc", "bbr"}, 2, []string{"mpi5k bench: --cross-cc: --demo sets", hint}, ""},
 		{[]string{"mpi5k", "bench", "--size", "B"}, 2, []string{`mpi5k bench: --size "B": want small or A`, hint}, ""},
 		{[]string{"mpi5k", "bench", "--compute", "spin"}, 2, []string{`mpi5k bench: --compute "spin": want work (the verdict`, hint}, ""},
 		{[]string{"mpi5k", "bench", "--scale", "0", "--size", "A"}, 2, []string{"scale=0: must be > 0", hint}, ""},
