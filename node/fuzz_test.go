@@ -55,7 +55,8 @@ func FuzzResumeRecords(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer rl.Close()
-		want := wellFormedData(in)
+		sent := append(append([]byte(nil), in...), recReset)
+		want := wellFormedData(sent)
 		var got []byte
 		rankDone := make(chan error, 1)
 		go func() {
@@ -80,7 +81,7 @@ func FuzzResumeRecords(f *testing.F) {
 		}
 		streamDone := make(chan struct{})
 		go func() { io.Copy(io.Discard, s); close(streamDone) }()
-		s.Write(append(append([]byte(nil), in...), recReset))
+		s.Write(sent)
 		s.CloseWrite()
 		// The daemon ends the stream: at the RESET, a malformed record,
 		// or a HELLO it refuses.
