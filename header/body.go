@@ -528,7 +528,7 @@ func ParseEndpointPair(b []byte) (from, to netip.AddrPort, err error) {
 	}
 	to, m, err := ParseEndpoint(b[n:])
 	if err == nil && n+m != len(b) {
-		err = fmt.Errorf("%d bytes after the two endpoints", len(b)-n-m)
+		err = fmt.Errorf("%w: %d bytes after the two endpoints", ErrPayload, len(b)-n-m)
 	}
 	return from, to, err
 }

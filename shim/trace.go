@@ -6,10 +6,12 @@ package main
 import "C"
 
 import (
+	"crypto/rand"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -49,31 +51,103 @@ func startTrace(dir string) error {
 		Site:   c.local.Name,
 		Rank:   launcherRank(),
 	}
-	// Written under a temporary name and renamed once the header is in:
-	// a process that exits during this start-up (it runs concurrently with
-	// the host's main) leaves no header-less .trace file.
-	path := filepath.Join(dir, fmt.Sprintf("%s.%d.trace", host, os.Getpid()))
-	tmp := path + ".tmp"
-	fd, err := unix.Open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_CLOEXEC, 0o644)
+	fd, err := createTrace(dir, host, os.Getpid(), h.Encode(nil))
 	if err != nil {
-		return fmt.Errorf("creating %s: %w", tmp, err)
-	}
-	fd = highFd(fd)
-	b := h.Encode(nil)
-	if _, err := unix.Write(fd, b); err != nil {
-		unix.Close(fd)
-		unix.Unlink(tmp)
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := unix.Rename(tmp, path); err != nil {
-		unix.Close(fd)
-		unix.Unlink(tmp)
-		return fmt.Errorf("renaming %s: %w", tmp, err)
+		return err
 	}
 	C.mpi5k_set_trace_fd(C.int(fd))
 	startSampling(fd)
 	go flushLoop()
 	return nil
+}
+
+// traceNames is how many names a process tries for its trace: its own,
+// then as many with a number, for a file of that name left by a process
+// of the same pid (an exec'd image of a traced shell, a container's
+// restart) or planted there.
+const traceNames = 8
+
+// createTrace creates the trace file of process pid in dir with header in
+// it, and returns it open for writing. The trace directory may be shared
+// (a cluster's scratch space): a file is never opened through a symlink
+// and never replaces or truncates one that exists. It is written under a
+// temporary name of its own, created with O_EXCL|O_NOFOLLOW, and moved to
+// DIR/<host>.<pid>.trace once the header is in, so a process that exits
+// during start-up leaves no header-less .trace; if that name exists, the
+// next free one of <host>.<pid>.<n>.trace. The file is the owner's alone
+// (0600), or readable by the directory's group (0640) in a setgid
+// directory, whose group the file takes: a team's shared trace directory.
+func createTrace(dir, host string, pid int, header []byte) (int, error) {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return -1, fmt.Errorf("trace directory: %w", err)
+	}
+	if !st.IsDir() {
+		return -1, fmt.Errorf("trace directory %s is not a directory", dir)
+	}
+	mode := uint32(0o600)
+	if st.Mode()&os.ModeSetgid != 0 {
+		mode = 0o640
+	}
+	host = strings.ReplaceAll(host, "/", "_")
+	base := filepath.Join(dir, fmt.Sprintf("%s.%d", host, pid))
+	var fd int
+	var tmp string
+	for try := 0; ; try++ {
+		var r [6]byte
+		rand.Read(r[:])
+		tmp = fmt.Sprintf("%s.trace.%x.tmp", base, r)
+		fd, err = unix.Open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+		if err == nil {
+			break
+		}
+		if err != unix.EEXIST || try == 3 {
+			return -1, fmt.Errorf("creating %s: %w", tmp, err)
+		}
+	}
+	fd = highFd(fd)
+	fail := func(err error) (int, error) {
+		unix.Close(fd)
+		unix.Unlink(tmp)
+		return -1, err
+	}
+	if _, err := unix.Write(fd, header); err != nil {
+		return fail(fmt.Errorf("writing %s: %w", tmp, err))
+	}
+	first := base + ".trace"
+	for n := 0; n < traceNames; n++ {
+		path := first
+		if n > 0 {
+			path = fmt.Sprintf("%s.%d.trace", base, n)
+		}
+		err := renameNoReplace(tmp, path)
+		if err == nil {
+			if n > 0 {
+				logf(levelWarn, "%s exists (not overwritten): tracing into %s", first, path)
+			}
+			return fd, nil
+		}
+		if err != unix.EEXIST {
+			return fail(fmt.Errorf("renaming %s to %s: %w", tmp, path, err))
+		}
+	}
+	return fail(fmt.Errorf("%s and the %d names after it exist (traces of earlier processes with pid %d, or files planted there) and are not overwritten: trace into a directory of your own, or empty this one",
+		first, traceNames-1, pid))
+}
+
+// renameNoReplace moves oldpath to newpath unless newpath exists (as
+// anything: a symlink is not followed, it is there). A file system
+// without renameat2's RENAME_NOREPLACE (some network and FUSE ones) gets
+// link and unlink, which fail the same way.
+func renameNoReplace(oldpath, newpath string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, oldpath, unix.AT_FDCWD, newpath, unix.RENAME_NOREPLACE)
+	if err != unix.EINVAL && err != unix.ENOSYS {
+		return err
+	}
+	if err := unix.Link(oldpath, newpath); err != nil {
+		return err
+	}
+	return unix.Unlink(oldpath)
 }
 
 // rankVars are where launchers put the MPI rank: Open MPI, MPICH/Hydra
