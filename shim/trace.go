@@ -6,8 +6,8 @@ package main
 import "C"
 
 import (
-	"crypto/rand"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -94,9 +94,10 @@ func createTrace(dir, host string, pid int, header []byte) (int, error) {
 	var fd int
 	var tmp string
 	for try := 0; ; try++ {
-		var r [6]byte
-		rand.Read(r[:])
-		tmp = fmt.Sprintf("%s.trace.%x.tmp", base, r)
+		// Unpredictable enough to not be planted in advance, and drawn
+		// without crypto/rand, whose fallback opens a file the process
+		// would then hold (O_EXCL refuses a collision anyway).
+		tmp = fmt.Sprintf("%s.trace.%x.tmp", base, uint64(time.Now().UnixNano())^rand.Uint64())
 		fd, err = unix.Open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
 		if err == nil {
 			break
