@@ -14,7 +14,6 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
 )
 
 // Condition is one state of the WAN the demo runs the workloads on.
@@ -324,12 +323,10 @@ func (d *Demo) DrawFigure(dir string) ([]string, error) {
 			p.Add(b)
 			thumbs := []plot.Thumbnailer{b}
 			if k == 0 && len(runs) > 0 {
-				sc, err := plotter.NewScatter(runs)
+				sc, err := runMarks(p, runs, i, blackish, off)
 				if err != nil {
 					return nil, err
 				}
-				sc.GlyphStyle = draw.GlyphStyle{Shape: modeShape(i), Color: blackish, Radius: vg.Points(2.5)}
-				p.Add(offsetScatter{sc, off})
 				thumbs = append(thumbs, sc)
 			} else {
 				// The same shape on the CPU bars' tops, so the panels
@@ -341,33 +338,23 @@ func (d *Demo) DrawFigure(dir string) ([]string, error) {
 					}
 				}
 				if len(tops) > 0 {
-					sc, err := plotter.NewScatter(tops)
+					sc, err := runMarks(p, tops, i, blackish, off)
 					if err != nil {
 						return nil, err
 					}
-					sc.GlyphStyle = draw.GlyphStyle{Shape: modeShape(i), Color: blackish, Radius: vg.Points(2.5)}
-					p.Add(offsetScatter{sc, off})
 					thumbs = append(thumbs, sc)
 				}
 			}
 			p.Legend.Add(name, thumbs...)
-			tl, err := plotter.NewLabels(l)
-			if err != nil {
+			if err := barLabels(p, l, off); err != nil {
 				return nil, err
 			}
-			tl.Offset = vg.Point{X: off, Y: vg.Points(5)}
-			for m := range tl.TextStyle {
-				tl.TextStyle[m].Font.Size = vg.Points(7)
-				tl.TextStyle[m].XAlign = draw.XCenter
-			}
-			p.Add(tl)
 		}
 	}
-	one, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: 1}, {X: float64(len(ws)) - 0.5, Y: 1}})
+	one, err := refLine(len(ws))
 	if err != nil {
 		return nil, err
 	}
-	one.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 	ratio.Add(one)
 	ratio.Legend.Add("1 = as fast as direct", one)
 	for _, p := range []*plot.Plot{ratio, cpu} {

@@ -208,34 +208,23 @@ func (r *Report) barPlots() ([]*plot.Plot, error) {
 			p.Add(b)
 			thumbs := []plot.Thumbnailer{b}
 			if len(runs) > 0 {
-				sc, err := plotter.NewScatter(runs)
+				sc, err := runMarks(p, runs, i, color.Black, b.Offset)
 				if err != nil {
 					return nil, err
 				}
-				sc.GlyphStyleFunc = nil
-				sc.GlyphStyle = draw.GlyphStyle{Shape: modeShape(i), Color: color.Black, Radius: vg.Points(2.5)}
-				p.Add(offsetScatter{sc, b.Offset})
 				thumbs = append(thumbs, sc)
 			}
 			p.Legend.Add(fmt.Sprintf("%s (%s)", ModeLabel(m), nLabel(ns)), thumbs...)
 			// Value on top of each bar (or n/a where the cell failed).
-			lab, err := plotter.NewLabels(labels)
-			if err != nil {
+			if err := barLabels(p, labels, b.Offset); err != nil {
 				return nil, err
 			}
-			lab.Offset = vg.Point{X: b.Offset, Y: vg.Points(5)}
-			for k := range lab.TextStyle {
-				lab.TextStyle[k].Font.Size = vg.Points(7)
-				lab.TextStyle[k].XAlign = draw.XCenter
-			}
-			p.Add(lab)
 		}
 		// The reference level: bars below it are faster than the reference.
-		one, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: 1}, {X: float64(len(workloads)) - 0.5, Y: 1}})
+		one, err := refLine(len(workloads))
 		if err != nil {
 			return nil, err
 		}
-		one.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 		one.Color = color.Gray{Y: 90}
 		p.Add(one)
 		p.Legend.Add("1 = as fast as "+refLabel+"; below: faster", one)
@@ -518,4 +507,43 @@ func sizeLabel(v float64) string {
 		return strconv.FormatFloat(v/(1<<10), 'g', -1, 64) + "Ki"
 	}
 	return strconv.FormatFloat(v, 'g', -1, 64)
+}
+
+// runMarks marks each run (xys) on p with mode i's shape in c, beside the
+// bars at offset off, and returns the marks for the legend.
+func runMarks(p *plot.Plot, xys plotter.XYs, i int, c color.Color, off vg.Length) (*plotter.Scatter, error) {
+	sc, err := plotter.NewScatter(xys)
+	if err != nil {
+		return nil, err
+	}
+	sc.GlyphStyleFunc = nil
+	sc.GlyphStyle = draw.GlyphStyle{Shape: modeShape(i), Color: c, Radius: vg.Points(2.5)}
+	p.Add(offsetScatter{sc, off})
+	return sc, nil
+}
+
+// barLabels writes each label above its bar, bars at offset off.
+func barLabels(p *plot.Plot, labels plotter.XYLabels, off vg.Length) error {
+	lab, err := plotter.NewLabels(labels)
+	if err != nil {
+		return err
+	}
+	lab.Offset = vg.Point{X: off, Y: vg.Points(5)}
+	for k := range lab.TextStyle {
+		lab.TextStyle[k].Font.Size = vg.Points(7)
+		lab.TextStyle[k].XAlign = draw.XCenter
+	}
+	p.Add(lab)
+	return nil
+}
+
+// refLine is the dashed level 1 across n bar groups: a ratio below it is
+// faster than the reference.
+func refLine(n int) (*plotter.Line, error) {
+	one, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: 1}, {X: float64(n) - 0.5, Y: 1}})
+	if err != nil {
+		return nil, err
+	}
+	one.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+	return one, nil
 }
