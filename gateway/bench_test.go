@@ -462,8 +462,16 @@ func BenchmarkIdleCPU(b *testing.B) {
 // foreignFlow sends as fast as it can from an address of from to a sink
 // on to, both outside the gateways, until stop.
 func foreignFlow(b testing.TB, from, to netip.Addr) (stop func()) {
+	return bulkFlow(b, to, func(sink netip.AddrPort) (*net.TCPConn, error) {
+		return net.DialTCP("tcp", &net.TCPAddr{IP: from.AsSlice()}, net.TCPAddrFromAddrPort(sink))
+	})
+}
+
+// bulkFlow sends as fast as it can on the connection dial makes to a sink
+// on to, until stop.
+func bulkFlow(b testing.TB, to netip.Addr, dial func(sink netip.AddrPort) (*net.TCPConn, error)) (stop func()) {
 	sink := testnet.Serve(b, to, func(c *net.TCPConn) { io.Copy(io.Discard, c); c.Close() })
-	c, err := net.DialTCP("tcp", &net.TCPAddr{IP: from.AsSlice()}, net.TCPAddrFromAddrPort(sink))
+	c, err := dial(sink)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -53,22 +54,7 @@ func perMessage(b *testing.B, gw, bulk bool, size, streams int) {
 		pids = []int{cp.a.Process.Pid, cp.b.Process.Pid}
 		dial = func() (*net.TCPConn, error) { return lanOpen(cp.lan("a"), nodeA, dst) }
 		if bulk {
-			sink := testnet.Serve(b, nodeB, func(c *net.TCPConn) { io.Copy(io.Discard, c); c.Close() })
-			c, err := lanOpen(cp.lan("a"), nodeA, sink)
-			if err != nil {
-				b.Fatal(err)
-			}
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				buf := make([]byte, 1<<20)
-				for {
-					if _, err := c.Write(buf); err != nil {
-						return
-					}
-				}
-			}()
-			b.Cleanup(func() { c.Close(); <-done })
+			b.Cleanup(bulkFlow(b, nodeB, func(sink netip.AddrPort) (*net.TCPConn, error) { return lanOpen(cp.lan("a"), nodeA, sink) }))
 		}
 	}
 	conns := make([]*net.TCPConn, streams)
