@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/internal/testnet"
 )
 
 // TestGatewayLANFlood: the real mpi5k-gateway on loopback (no namespace
@@ -72,7 +73,7 @@ func TestGatewayLANFlood(t *testing.T) {
 		}
 	}
 
-	dst := echoOn(t, netip.MustParseAddr("127.2.0.10"))
+	dst := testnet.Echo(t, netip.MustParseAddr("127.2.0.10"))
 	rank := netip.MustParseAddr("127.1.0.10")
 	if err := floodOpen(lanA, rank, dst); err != nil {
 		t.Fatalf("a stream before the flood: %v", err)
@@ -150,25 +151,6 @@ func loopbackPort(t *testing.T, a netip.Addr) uint16 {
 	}
 	defer ln.Close()
 	return uint16(ln.Addr().(*net.TCPAddr).Port)
-}
-
-// echoOn serves echo on a free port of a until the test ends.
-func echoOn(t *testing.T, a netip.Addr) netip.AddrPort {
-	ln, err := net.Listen("tcp", netip.AddrPortFrom(a, 0).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(c, c); c.Close() }()
-		}
-	}()
-	return ln.Addr().(*net.TCPAddr).AddrPort()
 }
 
 // floodDial connects from src to gw; nil if the gateway reset the
