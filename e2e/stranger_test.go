@@ -2,11 +2,7 @@ package e2e
 
 import (
 	"bufio"
-	"crypto/tls"
-	"errors"
 	"fmt"
-	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -21,6 +17,7 @@ import (
 	"time"
 
 	"github.com/mpi5k/mpi5k/gateway"
+	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/sitemap"
 )
 
@@ -241,98 +238,11 @@ func procFDs(pid int) int64 {
 }
 
 // strangers floods target from sources addresses of 127.78.0.0/16 with
-// workers connections at a time, each of one kind (nothing, half a
-// ClientHello, garbage, a ClientHello a byte per 100 ms, a whole one), held until the
-// gateway ends it or 4 s pass. stop ends it and returns the connections
-// made.
+// workers connections at a time, each of one kind (testnet.Flood), held
+// until the gateway ends it or 4 s pass, closed with a reset as a flood
+// does. stop ends it and returns the connections made.
 func strangers(t *testing.T, target netip.AddrPort, sources, workers int) (stop func() int64) {
-	hello := tlsClientHello(t)
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	var conns atomic.Int64
-	stopped := func() bool {
-		select {
-		case <-done:
-			return true
-		default:
-			return false
-		}
-	}
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := rand.New(rand.NewPCG(uint64(w), 11))
-			buf := make([]byte, 512)
-			for !stopped() {
-				i := r.IntN(sources)
-				src := netip.AddrFrom4([4]byte{127, 78, byte(i / 250), byte(i%250 + 1)})
-				d := net.Dialer{LocalAddr: &net.TCPAddr{IP: src.AsSlice()}, Timeout: time.Second}
-				c, err := d.Dial("tcp", target.String())
-				if err != nil {
-					time.Sleep(time.Millisecond)
-					continue
-				}
-				conns.Add(1)
-				end := time.Now().Add(4 * time.Second)
-				alive := func(d time.Duration) bool {
-					c.SetReadDeadline(time.Now().Add(d))
-					_, err := c.Read(buf)
-					return err == nil || errors.Is(err, os.ErrDeadlineExceeded)
-				}
-				switch w % 5 {
-				case 1:
-					c.Write(hello[:len(hello)/2])
-				case 4: // the server's flight costs it a key exchange and a signature
-					c.Write(hello)
-					alive(time.Second) // the flight; then at once the next one
-					end = time.Now()
-				case 2:
-					junk := make([]byte, 256)
-					for k := range junk {
-						junk[k] = byte(r.Uint32())
-					}
-					c.Write(junk)
-				case 3:
-					for k := 0; k < len(hello) && !stopped() && time.Now().Before(end); k++ {
-						if _, err := c.Write(hello[k : k+1]); err != nil || !alive(100*time.Millisecond) {
-							break
-						}
-					}
-				}
-				for !stopped() && time.Now().Before(end) && alive(200*time.Millisecond) {
-				}
-				if tc, ok := c.(*net.TCPConn); ok {
-					tc.SetLinger(0) // as a flood does: no TIME_WAIT of ours
-				}
-				c.Close()
-				time.Sleep(time.Millisecond)
-			}
-		}()
-	}
-	return func() int64 {
-		close(done)
-		wg.Wait()
-		return conns.Load()
-	}
-}
-
-// tlsClientHello is the first TLS record of a client that offers mpi5k's
-// protocol, as a stranger who read the source would send.
-func tlsClientHello(t *testing.T) []byte {
-	c, s := net.Pipe()
-	defer s.Close()
-	go func() {
-		tls.Client(c, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"mpi5k/2"}}).Handshake()
-		c.Close()
-	}()
-	var hdr [5]byte
-	if _, err := io.ReadFull(s, hdr[:]); err != nil {
-		t.Fatal(err)
-	}
-	body := make([]byte, int(hdr[3])<<8|int(hdr[4]))
-	if _, err := io.ReadFull(s, body); err != nil {
-		t.Fatal(err)
-	}
-	return append(hdr[:], body...)
+	return testnet.Flood{Target: target, Sources: sources, Workers: workers,
+		Source: func(i int) netip.Addr { return netip.AddrFrom4([4]byte{127, 78, byte(i / 250), byte(i%250 + 1)}) },
+		Hello:  testnet.ClientHello(t, "mpi5k/2"), Junk: 256, Seed: 11, Reset: true}.Start()
 }

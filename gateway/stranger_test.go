@@ -7,13 +7,11 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
-	"os"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/seal"
 )
@@ -26,97 +24,14 @@ func strangerAddr(i int) netip.Addr {
 
 // clientHello is the first TLS record a client offering mpi5k's protocol
 // sends: what a stranger that has read the source would send.
-func clientHello(t testing.TB) []byte {
-	t.Helper()
-	c, s := net.Pipe()
-	defer s.Close()
-	go func() {
-		tls.Client(c, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{protos[0][1]}}).Handshake()
-		c.Close()
-	}()
-	var hdr [5]byte
-	if _, err := io.ReadFull(s, hdr[:]); err != nil {
-		t.Fatal(err)
-	}
-	body := make([]byte, int(hdr[3])<<8|int(hdr[4]))
-	if _, err := io.ReadFull(s, body); err != nil {
-		t.Fatal(err)
-	}
-	return append(hdr[:], body...)
-}
+func clientHello(t testing.TB) []byte { return testnet.ClientHello(t, protos[0][1]) }
 
 // flood runs workers that connect to target from sources stranger
-// addresses, each in its way: connect and send nothing, send half a
-// ClientHello and stop, send garbage, send a ClientHello a byte every
-// 100 ms, or send a whole one (the gateway answers with its flight). Each connection lasts until the gateway ends it or 4 s pass.
-// stop ends the flood and returns the connections made.
+// addresses, each in its way (testnet.Flood). stop ends the flood and
+// returns the connections made.
 func flood(t testing.TB, target netip.AddrPort, sources, workers int) (stop func() int64) {
-	hello := clientHello(t)
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	var conns atomic.Int64
-	stopped := func() bool {
-		select {
-		case <-done:
-			return true
-		default:
-			return false
-		}
-	}
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := rand.New(rand.NewPCG(uint64(w), 7))
-			for !stopped() {
-				src := strangerAddr(r.IntN(sources))
-				d := net.Dialer{LocalAddr: &net.TCPAddr{IP: src.AsSlice()}, Timeout: time.Second}
-				c, err := d.Dial("tcp", target.String())
-				if err != nil {
-					time.Sleep(time.Millisecond)
-					continue
-				}
-				conns.Add(1)
-				end := time.Now().Add(4 * time.Second)
-				buf := make([]byte, 512)
-				alive := func(d time.Duration) bool { // false once the gateway ended it
-					c.SetReadDeadline(time.Now().Add(d))
-					_, err := c.Read(buf)
-					return err == nil || errors.Is(err, os.ErrDeadlineExceeded)
-				}
-				switch w % 5 {
-				case 0: // nothing
-				case 1:
-					c.Write(hello[:len(hello)/2])
-				case 4: // the server's flight costs it a key exchange and a signature
-					c.Write(hello)
-					alive(time.Second) // the flight; then at once the next one
-					end = time.Now()
-				case 2:
-					junk := make([]byte, 64)
-					for i := range junk {
-						junk[i] = byte(r.Uint32())
-					}
-					c.Write(junk)
-				case 3:
-					for i := 0; i < len(hello) && !stopped() && time.Now().Before(end); i++ {
-						if _, err := c.Write(hello[i : i+1]); err != nil || !alive(100*time.Millisecond) {
-							break
-						}
-					}
-				}
-				for !stopped() && time.Now().Before(end) && alive(200*time.Millisecond) {
-				}
-				c.Close()
-				time.Sleep(time.Millisecond)
-			}
-		}()
-	}
-	return func() int64 {
-		close(done)
-		wg.Wait()
-		return conns.Load()
-	}
+	return testnet.Flood{Target: target, Source: strangerAddr, Sources: sources, Workers: workers,
+		Hello: clientHello(t), Junk: 64, Seed: 7}.Start()
 }
 
 // linksUp reports whether every link of g is up and connected.
