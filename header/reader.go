@@ -280,6 +280,17 @@ func (r *Reader) ReadFrame(buf []byte) (Header, []byte, error) {
 // frames after a HELLO. A payload longer than max is refused with
 // ErrTooLarge before it is read (Decode's per-type limits apply as well).
 func ReadOne(r io.Reader, max int) (Header, []byte, error) {
+	return readOne(r, func(h Header) error {
+		if int(h.Length) > max {
+			return fmt.Errorf("%w: %v of %d bytes (limit %d)", ErrTooLarge, h.Type, h.Length, max)
+		}
+		return nil
+	})
+}
+
+// readOne reads one frame's header, lets admit refuse it before any of
+// its body is read, then reads the body.
+func readOne(r io.Reader, admit func(Header) error) (Header, []byte, error) {
 	var hb [Size]byte
 	if _, err := io.ReadFull(r, hb[:]); err != nil {
 		return Header{}, nil, err
@@ -288,8 +299,8 @@ func ReadOne(r io.Reader, max int) (Header, []byte, error) {
 	if err != nil {
 		return h, nil, err
 	}
-	if int(h.Length) > max {
-		return h, nil, fmt.Errorf("%w: %v of %d bytes (limit %d)", ErrTooLarge, h.Type, h.Length, max)
+	if err := admit(h); err != nil {
+		return h, nil, err
 	}
 	p := make([]byte, h.Length)
 	if _, err := io.ReadFull(r, p); err != nil {
@@ -310,26 +321,16 @@ var ErrUnexpected = errors.New("header: frame type not allowed here")
 // before any of its body is read. The body it allocates is therefore at
 // most MaxControl bytes, whatever the peer declares.
 func ReadFirst(r io.Reader, allowed ...Type) (Header, []byte, error) {
-	var hb [Size]byte
-	if _, err := io.ReadFull(r, hb[:]); err != nil {
-		return Header{}, nil, err
-	}
-	h, err := Decode(hb[:])
-	if err != nil {
-		return h, nil, err
-	}
-	if !slices.Contains(allowed, h.Type) {
-		return h, nil, fmt.Errorf("%w: first frame is %v declaring %d bytes, want %s (at most %d bytes)",
-			ErrUnexpected, h.Type, h.Length, typeList(allowed), MaxControl)
-	}
-	if h.Length > MaxControl {
-		return h, nil, fmt.Errorf("%w: first frame %v of %d bytes (limit %d)", ErrTooLarge, h.Type, h.Length, MaxControl)
-	}
-	p := make([]byte, h.Length)
-	if _, err := io.ReadFull(r, p); err != nil {
-		return h, nil, fmt.Errorf("header: %v payload of %d bytes truncated: %w", h.Type, h.Length, err)
-	}
-	return h, p, nil
+	return readOne(r, func(h Header) error {
+		if !slices.Contains(allowed, h.Type) {
+			return fmt.Errorf("%w: first frame is %v declaring %d bytes, want %s (at most %d bytes)",
+				ErrUnexpected, h.Type, h.Length, typeList(allowed), MaxControl)
+		}
+		if h.Length > MaxControl {
+			return fmt.Errorf("%w: first frame %v of %d bytes (limit %d)", ErrTooLarge, h.Type, h.Length, MaxControl)
+		}
+		return nil
+	})
 }
 
 // typeList names ts as "A, B or C".
