@@ -24,13 +24,6 @@ import (
 // TestMXTwoGatewaysPerSite), so the killed one carried one of them, which
 // the node daemons' logs confirm.
 func TestMXGatewayHostKilled(t *testing.T) {
-	if os.Getenv("MPI5K_TEST_MX_FAILOVER") == "" {
-		// Known regression, open under issue 47: since the LAN identity and
-		// first-frame changes of 2026-12-02 a rank's MX connections do not
-		// move to the site's other gateway when one is killed (an Open MPI
-		// peer sees a reset). Run it with MPI5K_TEST_MX_FAILOVER=1.
-		t.Skip("MX gateway failover regressed on 2026-12-02 (issue 47): MPI5K_TEST_MX_FAILOVER=1 runs it")
-	}
 	labRequireRoot(t)
 	l := labUp(t, testbed.Config{Name: "mxk" + itoa4(), Nodes: 1, Gateways: 2, RTT: 5 * time.Millisecond, WANRate: 100e6})
 	m := chaosMPIs[0]

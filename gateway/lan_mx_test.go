@@ -558,3 +558,48 @@ func TestMXIdleStreamsNoGoroutine(t *testing.T) {
 		}
 	}
 }
+
+// TestMXControlOutlivesFirstFrame: an MX control connection that has
+// registered a port lives on past the first frame's deadline, which
+// bounds only the wait for that frame: the registration, and the stream
+// that holds it, last as long as the rank's process (a node daemon's
+// resumed stream into the port is refused once it is gone).
+func TestMXControlOutlivesFirstFrame(t *testing.T) {
+	tr, node := mxSite(t, 0)
+	_, a, _ := startPair(t, func(cfg *Config) {
+		if cfg.Site == "a" {
+			cfg.Transport, cfg.FirstFrame = tr, 200*time.Millisecond
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	rank := netip.AddrPortFrom(nodeA, 40001)
+	meta, err := header.AppendEndpointPair(nil, rank, a.LANAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := mx.Dial(ctx, node, tr.EP.Addr(), meta, mx.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const port = 40002
+	for i := range 2 {
+		if _, err := s.Write(header.AppendFrame(nil, header.TypeListen, uint32(i+1), header.AppendListen(nil, port))); err != nil {
+			t.Fatal(err)
+		}
+		h, body, err := header.ReadOne(s, header.MaxControl)
+		if err != nil {
+			t.Fatalf("LISTEN %d: %v", i+1, err)
+		}
+		if h.Type != header.TypeListenReply || len(body) == 0 || body[0] != header.ListenOK {
+			t.Fatalf("LISTEN %d answered %v %x", i+1, h.Type, body)
+		}
+		if i == 0 {
+			time.Sleep(5 * a.cfg.FirstFrame)
+		}
+	}
+	if !a.listens.has(netip.AddrPortFrom(nodeA, port)) {
+		t.Errorf("port %d is no longer registered after %v", port, 5*a.cfg.FirstFrame)
+	}
+}

@@ -210,20 +210,25 @@ func (g *Gateway) handleLAN(c LANConn, e *pendingConn, ended func()) {
 		g.refuseLAN(c, "lan_from_gateway", "source is a gateway's own socket (a relay loop)", "gateway_site", gs.Name)
 		return
 	}
+	// The first frame's deadline ends once it is read: a control
+	// connection lives on in this call, for as long as the rank's process.
 	dl, _ := c.(interface{ SetReadDeadline(time.Time) error })
+	var abort *time.Timer
 	if dl != nil {
 		dl.SetReadDeadline(time.Now().Add(g.cfg.FirstFrame))
 	} else {
 		// A transport without deadlines (MX): the connection is aborted
 		// instead, which ends the read.
-		t := time.AfterFunc(g.cfg.FirstFrame, func() { c.Abort() })
-		defer t.Stop()
+		abort = time.AfterFunc(g.cfg.FirstFrame, func() { c.Abort() })
 	}
 	// Read the first frame exactly (no read-ahead): after OPEN come the
 	// application's own bytes, which belong to the stream. Its type and
 	// length are checked before its body is read, so whatever a
 	// connection declares it costs at most a control frame.
 	h, body, err := header.ReadFirst(c, header.TypeOpen, header.TypePeerQuery, header.TypeListen)
+	if abort != nil {
+		abort.Stop() // a frame read as it fired is followed by the abort's error
+	}
 	if err != nil {
 		if unpend(); evicted {
 			return // logged and aborted by the newcomer
