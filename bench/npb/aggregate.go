@@ -30,6 +30,20 @@ type Summary struct {
 	// over the repetitions (runs beside them on the lab): what a mode
 	// left them of the WAN.
 	CompetingMbit *float64 `json:"competing_mbit_s,omitempty"`
+	// The job's own inter-site payload rate, Mbit/s (the workload's WAN
+	// bytes, both directions, over its time), median over the
+	// repetitions: its share of the WAN beside CompetingMbit.
+	JobMbit *float64 `json:"job_mbit_s,omitempty"`
+	// The gateways' CPU per inter-site message of the job, µs (all
+	// gateways together over the workload's WAN messages), median over
+	// the repetitions. Unset for direct runs.
+	GatewayCPUPerMsgUs *float64 `json:"gw_cpu_us_per_msg,omitempty"`
+	// What each of a rank's inter-site messages added to the job's time
+	// against the reference mode, µs: the median time's difference over
+	// the median of the WAN messages one rank sent. An upper bound of
+	// the added latency per message when every message is on a rank's
+	// critical path (latency-bound kernels); negative when faster.
+	AddedUsPerMsg *float64 `json:"added_us_per_msg,omitempty"`
 	Errors        []string `json:"errors,omitempty"` // distinct failure reasons
 }
 
@@ -82,6 +96,9 @@ func Summarize(samples []Sample, modes []string, ref string) []Summary {
 	cpus := map[cellKey][]float64{}
 	perGiB := map[cellKey][]float64{}
 	competing := map[cellKey][]float64{}
+	jobMbit := map[cellKey][]float64{}
+	perMsg := map[cellKey][]float64{}
+	rankMsgs := map[cellKey][]float64{}
 	sums := map[cellKey]*Summary{}
 	for _, s := range samples {
 		if !seenW[s.Workload] {
@@ -98,11 +115,21 @@ func Summarize(samples []Sample, modes []string, ref string) []Summary {
 		if s.OK() {
 			sum.N++
 			times[k] = append(times[k], s.Result.TimeS)
+			res := s.Result
 			if cpu, wan, ok := s.gatewayCPU(); ok {
 				cpus[k] = append(cpus[k], cpu)
 				if wan >= 1<<20 {
 					perGiB[k] = append(perGiB[k], cpu/(float64(wan)/(1<<30)))
 				}
+				if res.WANMsgs > 0 {
+					perMsg[k] = append(perMsg[k], cpu/float64(res.WANMsgs)*1e6)
+				}
+			}
+			if res.TimeS > 0 && res.WANBytes > 0 {
+				jobMbit[k] = append(jobMbit[k], float64(res.WANBytes)*8/res.TimeS/1e6)
+			}
+			if res.WANMsgs > 0 && res.Ranks > 0 {
+				rankMsgs[k] = append(rankMsgs[k], float64(res.WANMsgs)/float64(res.Ranks))
 			}
 			if s.Competing != nil {
 				competing[k] = append(competing[k], s.Competing.Mbit())
@@ -127,6 +154,12 @@ func Summarize(samples []Sample, modes []string, ref string) []Summary {
 	for k, v := range competing {
 		sums[k].CompetingMbit = ptr(Median(v))
 	}
+	for k, v := range jobMbit {
+		sums[k].JobMbit = ptr(Median(v))
+	}
+	for k, v := range perMsg {
+		sums[k].GatewayCPUPerMsgUs = ptr(Median(v))
+	}
 	var out []Summary
 	for _, w := range workloads {
 		for _, x := range []bool{false, true} {
@@ -142,6 +175,9 @@ func Summarize(samples []Sample, modes []string, ref string) []Summary {
 				if base != nil && base.MinS != nil && sum.MinS != nil && *base.MinS > 0 {
 					sum.RatioMin = ptr(*sum.MinS / *base.MinS)
 					sum.RatioMedian = ptr(*sum.MedianS / *base.MedianS)
+					if n := rankMsgs[cellKey{w, m, x}]; m != ref && len(n) > 0 {
+						sum.AddedUsPerMsg = ptr((*sum.MedianS - *base.MedianS) / Median(n) * 1e6)
+					}
 				}
 				out = append(out, *sum)
 			}

@@ -283,7 +283,7 @@ func TestRunAggregatesAndMarksFailures(t *testing.T) {
 		t.Errorf("want json + 3 csv, got %v", files)
 	}
 	sum, _ := os.ReadFile(filepath.Join(dir, "summary.csv"))
-	if !strings.Contains(string(sum), "ft,gateways,false,0,3,,,,,,,,FAILED: verification failed") {
+	if !strings.Contains(string(sum), "ft,gateways,false,0,3,,,,,,,,,,,FAILED: verification failed") {
 		t.Errorf("summary.csv does not mark the failed cell:\n%s", sum)
 	}
 	back, err := ReadReport(filepath.Join(dir, "results.json"))
@@ -443,5 +443,43 @@ func TestExpressEvents(t *testing.T) {
 	}
 	if r, y := (Sample{}).expressEvents(); r != 0 || y != 0 {
 		t.Errorf("no gateways: %d renewals, %d yields", r, y)
+	}
+}
+
+// TestSummarizePerMessage: the gateways' CPU per WAN message, the time
+// each of a rank's WAN messages added against direct, and the job's own
+// WAN rate, from samples whose figures give round numbers.
+func TestSummarizePerMessage(t *testing.T) {
+	res := func(time float64, wanMsgs uint64) *Result {
+		return &Result{Workload: "lu", Ranks: 4, TimeS: time, WANBytes: 125_000_000, WANMsgs: wanMsgs, Verified: true}
+	}
+	var samples []Sample
+	for rep, d := range []float64{0, 0.2, 0.1} {
+		samples = append(samples,
+			Sample{Cell: Cell{Rep: rep, Workload: "lu", Mode: "direct"}, Result: res(10+d, 40_000)},
+			Sample{Cell: Cell{Rep: rep, Workload: "lu", Mode: "gateways"}, Result: res(10.4+d, 40_000),
+				Gateways: []GatewayCPU{{Site: "a", CPUS: 0.3}, {Site: "b", CPUS: 0.1 + d}}})
+	}
+	sum := Summarize(samples, []string{"direct", "gateways"}, "direct")
+	if len(sum) != 2 {
+		t.Fatalf("%d cells, want 2", len(sum))
+	}
+	d, g := sum[0], sum[1]
+	near := func(what string, p *float64, want float64) {
+		t.Helper()
+		if p == nil {
+			t.Errorf("%s unset, want %g", what, want)
+		} else if diff := *p - want; diff > 1e-6*max(1, want) || -diff > 1e-6*max(1, want) {
+			t.Errorf("%s = %g, want %g", what, *p, want)
+		}
+	}
+	// Median CPU 0.5 s over 40,000 messages.
+	near("gw_cpu_us_per_msg", g.GatewayCPUPerMsgUs, 12.5)
+	// Median 10.5 s against 10.1 s, each rank sent 10,000 WAN messages.
+	near("added_us_per_msg", g.AddedUsPerMsg, 40)
+	// 1 Gbit over the median 10.1 s direct run.
+	near("job_mbit_s direct", d.JobMbit, 1000/10.1)
+	if d.GatewayCPUPerMsgUs != nil || d.AddedUsPerMsg != nil {
+		t.Errorf("the reference mode has per-message figures: %v %v", d.GatewayCPUPerMsgUs, d.AddedUsPerMsg)
 	}
 }

@@ -208,7 +208,8 @@ func (r *Report) WriteFiles(dir string) ([]string, error) {
 func (r *Report) writeSummaryCSV(w io.Writer) error {
 	c := csv.NewWriter(w)
 	_ = c.Write([]string{"workload", "mode", "cross", "n", "failed", "min_s", "median_s",
-		"ratio_min", "ratio_median", "gw_cpu_s", "gw_cpu_s_per_gib", "competing_mbit_s", "status"})
+		"ratio_min", "ratio_median", "gw_cpu_s", "gw_cpu_s_per_gib", "competing_mbit_s",
+		"job_mbit_s", "gw_cpu_us_per_msg", "added_us_per_msg", "status"})
 	for _, s := range r.Summary {
 		status := "ok"
 		if s.N == 0 {
@@ -218,7 +219,8 @@ func (r *Report) writeSummaryCSV(w io.Writer) error {
 		}
 		_ = c.Write([]string{s.Workload, s.Mode, strconv.FormatBool(s.Cross), strconv.Itoa(s.N),
 			strconv.Itoa(s.Failed), fmtOpt(s.MinS, 6), fmtOpt(s.MedianS, 6),
-			fmtOpt(s.RatioMin, 4), fmtOpt(s.RatioMedian, 4), fmtOpt(s.GatewayCPUS, 3), fmtOpt(s.GatewayCPUPerGiB, 3), fmtOpt(s.CompetingMbit, 1), status})
+			fmtOpt(s.RatioMin, 4), fmtOpt(s.RatioMedian, 4), fmtOpt(s.GatewayCPUS, 3), fmtOpt(s.GatewayCPUPerGiB, 3), fmtOpt(s.CompetingMbit, 1),
+			fmtOpt(s.JobMbit, 1), fmtOpt(s.GatewayCPUPerMsgUs, 2), fmtOpt(s.AddedUsPerMsg, 1), status})
 	}
 	c.Flush()
 	return c.Error()
@@ -280,8 +282,8 @@ func (r *Report) WriteTable(w io.Writer) {
 	if h.Lab != "" {
 		fmt.Fprintf(w, "# lab: %s\n", h.Lab)
 	}
-	fmt.Fprintf(w, "%-9s %-12s %-5s %3s %10s %10s %9s %9s %8s %10s %9s  %s\n",
-		"workload", "mode", "cross", "n", "min_s", "median_s", "ratio", "ratio_med", "gw_cpu_s", "gw_s/GiB", "comp_Mbit", "status")
+	fmt.Fprintf(w, "%-9s %-12s %-5s %3s %10s %10s %9s %9s %8s %10s %9s %9s %9s %10s  %s\n",
+		"workload", "mode", "cross", "n", "min_s", "median_s", "ratio", "ratio_med", "gw_cpu_s", "gw_s/GiB", "gw_us/msg", "add_us/msg", "job_Mbit", "comp_Mbit", "status")
 	for _, s := range r.Summary {
 		status := "ok"
 		if s.N == 0 {
@@ -295,8 +297,9 @@ func (r *Report) WriteTable(w io.Writer) {
 			}
 			return strconv.FormatFloat(*p, 'f', prec, 64)
 		}
-		fmt.Fprintf(w, "%-9s %-12s %-5s %3d %10s %10s %9s %9s %8s %10s %9s  %s\n", s.Workload, s.Mode,
+		fmt.Fprintf(w, "%-9s %-12s %-5s %3d %10s %10s %9s %9s %8s %10s %9s %9s %9s %10s  %s\n", s.Workload, s.Mode,
 			yesNo(s.Cross), s.N, dash(s.MinS, 3), dash(s.MedianS, 3), dash(s.RatioMin, 3),
-			dash(s.RatioMedian, 3), dash(s.GatewayCPUS, 2), dash(s.GatewayCPUPerGiB, 2), dash(s.CompetingMbit, 0), status)
+			dash(s.RatioMedian, 3), dash(s.GatewayCPUS, 2), dash(s.GatewayCPUPerGiB, 2),
+			dash(s.GatewayCPUPerMsgUs, 1), dash(s.AddedUsPerMsg, 1), dash(s.JobMbit, 0), dash(s.CompetingMbit, 0), status)
 	}
 }
