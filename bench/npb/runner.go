@@ -117,7 +117,7 @@ func (c *Config) Validate() error {
 	}
 	for _, w := range c.Workloads {
 		if _, npb := c.NPB[w]; !KnownWorkload(w) && !npb {
-			return fmt.Errorf("unknown workload %q (want one of %v, or an NPB binary of --npb-dir)", w, Workloads)
+			return fmt.Errorf("unknown workload %q (want one of %v, %v, or an NPB binary of --npb-dir)", w, Workloads, OptInWorkloads)
 		}
 	}
 	return nil
@@ -126,9 +126,14 @@ func (c *Config) Validate() error {
 // Workloads are the programs of mpi5k-workload, in report order.
 var Workloads = []string{"pingpong", "bt", "cg", "ft", "is", "lu", "mg", "sp"}
 
+// OptInWorkloads are the programs of mpi5k-workload run only when named:
+// startup times a job's launch to its first exchange with every rank
+// (MPI_Init and one Alltoall), from the wall clock at launch.
+var OptInWorkloads = []string{"startup"}
+
 // KnownWorkload reports whether w is a workload of mpi5k-workload.
 func KnownWorkload(w string) bool {
-	for _, k := range Workloads {
+	for _, k := range append(Workloads[:len(Workloads):len(Workloads)], OptInWorkloads...) {
 		if k == w {
 			return true
 		}
@@ -217,7 +222,7 @@ func Run(ctx context.Context, c Config, ex Executor, progress io.Writer) ([]Samp
 		if err != nil {
 			return samples, err
 		}
-		if pinned != "" && cell.Workload != "pingpong" {
+		if pinned != "" && cell.Workload != "pingpong" && cell.Workload != "startup" {
 			args = append(args, "--loops-per-us", pinned)
 		}
 		args = append(args, c.ExtraArgs...)
@@ -230,7 +235,7 @@ func Run(ctx context.Context, c Config, ex Executor, progress io.Writer) ([]Samp
 			job.Ranks = 2 // one rank per site
 		}
 		t0 := time.Now()
-		out, err := ex.Run(ctx, job)
+		out, err := ex.Run(ctx, launched(job, t0))
 		s := judge(cell, out, err)
 		var stalled *LabStalled
 		for try := 0; try < c.StallRetries && errors.As(err, &stalled) && ctx.Err() == nil; try++ {
@@ -238,7 +243,7 @@ func Run(ctx context.Context, c Config, ex Executor, progress io.Writer) ([]Samp
 				i+1, len(plan), time.Since(start).Round(time.Second), cell.Rep+1, cell.Workload,
 				cell.Mode, yesNo(cell.Cross), s.summary(), time.Since(t0).Seconds())
 			t0 = time.Now()
-			out, err = ex.Run(ctx, job)
+			out, err = ex.Run(ctx, launched(job, t0))
 			s = judge(cell, out, err)
 			s.Note = strings.TrimPrefix(s.Note+"; "+RerunNote, "; ")
 		}
@@ -251,6 +256,16 @@ func Run(ctx context.Context, c Config, ex Executor, progress io.Writer) ([]Samp
 			cell.Mode, yesNo(cell.Cross), s.summary(), time.Since(t0).Seconds())
 	}
 	return samples, nil
+}
+
+// launched gives the startup workload the wall clock of its launch (at):
+// its time runs from there, through the launcher, the gateways' start
+// (per-job gateways of mpi5k run) and MPI_Init, to its first Alltoall.
+func launched(j Job, at time.Time) Job {
+	if j.Workload == "startup" && j.Program == "" {
+		j.Args = append(j.Args[:len(j.Args):len(j.Args)], "--launched-at", strconv.FormatFloat(float64(at.UnixNano())/1e9, 'f', 6, 64))
+	}
+	return j
 }
 
 // WorkRate is the work rate (loops_per_us) of the first verified pattern

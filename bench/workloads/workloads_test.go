@@ -145,6 +145,22 @@ func testFlavour(t *testing.T, f flavour, corrupt []string) {
 			checkClean(t, r, w, 4)
 		})
 	}
+	t.Run("startup", func(t *testing.T) {
+		launch := time.Now()
+		at := strconv.FormatFloat(float64(launch.UnixNano())/1e9, 'f', 6, 64)
+		r := runJob(t, job(4, "--workload", "startup", "--launched-at", at), 60*time.Second)
+		took := time.Since(launch).Seconds()
+		res := checkClean(t, r, "startup", 4)
+		if res.WANMsgs != 8 {
+			t.Errorf("wan_msgs=%d, want 8 (each rank's two blocks to the other site)", res.WANMsgs)
+		}
+		if res.TimeS > took {
+			t.Errorf("start-up %g s is longer than the whole job's %g s", res.TimeS, took)
+		}
+		if !strings.Contains(r.out, "after the launch") {
+			t.Errorf("the start-up is not timed from the launch:\n%s", r.out)
+		}
+	})
 	for _, w := range corrupt {
 		t.Run(w+"-corrupt", func(t *testing.T) {
 			r := runJob(t, job(4, append([]string{"--workload", w, "--corrupt"}, small...)...), 60*time.Second)
@@ -168,8 +184,9 @@ func testFlavour(t *testing.T, f flavour, corrupt []string) {
 	})
 }
 
-// Each flavour corrupts a point-to-point and a collective workload once.
-func TestWorkloadsOpenMPI(t *testing.T) { testFlavour(t, flavours[0], []string{"bt", "is"}) }
+// Each flavour corrupts a point-to-point and a collective workload once
+// (Open MPI the start-up's exchange too).
+func TestWorkloadsOpenMPI(t *testing.T) { testFlavour(t, flavours[0], []string{"bt", "is", "startup"}) }
 func TestWorkloadsMPICH(t *testing.T)   { testFlavour(t, flavours[1], []string{"lu", "ft"}) }
 
 // TestPerIterMatchesProgram: the volume per iteration that bench/npb's

@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
 /* mpi5k workloads: layout, scaling, calibrated compute, payload patterns. */
 #include "wl.h"
 
@@ -7,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* --- layout ------------------------------------------------------------ */
 
@@ -212,6 +214,13 @@ void wl_fail(wl *w, int src, long iter, int idx, const char *fmt, ...)
 	       "%s\n",
 	       w->workload, w->rank, src, iter, idx, detail);
 	fflush(stdout);
+}
+
+double wl_wall(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_REALTIME, &t);
+	return (double)t.tv_sec + t.tv_nsec * 1e-9;
 }
 
 void wl_count(wl *w, int dst, size_t n)

@@ -41,6 +41,7 @@ typedef struct wl {
 	int verbose;
 	enum wl_compute_mode compute;
 	double loops_per_us; /* 0: calibrate at start */
+	double launched_at;  /* startup: the launch's wall clock, 0 unknown */
 	/* pingpong options */
 	size_t pp_min, pp_max;
 	int pp_step, pp_reps, pp_warmup;
@@ -48,6 +49,10 @@ typedef struct wl {
 	/* layout: ranks are placed in blocks, rps consecutive ranks per site */
 	MPI_Comm comm;
 	int rank, size, rps, site, local;
+
+	/* start-up (wl_wall): process start, MPI_Init's return; what the
+	 * startup workload measured from the launch (or the start) */
+	double started_at, inited_at, startup_s, init_s;
 
 	/* accounting of this rank's logical payload */
 	uint64_t bytes, msgs, wan_bytes, wan_msgs;
@@ -110,6 +115,10 @@ void wl_recv(wl *w, int src, size_t n, long iter, int idx);
 void wl_exchange(wl *w, int n, const int *to, const int *from, size_t lo,
 		 size_t hi, long iter);
 
+/* Wall clock, seconds since the epoch (CLOCK_REALTIME): comparable with
+ * the launcher's clock on the same machine. */
+double wl_wall(void);
+
 /* --- output ------------------------------------------------------------ */
 void wl_say(const wl *w, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
@@ -123,5 +132,6 @@ int wl_ft(wl *w);
 int wl_is(wl *w);
 int wl_lu(wl *w);
 int wl_mg(wl *w);
+int wl_startup(wl *w);
 
 #endif
