@@ -712,6 +712,9 @@ func TestDrainAndReadyFile(t *testing.T) {
 	if code, _ := get("/ready"); code != http.StatusServiceUnavailable {
 		t.Fatalf("/ready before the peer is up: %d", code)
 	}
+	if code, _ := get("/ready?primed=0"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/ready?primed=0 before the peer is up: %d", code)
+	}
 	startGW(t, m, "b", nil)
 	<-a.Ready()
 	if b, err := os.ReadFile(dir + "/ready"); err != nil || !strings.HasPrefix(string(b), "ready a") {
@@ -720,6 +723,20 @@ func TestDrainAndReadyFile(t *testing.T) {
 	if code, _ := get("/ready"); code != http.StatusOK {
 		t.Fatalf("/ready with the mesh up: %d", code)
 	}
+	// A link being primed: not ready, unless the asker takes links up
+	// without priming done (?primed=0).
+	a.peersMu.Lock()
+	a.priming++
+	a.peersMu.Unlock()
+	if code, _ := get("/ready"); code != http.StatusServiceUnavailable {
+		t.Errorf("/ready while a link is primed: %d", code)
+	}
+	if code, body := get("/ready?primed=0"); code != http.StatusOK {
+		t.Errorf("/ready?primed=0 while a link is primed, every link up: %d %s", code, body)
+	}
+	a.peersMu.Lock()
+	a.priming--
+	a.peersMu.Unlock()
 	_, body := get("/metrics")
 	for _, want := range []string{`mpi5k_wan_link_up{link="0",peer="b",site="a"} 1`, "mpi5k_wan_tcp_cwnd_segments", "mpi5k_window_stalls_total", `mpi5k_lan_refused_total{site="a"} 0`,
 		`mpi5k_wan_frames_poll_thread_total{dir="rx",link="0",peer="b",site="a"}`, "mpi5k_wan_poll_thread_partial_writes_total", "mpi5k_wan_frames_inline_total",
