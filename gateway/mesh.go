@@ -14,7 +14,6 @@ import (
 	"github.com/mpi5k/mpi5k/header"
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/tcpinfo"
-	"github.com/mpi5k/mpi5k/tuning"
 )
 
 func (g *Gateway) features() uint8 {
@@ -46,20 +45,6 @@ func (g *Gateway) hello(i int) header.Hello {
 	return h
 }
 
-// wanCreate is the options WAN sockets are created with. With an express
-// congestion control they are created with it and the bulk links switch to
-// the WAN one after the handshake: a socket once run by BBR keeps the
-// kernel's pacing on whatever it switches to (sk_pacing_status), which
-// spreads every small burst over most of an RTT, so the express link must
-// never have been BBR.
-func (g *Gateway) wanCreate() tuning.SockOpts {
-	o := g.cfg.WAN
-	if g.cfg.ExpressCC != "" && o.CC != "" {
-		o.CC = g.cfg.ExpressCC
-	}
-	return o
-}
-
 // addLink joins conn to p's trunk as link i; local is the session our
 // HELLO gave it (0: none, the link does not resume).
 //
@@ -85,24 +70,6 @@ func (g *Gateway) addLink(p *peer, i int, c net.Conn, ph header.Hello, since tim
 	return l
 }
 
-// tuneLink sets the socket options of link i that differ from the WAN
-// sockets' own. The express link is exempt from --wan-pace (it carries
-// only messages, and they must not wait for a pacing slot) and may have
-// its own congestion control.
-func (g *Gateway) tuneLink(p *peer, i int, c net.Conn) {
-	x := g.isExpress(i)
-	var err error
-	switch {
-	case x && g.cfg.WAN.MaxPacingRate > 0:
-		err = tuning.TuneLink(relay.TCPOf(c), true, "")
-	case !x && g.cfg.ExpressCC != "" && g.cfg.ExpressCC != g.cfg.WAN.CC:
-		err = tuning.TuneLink(relay.TCPOf(c), false, g.cfg.WAN.CC)
-	}
-	if err != nil {
-		g.log.Warn("WAN link: socket options not set", "peer", p.name, "link", i, "express", x, "err", err)
-	}
-}
-
 // resumed moves link l of p onto the new connection c, whose HELLO
 // exchange (ph) resumed it. A resumed connection is not primed: its
 // streams are waiting, and they are what fills it.
@@ -115,36 +82,6 @@ func (g *Gateway) resumed(p *peer, i int, l *relay.Link, c net.Conn, ph header.H
 		g.guard.Begin(l, since)
 	}
 	return nil
-}
-
-// primeLink primes link l (tuning.Prime), after any other link of p's, and
-// logs what it did.
-func (g *Gateway) primeLink(p *peer, i int, express bool, l *relay.Link) {
-	p.primeMu.Lock()
-	r := tuning.Prime(l, express, tuning.PrimeMaxTime)
-	p.primeMu.Unlock()
-	g.peersMu.Lock()
-	g.priming--
-	all := g.allUpLocked()
-	g.peersMu.Unlock()
-	if all {
-		g.setReady()
-	}
-	log := g.log.With("peer", p.name, "link", i, "express", express)
-	switch {
-	case r.Skipped != "":
-		log.Debug("WAN link not primed", "why", r.Skipped)
-	case r.Err != nil:
-		log.Debug("WAN link priming ended with the link", "err", r.Err, "pad_bytes", r.Bytes)
-	case r.Took >= tuning.PrimeMaxTime:
-		log.Warn("WAN link priming gave up after its time limit", "bbr_mode", r.Mode.String(), "estimate_settled", r.Primed,
-			"pad_bytes", r.Bytes, "took", r.Took.Round(time.Millisecond), "bbr_bw_bps", 8*r.BW)
-	default:
-		// Not settled: the filler limit, reached first on a path of tiny
-		// BDP, where the estimate is far above any message's needs.
-		log.Info("WAN link primed", "bbr_mode", r.Mode.String(), "estimate_settled", r.Primed,
-			"pad_bytes", r.Bytes, "took", r.Took.Round(time.Millisecond), "bbr_bw_bps", 8*r.BW)
-	}
 }
 
 // dialLoop keeps link i to p up: dial, handshake, run until it dies,
