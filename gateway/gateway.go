@@ -417,5 +417,3 @@ func (g *Gateway) LANAddr() netip.AddrPort { return g.lanLn.Addr() }
 func (g *Gateway) WANAddr() netip.AddrPort {
 	return unmapAP(g.wanLn.Addr().(*net.TCPAddr).AddrPort())
 }
-
-// ---- WAN mesh ----

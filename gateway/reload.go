@@ -56,18 +56,6 @@ const defaultRetireTimeout = 10 * time.Minute
 // errNotRunning: Reload outside Run.
 var errNotRunning = errors.New("gateway is not running (starting or draining): reload refused")
 
-// startPeer starts dialing p's links if this side dials. Callers hold
-// reloadMu with the gateway running, so g.wg cannot be waited on yet.
-func (g *Gateway) startPeer(p *peer) {
-	if !p.dialer {
-		return
-	}
-	for i := range p.links {
-		g.wg.Add(1)
-		go g.dialLoop(p, i)
-	}
-}
-
 // Reload puts m in force. This site must keep its id and its lan=/wan=
 // listeners (they are bound sockets: moving them needs a restart);
 // everything else may change. On error the old map stays in force.
