@@ -149,10 +149,10 @@ type msgSeen struct {
 // lastMessage is what queue control is told of messages at now: when the
 // express link last sent one; now when the trunk has none (every message
 // then crosses the bulk links' path); zero (none) while a hold keeps this
-// side's messages off the express link. The gateway holds it only while
-// another flow keeps the WAN queue full (HoldExpress), where a cap would
-// only lose the bulk links' share of the path to that flow, so queue
-// control stands aside.
+// side's messages off the express link. The express controller holds it
+// only while another flow keeps the WAN queue full (HoldExpress), where a
+// cap would only lose the bulk links' share of the path to that flow, so
+// queue control stands aside.
 func (t *Trunk) lastMessage(now time.Time, m *msgSeen) time.Time {
 	if t.ExpressHeld(now) {
 		return time.Time{}

@@ -31,6 +31,9 @@ type Trunk struct {
 	rr      int     // rotates the first candidate of the least-loaded choice
 	queueOn bool    // controlQueue runs
 	onRenew func()  // the dialer's: renew the express link
+	// xCtl is the express controller, made by the first StepExpress
+	// (Config.ExpressControl).
+	xCtl ExpressController
 	// xHold: until when (unix ns) messages stay off the express link
 	// (HoldExpress).
 	xHold atomic.Int64
@@ -127,10 +130,10 @@ func (t *Trunk) add(conn net.Conn, cfg Config, peer header.Hello, index int, exp
 // HoldExpress sends this side's messages on the bulk links for d from now,
 // as if the trunk had no express link; d <= 0 ends a hold. The express
 // link stays up (and is renewed as before), so the peer may go on using
-// it. The gateway holds it while another flow keeps the WAN queue full:
-// the messages wait in that queue on any link, and there the express
-// link's loss-based window is cut again and again while a primed bulk
-// link's holds.
+// it. The express controller (StepExpress) holds it while another flow
+// keeps the WAN queue full: the messages wait in that queue on any link,
+// and there the express link's loss-based window is cut again and again
+// while a primed bulk link's holds.
 func (t *Trunk) HoldExpress(d time.Duration) { t.xHold.Store(time.Now().Add(d).UnixNano()) }
 
 // ExpressHeld reports whether a hold (HoldExpress) keeps messages off the
