@@ -71,7 +71,7 @@ type Config struct {
 	// ExpressYield holds the express link aside (relay.Trunk.HoldExpress)
 	// while another flow keeps the WAN queue full: when losses have cut
 	// the express link's window below one message and its min RTT
-	// stands well above the path's (see yieldExpress), this side's
+	// stands well above the path's (see tuning.ExpressControl), this side's
 	// messages take the bulk links for 10 s, doubling up to a minute
 	// while it recurs. Each side decides for what it sends.
 	ExpressYield bool

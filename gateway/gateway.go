@@ -10,10 +10,15 @@
 //   - config.go: Config, DefaultConfig (what the measurements settled) and
 //     Validate; flags.go declares the same settings once as command-line
 //     flags for mpi5k-gateway and `mpi5k run`.
-//   - mesh.go: the WAN mesh: the site with the lower id dials each link and
-//     redials after a failure, the acceptor admits only the site map's
-//     gateways, express link renewal, readiness. A peer is one gateway
-//     host of another site: every gateway pair keeps its own links.
+//   - peers.go: the peer table: a peer is one gateway host of another
+//     site (every gateway pair keeps its own links), with its links by
+//     index; readiness; the link a new stream takes (pickLink).
+//   - wan.go: the WAN mesh's dialing side: the site with the lower id (or
+//     the one behind NAT) dials each link, redials after a failure and
+//     resumes a broken one; the HELLO both sides send. wan_accept.go: the
+//     accepting side, which admits only the site map's gateways.
+//   - wan_tune.go: where package tuning's policies meet a WAN link:
+//     socket options, priming, the express link's renewals and holds.
 //   - identity.go: which of its site's gateway hosts this gateway is.
 //   - serve.go: the LAN side: OPEN and PEER_QUERY from the site's nodes, the
 //     destination policy (destinations must be in this site and not a
@@ -27,10 +32,11 @@
 //   - reload.go: a new site map in force while streams run (service mode);
 //     degraded.go: what the gateway runs without, exported for the summary.
 //
-// The multiplexing itself (streams, trunks, queue control, the poller
-// thread) is package relay; the WAN tuning policies the gateway applies to
-// its sockets and links (socket options, congestion control, priming, the
-// PROBE_RTT guard, keeping links warm) are package tuning.
+// The multiplexing itself (streams, trunks, the poller thread, the hooks
+// of queue and express control) is package relay; the WAN tuning policies
+// the gateway applies to its sockets and links (socket options,
+// congestion control, priming, the PROBE_RTT guard, keeping links warm,
+// queue control, the express link's renewal and yield) are package tuning.
 package gateway
 
 import (
@@ -262,6 +268,9 @@ func New(cfg Config) (*Gateway, error) {
 		Limited: func(reason, peer string, err error) {
 			g.refused(reason, "WAN peer hit a limit", "peer", peer, "err", err)
 		}}
+	if cfg.Express {
+		g.rcfg.ExpressControl = tuning.ExpressControl(cfg.Renew, cfg.ExpressYield, cfg.ExpressMax)
+	}
 	g.lan = cfg.Transport
 	if g.lan == nil && cfg.LANTransport == "mx" {
 		t, err := newMXLAN(&cfg, site)

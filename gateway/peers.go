@@ -42,12 +42,8 @@ type peer struct {
 	// express link; renewed counts renewals (both sides).
 	renew   chan struct{}
 	renewed atomic.Uint64
-	// yields counts the holds of the express link (yieldExpress); yieldEnd
-	// and yieldNext, the sampler's alone, are when the last hold ends and
-	// how long the next one lasts.
-	yields    atomic.Uint64
-	yieldEnd  time.Time
-	yieldNext time.Duration
+	// yields counts the holds of the express link (stepExpress).
+	yields atomic.Uint64
 	// streamsIn: streams the peer has open into this site (MaxPeerStreams).
 	streamsIn atomic.Int64
 	// renewAccepted: when the acceptor last let a new express link retire

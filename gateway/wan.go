@@ -141,12 +141,12 @@ func (g *Gateway) dialLoop(p *peer, i int) {
 				later = nil
 				kickRenew(p)
 			case <-renew:
-				// At most one renewal per renewGap, whoever asks; a request
-				// that comes sooner waits for the gap to pass.
+				// At most one renewal per relay.RenewGap, whoever asks; a
+				// request that comes sooner waits for the gap to pass.
 				if g.draining.Load() || p.removed.Load() || later != nil {
 					continue
 				}
-				if wait := renewGap - time.Since(lastRenew); wait > 0 {
+				if wait := relay.RenewGap - time.Since(lastRenew); wait > 0 {
 					later = time.After(wait)
 					continue
 				}
@@ -176,10 +176,6 @@ func kickRenew(p *peer) {
 	default:
 	}
 }
-
-// renewGap is the shortest time between two renewals of a site pair's
-// express link, which bounds the handshakes a lossy WAN can cost.
-const renewGap = time.Second
 
 func (g *Gateway) dialOnce(p *peer, i int) (*relay.Link, error) {
 	h := g.hello(i)
@@ -396,4 +392,3 @@ func (g *Gateway) resumeLoop(p *peer, i int, l *relay.Link, log *slog.Logger, fi
 		return l
 	}
 }
-

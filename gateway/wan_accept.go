@@ -235,18 +235,19 @@ func (g *Gateway) resumable(p *peer, i int, session uint64, renew bool) (*relay.
 }
 
 // renewAllowed refuses a renewal of p's link i that is not the express
-// link of a gateway that renews, or that comes less than half renewGap
-// after the last: the dialer waits renewGap between two, so more are a
-// peer gone wrong, and each costs the link a HELLO exchange.
+// link of a gateway that renews, or that comes less than half
+// relay.RenewGap after the last: the dialer waits relay.RenewGap between
+// two, so more are a peer gone wrong, and each costs the link a HELLO
+// exchange.
 func (g *Gateway) renewAllowed(p *peer, i int) error {
 	if !g.isExpress(i) || !g.cfg.Renew {
 		return fmt.Errorf("renewal of link %d, which is not an express link that renews", i)
 	}
 	now := time.Now().UnixNano()
 	last := p.renewAccepted.Load()
-	if now-last < int64(renewGap/2) || !p.renewAccepted.CompareAndSwap(last, now) {
+	if now-last < int64(relay.RenewGap/2) || !p.renewAccepted.CompareAndSwap(last, now) {
 		return fmt.Errorf("express link %d was renewed %v ago: at most one renewal per %v", i,
-			time.Duration(now-last).Round(time.Millisecond), renewGap/2)
+			time.Duration(now-last).Round(time.Millisecond), relay.RenewGap/2)
 	}
 	return nil
 }
@@ -257,7 +258,7 @@ func (g *Gateway) renewAllowed(p *peer, i int) error {
 // failed, and then the old link here is closed, or is found dead by a
 // PING that gets no answer within probeWait. An express link may be
 // renewed while it works (its streams survive the retirement), at most
-// once per half renewGap.
+// once per half relay.RenewGap.
 func (g *Gateway) linkInUse(p *peer, i int) error {
 	g.peersMu.Lock()
 	old := p.links[i]

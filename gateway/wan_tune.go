@@ -7,7 +7,9 @@ package gateway
 //  2. joined to its trunk (addLink, resumed in wan.go): tuneLink, the
 //     options that differ between the express and the bulk links, and the
 //     PROBE_RTT guard's clock (tuning.ProbeGuard.Begin);
-//  3. new: primeLink, PAD filler until BBR has measured the path.
+//  3. new: primeLink, PAD filler until BBR has measured the path;
+//  4. sampled (sampleWAN, tcpevents.go): stepExpress, the express link's
+//     renewals and holds (tuning.ExpressControl, through the relay's hook).
 
 import (
 	"net"
@@ -76,5 +78,21 @@ func (g *Gateway) primeLink(p *peer, i int, express bool, l *relay.Link) {
 		// BDP, where the estimate is far above any message's needs.
 		log.Info("WAN link primed", "bbr_mode", r.Mode.String(), "estimate_settled", r.Primed,
 			"pad_bytes", r.Bytes, "took", r.Took.Round(time.Millisecond), "bbr_bw_bps", 8*r.BW)
+	}
+}
+
+// stepExpress runs each peer's express controller (tuning.ExpressControl,
+// relay.Config.ExpressControl) on the TCP_INFO samples the WAN sampler has
+// just taken (sampleWAN), and counts and logs the holds it starts.
+func (g *Gateway) stepExpress() {
+	if g.rcfg.ExpressControl == nil {
+		return
+	}
+	now := time.Now()
+	for _, p := range g.peerList() {
+		if d := p.trunk.StepExpress(now, g.m.ev.last); d.Hold > 0 {
+			p.yields.Add(1)
+			g.log.Info("messages take the bulk links: another flow keeps the WAN queue full", append([]any{"peer", p.name}, d.Log...)...)
+		}
 	}
 }
