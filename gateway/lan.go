@@ -156,3 +156,26 @@ func (t *TCPTransport) Dial(ctx context.Context, local netip.Addr, dst netip.Add
 	}
 	return wrapTCP(c.(*net.TCPConn)), nil
 }
+
+// initLAN sets up the LAN transport: the configured one, MX on --lan-if,
+// or kernel TCP with the LAN socket options.
+func (g *Gateway) initLAN() error {
+	g.lan = g.cfg.Transport
+	if g.lan == nil && g.cfg.LANTransport == "mx" {
+		t, err := newMXLAN(&g.cfg, g.site)
+		if err != nil {
+			return fmt.Errorf("gateway: --lan-transport mx: %w", err)
+		}
+		g.lan = t
+	}
+	if g.lan == nil {
+		g.lan = &TCPTransport{Opts: g.cfg.LAN}
+	}
+	if t, ok := g.lan.(*MXTransport); ok {
+		if t.Forward == "" {
+			t.Forward = g.cfg.LANForward
+		}
+		t.refused = g.refused
+	}
+	return nil
+}

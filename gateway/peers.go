@@ -384,3 +384,28 @@ func siteUpLocked(ps []*peer) error {
 	}
 	return err
 }
+
+// peerCount is how many peers a gateway of site self has: every gateway
+// host of every other site of m.
+func peerCount(m *sitemap.Map, self *sitemap.Site) int {
+	n := 0
+	for _, s := range m.Sites() {
+		if s.ID != self.ID {
+			n += len(s.Gateways)
+		}
+	}
+	return n
+}
+
+// initPeers puts the configured map in force and makes a peer of every
+// gateway host of its other sites (Run starts them).
+func (g *Gateway) initPeers() {
+	g.smap.Store(g.cfg.Map)
+	for _, s := range g.cfg.Map.Sites() {
+		if s.ID != g.site.ID {
+			for i := range s.Gateways {
+				g.peers[peerID{s.ID, i}] = g.newPeer(s, i)
+			}
+		}
+	}
+}

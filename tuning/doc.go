@@ -27,5 +27,7 @@
 //
 // The mechanisms they steer belong to package relay (Link.Hold, Link.Pad,
 // Link.WatchSend, Trunk.HoldExpress, the renewal of the express link, the
-// QueueController and ExpressController hooks).
+// QueueController and ExpressController hooks). A new policy of either
+// hook's kind is a file here, its line in the gateway's relayConfig
+// (gateway/config.go) and its flag (gateway/flags.go).
 package tuning
