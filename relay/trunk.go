@@ -301,3 +301,23 @@ func (t *Trunk) pick(s *Stream, k int, now time.Time) *Link {
 	}
 	return best
 }
+
+// expressBudget takes n bytes from the stream's express budget: ExpressMax
+// bytes per round trip rtt of the express link (at least ExpressFloor), so
+// one message per round trip, a request or a reply, always fits, and a
+// stream that sends more is throughput-bound: the bulk links are for it.
+func (s *Stream) expressBudget(n int, rtt time.Duration, now time.Time) bool {
+	full := int64(s.l.cfg.ExpressMax)
+	per := max(rtt, ExpressFloor)
+	if d := now.Sub(s.xAt); d >= per {
+		s.xTokens = full
+	} else {
+		s.xTokens = min(full, s.xTokens+full*int64(d)/int64(per))
+	}
+	s.xAt = now
+	if int64(n) > s.xTokens {
+		return false
+	}
+	s.xTokens -= int64(n)
+	return true
+}
