@@ -1,5 +1,14 @@
 package gateway
 
+// The LAN transport, behind which the gateway reaches the site's nodes
+// (kernel TCP here, MX in lan_mx*.go):
+//
+//  1. initLAN (New): the configured transport, MX, or TCPTransport;
+//  2. Listen, Accept: the node connections serveLAN takes (serve.go), as
+//     LANConns, which the relay reads and writes (relay.Conn);
+//  3. Dial: a destination for a stream a peer opens (openFromWAN), bound
+//     and reported before it connects.
+
 import (
 	"context"
 	"errors"

@@ -1,5 +1,24 @@
 package relay
 
+// Inbound flow, WAN to application: a stream's receive side and its
+// in-stage (stage.go). A DATA frame's payload passes
+//
+//  1. the link's reader (recv.go: recvData), which checks it against the
+//     window the peer was given (reserve) and reads it straight into a
+//     pooled buffer (pool.go);
+//  2. pushAt: next in order, or held in ahead until the bytes before it
+//     have come over other links (DATA_AT); pushEnd and pushEOF for a
+//     HALF_CLOSE;
+//  3. push: written to the application at once when it is small and
+//     nothing waits (TryWrite), else queued and the in-stage kicked;
+//  4. inStep: the queue written to the application, several payloads per
+//     writev (a PipelinedConn's: inStepPiped, pipe.go), the buffers back
+//     to the pool;
+//  5. credited, sendWindow: the credit back to the peer in WINDOW frames
+//     once the bytes are written, in batches of Window/8;
+//  6. inEnd: end of file for the application, once every byte before
+//     the HALF_CLOSE is delivered.
+
 import (
 	"cmp"
 	"errors"

@@ -1,5 +1,25 @@
 package relay
 
+// Outbound flow, application to WAN: a stream's out-stage (stage.go).
+// Its bytes pass
+//
+//  1. outStep: the step the poller thread or a worker runs when the
+//     application's socket is readable, or a token or credit comes back;
+//  2. grant: a pipeline token and credit for the next read;
+//  3. the read, into a pooled buffer (pool.go: getBuf);
+//  4. forward: the bytes framed as DATA (DATA_AT, with their offset, in a
+//     trunk), the burst they belong to counted;
+//  5. Trunk.pick (trunk.go): the express link for a message within its
+//     budget, else the bulk link with the least queued;
+//  6. Link.send (send.go): written at once on an idle link, or queued for
+//     the link's writer;
+//  7. Link.sent (send.go), once on the socket: the buffer back to the
+//     pool, and returnToken gives the stream its token back, which kicks
+//     the stage if it waits for one.
+//
+// WINDOW frames from the peer (recv.go: dispatch) refill the credit
+// (addCredit) and kick the stage too.
+
 import (
 	"errors"
 	"io"

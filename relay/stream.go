@@ -1,5 +1,20 @@
 package relay
 
+// A stream's life; its bytes pass the stages of outbound.go and
+// inbound.go. A stream is
+//
+//  1. made: newStream, by Link.Open on the opening side (link.go) or by
+//     the reader's OPEN on the other (recv.go: dispatch), and registered
+//     in the trunk (trunk.go: register);
+//  2. attached: attach joins the application's connection (Link.Open;
+//     Accept, once the peer's side has connected its destination) and
+//     kicks both stages;
+//  3. carried: outStep (outbound.go) and inStep (inbound.go) run until
+//     each direction has ended;
+//  4. ended: end (Reset, Refuse, the peer's RESET, a lost link) or
+//     maybeFinish (both directions closed): Done closes, AfterDone's
+//     functions run, and the trunk forgets the stream (remove).
+
 import (
 	"errors"
 	"net"

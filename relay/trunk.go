@@ -1,5 +1,19 @@
 package relay
 
+// A site pair's links and the streams they share. A DATA frame's link is
+// chosen by pick (called by forward, outbound.go):
+//
+//  1. the stream's home link, until the peer has confirmed the stream;
+//  2. the express link, for a burst of at most ExpressMax bytes within
+//     the stream's budget (expressBudget), unless a hold keeps messages
+//     off it (HoldExpress);
+//  3. else the bulk link with the fewest bytes queued (striping), or the
+//     home link with NoStripe.
+//
+// A stream enters the trunk's table at its OPEN (register) and leaves it
+// at its end (remove); a failed link takes with it the streams it breaks
+// (down).
+
 import (
 	"net"
 	"sync"
