@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/mpi5k/mpi5k/header"
+	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/seal"
 	"github.com/mpi5k/mpi5k/sitemap"
 	"github.com/mpi5k/mpi5k/tuning"
@@ -71,7 +72,7 @@ type Config struct {
 	// ExpressYield holds the express link aside (relay.Trunk.HoldExpress)
 	// while another flow keeps the WAN queue full: when losses have cut
 	// the express link's window below one message and its min RTT
-	// stands well above the path's (see yieldExpress), this side's
+	// stands well above the path's (see tuning.ExpressControl), this side's
 	// messages take the bulk links for 10 s, doubling up to a minute
 	// while it recurs. Each side decides for what it sends.
 	ExpressYield bool
@@ -321,3 +322,81 @@ const (
 	// kernel takes (its own 200 ms defaults).
 	maxTCPTimer = 200 * time.Millisecond
 )
+
+// fillDefaults gives zero settings the defaults Config's fields document,
+// but for what depends on the kernel (checkKernel: the congestion
+// controls, the TCP timers).
+func (c *Config) fillDefaults() {
+	if c.Chunk == 0 {
+		c.Chunk = 128 << 10
+	}
+	if c.Window == 0 {
+		// One stream must be able to fill the WAN: 4 MiB covers 1 Gbit/s at
+		// 30 ms RTT. Memory is only used while a destination reads slower
+		// than the WAN delivers (bound: streams x window).
+		c.Window = 4 << 20
+	}
+	if c.WANConns == 0 {
+		c.WANConns = 1
+	}
+	if c.WANPace > 0 {
+		c.WAN.MaxPacingRate = c.WANPace / 8 / uint64(c.WANConns)
+	}
+	if c.WAN.NotSentLowat == 0 {
+		c.WAN.NotSentLowat = 128 << 10
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 10 * time.Second
+	}
+	if c.OpenTimeout == 0 {
+		c.OpenTimeout = 2 * time.Second
+	}
+	if c.PingInterval == 0 {
+		c.PingInterval = time.Second
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = 10 * time.Second
+	}
+	if c.RetireTimeout == 0 {
+		c.RetireTimeout = defaultRetireTimeout
+	}
+	if c.FirstFrame == 0 {
+		c.FirstFrame = 10 * time.Second
+	}
+	if c.DeadAfter == 0 {
+		// Long enough that a WAN hiccup (or a starved emulator) does not kill
+		// every stream of a long MPI job; a connection that is reset fails
+		// its streams at once regardless.
+		c.DeadAfter = 10 * c.PingInterval
+	}
+	c.WAN.ThinLinear = true
+	if c.WAN.UserTimeout == 0 {
+		// A link whose data stays unacknowledged this long is dead even if
+		// keepalives are stuck behind it.
+		c.WAN.UserTimeout = c.DeadAfter
+	}
+	if c.ExpressMax == 0 {
+		// Open MPI's TCP eager fragments are 64 KiB plus the BTL's header:
+		// a latency-bound message of up to 64 KiB is one small burst.
+		c.ExpressMax = min(68<<10, c.Chunk)
+	}
+}
+
+// relayConfig is what the relay's links get of c (defaults filled, limits
+// too), with package tuning's WAN policies plugged into the relay's hooks
+// for them. log and limited are the gateway's.
+func (c *Config) relayConfig(log *slog.Logger, limited func(reason, peer string, err error)) relay.Config {
+	rc := relay.Config{Chunk: c.Chunk, Window: c.Window, ExpressMax: c.ExpressMax, NoStripe: !c.Stripe,
+		PingInterval: c.PingInterval, DeadAfter: c.DeadAfter, Logger: log,
+		NoPoller: !c.PollThread, RuntimeWakes: !c.QuietRuntime,
+		MaxControl: c.MaxControl, MaxEarly: c.MaxEarly,
+		ReplayMax: int64(c.ReplayMax), ResumeWithin: c.ResumeWithin,
+		Limited: limited}
+	// The WAN policies, each in the hook of its kind: queue control caps
+	// the bulk links, express control renews and holds the express link.
+	rc.QueueControl = tuning.QueueControl(c.WANQueue)
+	if c.Express {
+		rc.ExpressControl = tuning.ExpressControl(c.Renew, c.ExpressYield, c.ExpressMax)
+	}
+	return rc
+}

@@ -10,10 +10,15 @@
 //   - config.go: Config, DefaultConfig (what the measurements settled) and
 //     Validate; flags.go declares the same settings once as command-line
 //     flags for mpi5k-gateway and `mpi5k run`.
-//   - mesh.go: the WAN mesh: the site with the lower id dials each link and
-//     redials after a failure, the acceptor admits only the site map's
-//     gateways, express link renewal, readiness. A peer is one gateway
-//     host of another site: every gateway pair keeps its own links.
+//   - peers.go: the peer table: a peer is one gateway host of another
+//     site (every gateway pair keeps its own links), with its links by
+//     index; readiness; the link a new stream takes (pickLink).
+//   - wan.go: the WAN mesh's dialing side: the site with the lower id (or
+//     the one behind NAT) dials each link, redials after a failure and
+//     resumes a broken one; the HELLO both sides send. wan_accept.go: the
+//     accepting side, which admits only the site map's gateways.
+//   - wan_tune.go: where package tuning's policies meet a WAN link:
+//     socket options, priming, the express link's renewals and holds.
 //   - identity.go: which of its site's gateway hosts this gateway is.
 //   - serve.go: the LAN side: OPEN and PEER_QUERY from the site's nodes, the
 //     destination policy (destinations must be in this site and not a
@@ -27,10 +32,11 @@
 //   - reload.go: a new site map in force while streams run (service mode);
 //     degraded.go: what the gateway runs without, exported for the summary.
 //
-// The multiplexing itself (streams, trunks, queue control, the poller
-// thread) is package relay; the WAN tuning policies the gateway applies to
-// its sockets and links (socket options, congestion control, priming, the
-// PROBE_RTT guard, keeping links warm) are package tuning.
+// The multiplexing itself (streams, trunks, the poller thread, the hooks
+// of queue and express control) is package relay; the WAN tuning policies
+// the gateway applies to its sockets and links (socket options,
+// congestion control, priming, the PROBE_RTT guard, keeping links warm,
+// queue control, the express link's renewal and yield) are package tuning.
 package gateway
 
 import (
@@ -44,9 +50,6 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
-	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/mpi5k/mpi5k/internal/ratelog"
 	"github.com/mpi5k/mpi5k/relay"
@@ -130,120 +133,39 @@ func New(cfg Config) (*Gateway, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	if cfg.Chunk == 0 {
-		cfg.Chunk = 128 << 10
-	}
-	if cfg.Window == 0 {
-		// One stream must be able to fill the WAN: 4 MiB covers 1 Gbit/s at
-		// 30 ms RTT. Memory is only used while a destination reads slower
-		// than the WAN delivers (bound: streams x window).
-		cfg.Window = 4 << 20
-	}
-	if cfg.WANConns == 0 {
-		cfg.WANConns = 1
-	}
-	if cfg.WANPace > 0 {
-		cfg.WAN.MaxPacingRate = cfg.WANPace / 8 / uint64(cfg.WANConns)
-	}
-	if cfg.WAN.NotSentLowat == 0 {
-		cfg.WAN.NotSentLowat = 128 << 10
-	}
-	var degraded []string
-	if err := cfg.WAN.CheckTimers(); errors.Is(err, unix.ENOPROTOOPT) {
-		degraded = append(degraded, degradedTimers)
-		cfg.Logger.Warn("this kernel has no TCP_RTO_MIN_US / TCP_DELACK_MAX_US (Linux 6.15 or newer has them): WAN sockets keep the 200 ms RTO floor, and a lone lost message waits about 200 ms more",
-			"wan_rto_min", cfg.WAN.RTOMin, "wan_delack_max", cfg.WAN.DelackMax)
-		cfg.WAN.RTOMin, cfg.WAN.DelackMax = 0, 0
-	} else if errors.Is(err, unix.EINVAL) {
-		return nil, fmt.Errorf("gateway: --wan-rto-min %v / --wan-delack-max %v: %w (the kernel takes more than one clock tick, 4 ms at HZ=250, and at most 200 ms)",
-			cfg.WAN.RTOMin, cfg.WAN.DelackMax, err)
-	} else if err != nil {
-		return nil, fmt.Errorf("gateway: WAN timers: %w", err)
-	}
-	// The defaults below need a CC this process may set (CheckCC); when the
-	// kernel offers it but tcp_allowed_congestion_control keeps it from a
-	// process without CAP_NET_ADMIN, the gateway says so and falls back.
-	if cfg.WAN.CC == "" {
-		// BBR keeps the bottleneck queue short (small messages behind bulk
-		// wait less) and, unlike CUBIC, kept the aggregated link near line
-		// rate in the lab with TCP_NOTSENT_LOWAT (200 Mbit/s, 20 ms:
-		// 97-101 % of direct vs 63 % with CUBIC on shared cores).
-		if err := tuning.CheckCC("bbr"); err == nil {
-			cfg.WAN.CC = "bbr"
-		} else if errors.Is(err, unix.EPERM) {
-			cfg.Logger.Warn("WAN sockets keep the system's default congestion control instead of BBR", "err", err)
-			degraded = append(degraded, degradedBBR)
-		}
-	}
-	if cfg.ExpressCC == "" && cfg.WAN.CC != "" {
-		// A BBR socket carrying one message per round trip paces it at the
-		// rate of such app-limited samples: in the lab a 16 KiB ping-pong
-		// took 17.0 ms per half round trip over BBR vs 10.6 ms direct and
-		// over a CUBIC express link (bench/figures/express). Primed,
-		// BBR sends messages at the path's rate and holds its window against
-		// a competing BBR flow; but the primed estimate ages out of BBR's
-		// 10-round filter, and under random loss the first sample that is
-		// not app-limited, a message's retransmission, replaces it: 196 ->
-		// 2.6 Mbit/s after one loss at 0.1 %, then ~23 (64 KiB ping-pong 62
-		// ms where CUBIC with renewal takes 26; bench/figures/bbrexpress).
-		if err := tuning.CheckCC("cubic"); err == nil {
-			cfg.ExpressCC = "cubic"
-		} else if errors.Is(err, unix.EPERM) {
-			cfg.Logger.Warn("the express link runs "+cfg.WAN.CC+" instead of CUBIC", "err", err)
-			degraded = append(degraded, degradedCubic)
-		}
-	}
-	for _, cc := range []string{cfg.LAN.CC, cfg.WAN.CC, cfg.ExpressCC} {
-		if err := tuning.CheckCC(cc); err != nil {
-			return nil, fmt.Errorf("gateway: %w", err)
-		}
-	}
-	if cfg.DialTimeout == 0 {
-		cfg.DialTimeout = 10 * time.Second
-	}
-	if cfg.OpenTimeout == 0 {
-		cfg.OpenTimeout = 2 * time.Second
-	}
-	if cfg.PingInterval == 0 {
-		cfg.PingInterval = time.Second
-	}
-	if cfg.DrainTimeout == 0 {
-		cfg.DrainTimeout = 10 * time.Second
-	}
-	if cfg.RetireTimeout == 0 {
-		cfg.RetireTimeout = defaultRetireTimeout
-	}
-	if cfg.FirstFrame == 0 {
-		cfg.FirstFrame = 10 * time.Second
-	}
-	if cfg.DeadAfter == 0 {
-		// Long enough that a WAN hiccup (or a starved emulator) does not kill
-		// every stream of a long MPI job; a connection that is reset fails
-		// its streams at once regardless.
-		cfg.DeadAfter = 10 * cfg.PingInterval
-	}
-	cfg.WAN.ThinLinear = true
-	if cfg.WAN.UserTimeout == 0 {
-		// A link whose data stays unacknowledged this long is dead even if
-		// keepalives are stuck behind it.
-		cfg.WAN.UserTimeout = cfg.DeadAfter
-	}
-	if cfg.ExpressMax == 0 {
-		// Open MPI's TCP eager fragments are 64 KiB plus the BTL's header:
-		// a latency-bound message of up to 64 KiB is one small burst.
-		cfg.ExpressMax = min(68<<10, cfg.Chunk)
+	cfg.fillDefaults()
+	degraded, err := cfg.checkKernel()
+	if err != nil {
+		return nil, err
 	}
 	gw, err := whichGateway(cfg.Map, site, cfg.ListenLAN, cfg.ListenWAN, nil)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	npeers := 0
-	for _, s := range cfg.Map.Sites() {
-		if s.ID != site.ID {
-			npeers += len(s.Gateways)
-		}
+	cfg.fillLimits(peerCount(cfg.Map, site))
+	g := newGateway(cfg, site, gw)
+	g.degraded = degraded
+	if err := g.initLAN(); err != nil {
+		return nil, err
 	}
-	cfg.fillLimits(npeers)
+	g.initPeers()
+	if err := g.initAuth(); err != nil {
+		return nil, err
+	}
+	g.m = newMetrics(g)
+	g.m.sited.MustRegister(degradedCollector{g})
+	if err := g.listen(); err != nil {
+		return nil, err
+	}
+	if len(g.peers) == 0 {
+		g.setReady()
+	}
+	return g, nil
+}
+
+// newGateway makes gateway gw of site with the settings cfg, which New
+// has completed: its tables, and the configuration of its WAN links.
+func newGateway(cfg Config, site *sitemap.Site, gw int) *Gateway {
 	log := cfg.Logger.With("site", site.Name)
 	if len(site.Gateways) > 1 {
 		log = log.With("gateway", gw)
@@ -251,64 +173,31 @@ func New(cfg Config) (*Gateway, error) {
 	g := &Gateway{cfg: cfg, site: site, gw: gw, me: site.Gateways[gw], log: log,
 		peers: map[peerID]*peer{}, readyc: make(chan struct{}), stopped: make(chan struct{})}
 	g.guard = tuning.NewProbeGuard()
-	g.degraded = degraded
 	g.sources.m = map[netip.Addr]int{}
 	g.admit.own, g.admit.other = map[netip.Addr]int{}, map[netip.Addr]int{}
-	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, ExpressMax: cfg.ExpressMax, NoStripe: !cfg.Stripe,
-		PingInterval: cfg.PingInterval, DeadAfter: cfg.DeadAfter, Logger: g.log,
-		NoPoller: !cfg.PollThread, RuntimeWakes: !cfg.QuietRuntime, QueueControl: tuning.QueueControl(cfg.WANQueue),
-		MaxControl: cfg.MaxControl, MaxEarly: cfg.MaxEarly,
-		ReplayMax: int64(cfg.ReplayMax), ResumeWithin: cfg.ResumeWithin,
-		Limited: func(reason, peer string, err error) {
-			g.refused(reason, "WAN peer hit a limit", "peer", peer, "err", err)
-		}}
-	g.lan = cfg.Transport
-	if g.lan == nil && cfg.LANTransport == "mx" {
-		t, err := newMXLAN(&cfg, site)
-		if err != nil {
-			return nil, fmt.Errorf("gateway: --lan-transport mx: %w", err)
-		}
-		g.lan = t
-	}
-	if g.lan == nil {
-		g.lan = &TCPTransport{Opts: cfg.LAN}
-	}
-	if t, ok := g.lan.(*MXTransport); ok {
-		if t.Forward == "" {
-			t.Forward = cfg.LANForward
-		}
-		t.refused = g.refused
-	}
-	g.smap.Store(cfg.Map)
-	for _, s := range cfg.Map.Sites() {
-		if s.ID != site.ID {
-			for i := range s.Gateways {
-				g.peers[peerID{s.ID, i}] = g.newPeer(s, i)
-			}
-		}
-	}
-	if err := g.initAuth(); err != nil {
-		return nil, err
-	}
+	g.rcfg = cfg.relayConfig(g.log, func(reason, peer string, err error) {
+		g.refused(reason, "WAN peer hit a limit", "peer", peer, "err", err)
+	})
 	g.records.m = map[recordKey]record{}
 	g.listens.m = map[netip.AddrPort]int{}
 	g.records.locals = map[netip.AddrPort]int{}
-	g.m = newMetrics(g)
-	g.m.sited.MustRegister(degradedCollector{g})
+	return g
+}
+
+// listen opens the LAN and WAN listeners.
+func (g *Gateway) listen() error {
+	var err error
 	if g.lanLn, err = g.lan.Listen(g.me.LAN); err != nil {
-		return nil, fmt.Errorf("gateway: LAN listener %v: %w", g.me.LAN, err)
+		return fmt.Errorf("gateway: LAN listener %v: %w", g.me.LAN, err)
 	}
 	lc := net.ListenConfig{Control: g.wanCreate().Control(nil)}
 	wl, err := lc.Listen(context.Background(), "tcp", g.me.WAN.String())
 	if err != nil {
 		g.lanLn.Close()
-		return nil, fmt.Errorf("gateway: WAN listener %v: %w", g.me.WAN, err)
+		return fmt.Errorf("gateway: WAN listener %v: %w", g.me.WAN, err)
 	}
 	g.wanLn = wl.(*net.TCPListener)
-	if len(g.peers) == 0 {
-		g.setReady()
-	}
-	return g, nil
+	return nil
 }
 
 // closeListeners closes the LAN and WAN listeners New opened.
@@ -417,5 +306,3 @@ func (g *Gateway) LANAddr() netip.AddrPort { return g.lanLn.Addr() }
 func (g *Gateway) WANAddr() netip.AddrPort {
 	return unmapAP(g.wanLn.Addr().(*net.TCPAddr).AddrPort())
 }
-
-// ---- WAN mesh ----

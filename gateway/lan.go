@@ -1,5 +1,14 @@
 package gateway
 
+// The LAN transport, behind which the gateway reaches the site's nodes
+// (kernel TCP here, MX in lan_mx*.go):
+//
+//  1. initLAN (New): the configured transport, MX, or TCPTransport;
+//  2. Listen, Accept: the node connections serveLAN takes (serve.go), as
+//     LANConns, which the relay reads and writes (relay.Conn);
+//  3. Dial: a destination for a stream a peer opens (openFromWAN), bound
+//     and reported before it connects.
+
 import (
 	"context"
 	"errors"
@@ -155,4 +164,27 @@ func (t *TCPTransport) Dial(ctx context.Context, local netip.Addr, dst netip.Add
 		return nil, err
 	}
 	return wrapTCP(c.(*net.TCPConn)), nil
+}
+
+// initLAN sets up the LAN transport: the configured one, MX on --lan-if,
+// or kernel TCP with the LAN socket options.
+func (g *Gateway) initLAN() error {
+	g.lan = g.cfg.Transport
+	if g.lan == nil && g.cfg.LANTransport == "mx" {
+		t, err := newMXLAN(&g.cfg, g.site)
+		if err != nil {
+			return fmt.Errorf("gateway: --lan-transport mx: %w", err)
+		}
+		g.lan = t
+	}
+	if g.lan == nil {
+		g.lan = &TCPTransport{Opts: g.cfg.LAN}
+	}
+	if t, ok := g.lan.(*MXTransport); ok {
+		if t.Forward == "" {
+			t.Forward = g.cfg.LANForward
+		}
+		t.refused = g.refused
+	}
+	return nil
 }

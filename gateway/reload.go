@@ -56,76 +56,6 @@ const defaultRetireTimeout = 10 * time.Minute
 // errNotRunning: Reload outside Run.
 var errNotRunning = errors.New("gateway is not running (starting or draining): reload refused")
 
-// curMap is the site map in force.
-func (g *Gateway) curMap() *sitemap.Map { return g.smap.Load() }
-
-// peer returns the current peer k, or nil.
-func (g *Gateway) peer(k peerID) *peer {
-	g.peersMu.Lock()
-	defer g.peersMu.Unlock()
-	return g.peers[k]
-}
-
-// peersOf returns the current peers of site id (its gateway hosts), by
-// gateway index. The indices run from 0 without a gap (New and Reload
-// make one peer per entry of the site's Gateways), so the lookup costs a
-// site's gateways, not a scan of every peer at each stream's open.
-func (g *Gateway) peersOf(id uint8) []*peer {
-	g.peersMu.Lock()
-	defer g.peersMu.Unlock()
-	var ps []*peer
-	for i := 0; ; i++ {
-		p := g.peers[peerID{id, i}]
-		if p == nil {
-			return ps
-		}
-		ps = append(ps, p)
-	}
-}
-
-// peerList is a snapshot of the current peers.
-func (g *Gateway) peerList() []*peer {
-	g.peersMu.Lock()
-	defer g.peersMu.Unlock()
-	ps := make([]*peer, 0, len(g.peers))
-	for _, p := range g.peers {
-		ps = append(ps, p)
-	}
-	return ps
-}
-
-// newPeer makes the peer state for gateway gw of site s (not started).
-// Who dials is the sites' rule (sitemap.Dials) for every gateway pair.
-func (g *Gateway) newPeer(s *sitemap.Site, gw int) *peer {
-	p := &peer{site: s, gw: gw, wan: s.Gateways[gw].WAN, name: peerName(s.Name, gw),
-		dialer: sitemap.Dials(g.site, s), links: make([]*relay.Link, g.numLinks()), renew: make(chan struct{}, 1),
-		past: make([]linkCounts, g.numLinks()), leaving: make([][]*relay.Link, g.numLinks())}
-	p.trunk = relay.NewTrunk(p.dialer, relay.HandlerFunc(g.openFromWAN))
-	p.trunk.OnRenew(func() { kickRenew(p) })
-	return p
-}
-
-// peerName names gateway gw of site in logs and metrics: the site's name,
-// with "/N" for its gateway N > 0.
-func peerName(site string, gw int) string {
-	if gw == 0 {
-		return site
-	}
-	return fmt.Sprintf("%s/%d", site, gw)
-}
-
-// startPeer starts dialing p's links if this side dials. Callers hold
-// reloadMu with the gateway running, so g.wg cannot be waited on yet.
-func (g *Gateway) startPeer(p *peer) {
-	if !p.dialer {
-		return
-	}
-	for i := range p.links {
-		g.wg.Add(1)
-		go g.dialLoop(p, i)
-	}
-}
-
 // Reload puts m in force. This site must keep its id and its lan=/wan=
 // listeners (they are bound sockets: moving them needs a restart);
 // everything else may change. On error the old map stays in force.
@@ -213,19 +143,6 @@ func (g *Gateway) Reload(m *sitemap.Map) (ReloadResult, error) {
 	return res, nil
 }
 
-// linksOf is a snapshot of p's links that exist now.
-func (g *Gateway) linksOf(p *peer) []*relay.Link {
-	g.peersMu.Lock()
-	defer g.peersMu.Unlock()
-	links := make([]*relay.Link, 0, len(p.links))
-	for _, l := range p.links {
-		if l != nil {
-			links = append(links, l)
-		}
-	}
-	return links
-}
-
 // retire drains a peer that left the map: its streams may finish within
 // RetireTimeout (or until the gateway stops), then its links close.
 func (g *Gateway) retire(p *peer) {
@@ -274,56 +191,4 @@ func contains(xs []string, x string) bool {
 		}
 	}
 	return false
-}
-
-// upFor reports whether every link to the named sites is up (this site's
-// own name is skipped): a site the map does not name, or a link down, is
-// the error.
-func (g *Gateway) upFor(names []string) error {
-	g.peersMu.Lock()
-	defer g.peersMu.Unlock()
-	byName := g.sitesLocked()
-	for _, n := range names {
-		if n == g.site.Name || n == "" {
-			continue
-		}
-		ps := byName[n]
-		if len(ps) == 0 {
-			return fmt.Errorf("site %s is not in this gateway's site map", n)
-		}
-		if err := siteUpLocked(ps); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// sitesLocked groups the peers by site name: each site's gateway hosts
-// (caller holds peersMu).
-func (g *Gateway) sitesLocked() map[string][]*peer {
-	byName := map[string][]*peer{}
-	for _, p := range g.peers {
-		byName[p.site.Name] = append(byName[p.site.Name], p)
-	}
-	return byName
-}
-
-// siteUpLocked: some gateway of a site (its peers ps) has every link up,
-// so streams to the site can go; a gateway host of a site that is down
-// does not make the site unreachable (caller holds peersMu).
-func siteUpLocked(ps []*peer) error {
-	var err error
-	for _, p := range ps {
-		err = nil
-		for i, l := range p.links {
-			if l == nil {
-				err = fmt.Errorf("WAN link %d to %s is down", i, p.name)
-				break
-			}
-		}
-		if err == nil {
-			return nil
-		}
-	}
-	return err
 }

@@ -1,5 +1,23 @@
 package gateway
 
+// The LAN side. A node's connection passes
+//
+//  1. serveLAN: accepted (acceptEach) from a node of this site and given
+//     a place in the limits (pendingTable.admit), or reset;
+//  2. handleLAN: its first frame, within FirstFrame: OPEN, or PEER_QUERY
+//     or LISTEN (a control connection: serveControl, listeners.go);
+//  3. openFromLAN: the destination policy, a WAN link to the
+//     destination's site (pickLink, peers.go), and the stream on it
+//     (relay.Link.Open), which from then on carries its bytes.
+//
+// A stream a peer opens passes
+//
+//  1. openFromWAN, the trunks' relay.Handler, on the link's reader: the
+//     destination and source policy, the peer's stream limit;
+//  2. LANTransport.Dial (lan.go): the destination connected, its true
+//     source recorded for PEER_QUERY (records) before it can ask;
+//  3. relay.Stream.Accept: OPEN_OK goes out, and bytes flow both ways.
+
 import (
 	"container/list"
 	"context"

@@ -73,7 +73,7 @@ func (g *Gateway) sampleWAN() {
 		} else {
 			still++
 		}
-		g.checkExpress()
+		g.stepExpress()
 		d := wanSampleEvery
 		if still >= wanIdleAfter {
 			for _, l := range links {

@@ -41,6 +41,10 @@ type Config struct {
 	// peer applies CLAMP frames: it makes each trunk's controller
 	// (tuning.QueueControl). Nil: off.
 	QueueControl func() QueueController
+	// ExpressControl decides when a trunk's express link is renewed and
+	// when it is held aside (express.go): it makes each trunk's controller
+	// (tuning.ExpressControl), which Trunk.StepExpress runs. Nil: neither.
+	ExpressControl func() ExpressController
 	// MaxControl is the most control frames (PONG, WINDOW, OPEN_REFUSED,
 	// ...) that may wait unsent on the link (default 65536: 88 bytes
 	// each, at most 11 MiB while the queue grows). A peer that sends

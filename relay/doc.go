@@ -1,7 +1,35 @@
 // Package relay multiplexes many streams (relayed application connections)
-// over the TCP connections between two site gateways: Links, grouped in a
-// Trunk per site pair. It speaks the frames of docs/wire-format.md through
-// package header.
+// over the TCP connections between two site gateways, in the frames of
+// docs/wire-format.md (package header).
+//
+// A Trunk joins two gateways: its Links, one per WAN connection (bulk
+// links, and an express link that carries only messages), share one table
+// of Streams. Link.Open starts a stream, the peer's Handler receives it and
+// Stream.Accept connects it to its destination; each DATA frame then takes
+// whichever link of the trunk suits it, and the receiver restores the
+// order. A byte's path, file by file, each file opening with the functions
+// it passes there:
+//
+//  1. outbound.go: a stream's out-stage reads the application's bytes and
+//     frames them;
+//  2. trunk.go: Trunk.pick chooses the link, the express link for a
+//     message, the least queued bulk link for the rest;
+//  3. send.go: the link writes the frame at once when it is idle, else its
+//     writer batches it into one writev;
+//  4. recv.go: the peer's link reader hands each DATA payload to its stream;
+//  5. inbound.go: the stream's in-stage writes it to the application and
+//     returns the credit.
+//
+// Config tunes a link; the gateway plugs its WAN tuning policies (package
+// tuning) into the relay's hooks, QueueController and ExpressController.
+// The design and the measurements behind it (flow control, scheduling, the
+// poller thread, the express link's renewal, queue control), and each
+// file's part, are in relay/doc.go past this summary;
+// docs/architecture.md says where each concern of mpi5k lives.
+package relay
+
+// The relay's design, for its readers and maintainers (go doc prints the
+// summary above alone).
 //
 // # Design
 //
@@ -148,8 +176,9 @@
 // long-lived express link on a lossy WAN ratchets down until one message
 // needs several round trips. The trunk therefore renews it (HELLO feature
 // RENEW, Trunk.Add, Link.RequestRenew): when the express link's cwnd and
-// ssthresh are below one ExpressMax message, at most once a second, the
-// dialing gateway connects a fresh link, Add puts it in the old one's
+// ssthresh are below one ExpressMax message (the express controller
+// decides, Trunk.StepExpress), at most once per RenewGap, the dialing
+// gateway connects a fresh link, Add puts it in the old one's
 // place, and the old link writes what it has queued, sends RETIRE and
 // closes once it has read the peer's RETIRE. Nothing is reset: both byte
 // streams end whole and DATA_AT offsets restore the order across the two
@@ -160,8 +189,10 @@
 // loss-based express window is cut about once a second. A side can then
 // hold the express link aside (Trunk.HoldExpress): for the hold, its
 // messages take the bulk links, as in a trunk without an express link,
-// while the peer decides for its own direction. The gateway decides when
-// (gateway.Config.ExpressYield). Figures: bench/figures/computework.
+// while the peer decides for its own direction. The express controller
+// decides when (Config.ExpressControl, express.go; package tuning has the
+// policy, gateway.Config.ExpressYield turns it on). Figures:
+// bench/figures/computework.
 //
 // # Queue control
 //
@@ -198,12 +229,17 @@
 //   - renew.go: retiring a link for its successor (express renewal).
 //   - resume.go: WAN resume: the replay list, ACKs, a link down between
 //     two connections, Resume.
-//   - stream.go: Stream, one relayed connection, its windows and its two
-//     stages' steps.
+//   - stream.go: Stream, one relayed connection, and its life (open,
+//     accept, end); outbound.go and inbound.go: its two stages' steps,
+//     application to link (credit, reads, framing) and link to
+//     application (reordering, writes, credit returned).
 //   - stage.go: the stage, one "wait until ready" for every link's reader
 //     and both stages of every stream, on the poller thread or a goroutine.
-//   - trunk.go: Trunk, a site pair's links and the streams they share.
+//   - trunk.go: Trunk, a site pair's links and the streams they share, and
+//     which link each DATA frame takes (pick, the express budget).
 //   - queue.go: the queue-control hook: sampling the bulk links, CLAMP.
+//   - express.go: the express-control hook: the express link's renewals
+//     and holds, decided on the caller's TCP_INFO samples.
 //   - poller.go, rtquiet.go, rawsys.go: the poller thread and how it keeps
 //     Go's runtime out of the small-message path.
 //   - grid.go: the shared 100 ms grid of idle periodic work.
@@ -214,4 +250,3 @@
 //
 // The benchmarks (a) to (e) and the NPB-like comparison, with their
 // history, are indexed in bench/figures/README.md.
-package relay

@@ -1,5 +1,16 @@
 package relay
 
+// The life of a link, one WAN connection of a trunk:
+//
+//  1. Trunk.Add (trunk.go): newLink, with its reader (recv.go: newReader);
+//  2. start: the writer goroutine (send.go: writeLoop), the reader's
+//     first step, the keepalives (keep.go) and queue control (queue.go);
+//  3. Open: a stream to the peer (stream.go), its OPEN queued at once;
+//  4. fail or Close: every stream reset, the queued frames' buffers and
+//     tokens given back, the OnClose functions run (a resuming link's
+//     broken connection only takes it down: resume.go); or Drain, which
+//     waits for the trunk's streams to end first.
+
 import (
 	"context"
 	"errors"

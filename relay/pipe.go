@@ -1,5 +1,15 @@
 package relay
 
+// Two-buffer forwarding to a PipelinedConn. A payload passes
+//
+//  1. push (inbound.go): queued, never written by the link's reader;
+//  2. inStepPiped: StartWrite, with at most pipeDepth writes started;
+//  3. finishWrite: FinishWrite waits for the oldest write; its buffer goes
+//     back to the pool and its credit to the peer (credited, sendWindow).
+//
+// Outbound, the out-stage hands each bulk chunk to the link's writer
+// (sendQueue, outbound.go) and reads the next while it is written.
+
 import "github.com/mpi5k/mpi5k/header"
 
 // PipelinedConn is a Conn forwarded by pipelined two-buffer forwarding

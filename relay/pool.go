@@ -1,5 +1,14 @@
 package relay
 
+// Payload buffers. A DATA payload's buffer is
+//
+//  1. taken, getBuf: by the out-stage's read (outbound.go) or the
+//     reader's recvData (recv.go);
+//  2. held by its frame (frame.buf) until it is on the socket, or by the
+//     stream's receive queue until the in-stage has written it;
+//  3. given back, putBuf: by Link.sent (send.go), by inStep (inbound.go),
+//     or when its stream or link ends first.
+
 import (
 	"math/bits"
 	"sync"

@@ -1,5 +1,21 @@
 package relay
 
+// Queue control: the hook through which a WAN tuning policy caps the
+// receive windows of a trunk's bulk links (package tuning implements it;
+// bench/figures/queuecontrol). The relay samples the bulk links' TCP_INFO,
+// tells the controller whether messages cross the express link, and
+// carries the caps it decides to the peer in CLAMP frames, whose receiver
+// sets TCP_WINDOW_CLAMP on its socket. One round:
+//
+//  1. startQueueControl (Link.start): controlQueue runs, one per trunk,
+//     while the trunk has bulk links to cap (queueCapped, queueLinks);
+//  2. controlQueue: each bulk link's TCP_INFO (QueueSample), and when the
+//     express link last sent a message (lastMessage);
+//  3. QueueController.Step (package tuning): the cap (QueueDecision);
+//  4. CLAMP frames to the links whose peers must hear it (Link.enqueue,
+//     send.go); the peer's reader applies it (recv.go: dispatch,
+//     applyClamp).
+
 import (
 	"log/slog"
 	"time"
@@ -9,13 +25,6 @@ import (
 	"github.com/mpi5k/mpi5k/header"
 	"github.com/mpi5k/mpi5k/tcpinfo"
 )
-
-// Queue control: the hook through which a WAN tuning policy caps the
-// receive windows of a trunk's bulk links (package tuning implements it;
-// bench/figures/queuecontrol). The relay samples the bulk links' TCP_INFO,
-// tells the controller whether messages cross the express link, and
-// carries the caps it decides to the peer in CLAMP frames, whose receiver
-// sets TCP_WINDOW_CLAMP on its socket.
 
 // QueueController decides the receive-window cap of a trunk's bulk links.
 // One runs per trunk while it has bulk links to cap (Config.QueueControl
@@ -149,10 +158,10 @@ type msgSeen struct {
 // lastMessage is what queue control is told of messages at now: when the
 // express link last sent one; now when the trunk has none (every message
 // then crosses the bulk links' path); zero (none) while a hold keeps this
-// side's messages off the express link. The gateway holds it only while
-// another flow keeps the WAN queue full (HoldExpress), where a cap would
-// only lose the bulk links' share of the path to that flow, so queue
-// control stands aside.
+// side's messages off the express link. The express controller holds it
+// only while another flow keeps the WAN queue full (HoldExpress), where a
+// cap would only lose the bulk links' share of the path to that flow, so
+// queue control stands aside.
 func (t *Trunk) lastMessage(now time.Time, m *msgSeen) time.Time {
 	if t.ExpressHeld(now) {
 		return time.Time{}

@@ -1,5 +1,18 @@
 package relay
 
+// The read side of a link. A frame passes
+//
+//  1. linkReader.step, the reader's stage (stage.go): on the poller
+//     thread while the link is idle (the frames that have arrived whole),
+//     else on a worker with blocking reads;
+//  2. handle, handleFrame: counted, and told apart: DATA, PAD, control;
+//  3. recvData, for DATA: the payload read straight into a pooled buffer
+//     and pushed to its stream (inbound.go: reserve, pushAt);
+//  4. dispatch, for a control frame: to its stream (OPEN to the trunk's
+//     Handler, OPEN_OK, RESET, HALF_CLOSE, WINDOW: addCredit) or to the
+//     link (PING, PONG, CLAMP, ACK, RETIRE, RENEW);
+//  5. fail, end, when reading ends: the link learns why (readEnd, renew.go).
+
 import (
 	"errors"
 	"fmt"

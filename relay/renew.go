@@ -95,6 +95,12 @@ func (l *Link) readEnd(gen uint64, err error) {
 	}
 }
 
+// RenewGap is the shortest time between two renewals of a trunk's express
+// link, which bounds the handshakes a lossy WAN can cost: the dialing side
+// renews at most once per RenewGap, and StepExpress asks the peer (RENEW)
+// at most as often.
+const RenewGap = time.Second
+
 // RequestRenew asks the peer, which dials this link, to renew it (RENEW),
 // at most once per renewGap; false when it was not sent.
 func (l *Link) RequestRenew(renewGap time.Duration) bool {

@@ -1,5 +1,22 @@
 package relay
 
+// The write side of a link. A frame passes
+//
+//  1. send (enqueue: queue only), the one way in, with the mode that says
+//     who may write it (sendMode);
+//  2. idleFor: on an idle link its caller writes it: writeNow (sendInline,
+//     sendTry), or corkNow and, after the poller thread's batch,
+//     flushCork (sendCork: the batch's small frames in one writev);
+//  3. queue, otherwise: the urgent queue (control frames, small DATA) or
+//     the bulk queue, for the writer goroutine;
+//  4. writeLoop: take (every urgent frame, then about one chunk of bulk),
+//     each frame encoded by appendIOV, the batch written with one writev;
+//  5. sent, once the frame is on the socket: the counters, the payload's
+//     buffer back to the pool, the stream's token (returnToken,
+//     outbound.go).
+//
+// Hold, Pad and WatchSend are what package tuning drives from outside.
+
 import (
 	"errors"
 	"fmt"

@@ -1,5 +1,16 @@
 package relay
 
+// How a stage runs its step (the stages: a link's reader, a stream's
+// out-stage and in-stage):
+//
+//  1. kick: whoever provides what the step waits for (a token, credit,
+//     queued data) kicks the stage; readable, when the poller thread finds
+//     the socket it waits for readable, runs the step right there;
+//  2. dispatch, work: a worker goroutine takes the stage;
+//  3. run: the step, until it returns what it waits for (waitOn);
+//  4. park: the stage idles, holding no goroutine, unless it was kicked
+//     meanwhile, and then it runs again.
+
 import (
 	"sync"
 	"sync/atomic"

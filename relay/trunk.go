@@ -1,5 +1,19 @@
 package relay
 
+// A site pair's links and the streams they share. A DATA frame's link is
+// chosen by pick (called by forward, outbound.go):
+//
+//  1. the stream's home link, until the peer has confirmed the stream;
+//  2. the express link, for a burst of at most ExpressMax bytes within
+//     the stream's budget (expressBudget), unless a hold keeps messages
+//     off it (HoldExpress);
+//  3. else the bulk link with the fewest bytes queued (striping), or the
+//     home link with NoStripe.
+//
+// A stream enters the trunk's table at its OPEN (register) and leaves it
+// at its end (remove); a failed link takes with it the streams it breaks
+// (down).
+
 import (
 	"net"
 	"sync"
@@ -31,6 +45,9 @@ type Trunk struct {
 	rr      int     // rotates the first candidate of the least-loaded choice
 	queueOn bool    // controlQueue runs
 	onRenew func()  // the dialer's: renew the express link
+	// xCtl is the express controller, made by the first StepExpress
+	// (Config.ExpressControl).
+	xCtl ExpressController
 	// xHold: until when (unix ns) messages stay off the express link
 	// (HoldExpress).
 	xHold atomic.Int64
@@ -127,10 +144,10 @@ func (t *Trunk) add(conn net.Conn, cfg Config, peer header.Hello, index int, exp
 // HoldExpress sends this side's messages on the bulk links for d from now,
 // as if the trunk had no express link; d <= 0 ends a hold. The express
 // link stays up (and is renewed as before), so the peer may go on using
-// it. The gateway holds it while another flow keeps the WAN queue full:
-// the messages wait in that queue on any link, and there the express
-// link's loss-based window is cut again and again while a primed bulk
-// link's holds.
+// it. The express controller (StepExpress) holds it while another flow
+// keeps the WAN queue full: the messages wait in that queue on any link,
+// and there the express link's loss-based window is cut again and again
+// while a primed bulk link's holds.
 func (t *Trunk) HoldExpress(d time.Duration) { t.xHold.Store(time.Now().Add(d).UnixNano()) }
 
 // ExpressHeld reports whether a hold (HoldExpress) keeps messages off the
@@ -297,4 +314,24 @@ func (t *Trunk) pick(s *Stream, k int, now time.Time) *Link {
 		return s.l
 	}
 	return best
+}
+
+// expressBudget takes n bytes from the stream's express budget: ExpressMax
+// bytes per round trip rtt of the express link (at least ExpressFloor), so
+// one message per round trip, a request or a reply, always fits, and a
+// stream that sends more is throughput-bound: the bulk links are for it.
+func (s *Stream) expressBudget(n int, rtt time.Duration, now time.Time) bool {
+	full := int64(s.l.cfg.ExpressMax)
+	per := max(rtt, ExpressFloor)
+	if d := now.Sub(s.xAt); d >= per {
+		s.xTokens = full
+	} else {
+		s.xTokens = min(full, s.xTokens+full*int64(d)/int64(per))
+	}
+	s.xAt = now
+	if int64(n) > s.xTokens {
+		return false
+	}
+	s.xTokens -= int64(n)
+	return true
 }

@@ -18,8 +18,16 @@
 //     full bottleneck queue (bench/figures/queuecontrol). It plugs into
 //     relay.Config.QueueControl; the relay samples the links and carries
 //     the caps in CLAMP frames.
+//   - express.go: express control, which renews the express link when
+//     losses have left its window too cold for one message
+//     (bench/figures/express), and holds it aside while another flow
+//     keeps the WAN queue full (bench/figures/computework). It plugs into
+//     relay.Config.ExpressControl; the gateway's WAN sampler feeds it
+//     (relay.Trunk.StepExpress), and the relay renews and holds.
 //
 // The mechanisms they steer belong to package relay (Link.Hold, Link.Pad,
-// Link.WatchSend, the QueueController hook); the express link's renewal
-// decides inside the link and stays there.
+// Link.WatchSend, Trunk.HoldExpress, the renewal of the express link, the
+// QueueController and ExpressController hooks). A new policy of either
+// hook's kind is a file here, its line in the gateway's relayConfig
+// (gateway/config.go) and its flag (gateway/flags.go).
 package tuning
