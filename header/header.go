@@ -1,6 +1,8 @@
 // Package header is the one implementation of the mpi5k wire format
 // (docs/wire-format.md): the 12-byte frame header shared by the WAN link,
-// the LAN open and the LAN peer query, and the bodies of the control frames.
+// the LAN open and the LAN peer query, the bodies of the control frames,
+// and the resume records the node daemons frame a resumable stream's bytes
+// in (resume.go).
 //
 // Everything on the data path (Header.Encode, Decode, the u32 bodies and the
 // Reader) works on caller buffers and never allocates, so a gateway can move
