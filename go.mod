@@ -1,3 +1,7 @@
+// mpi5k runs on Linux only: it needs epoll, TCP_INFO, network namespaces,
+// AF_PACKET and LD_PRELOAD. Any file may use Linux interfaces, with or
+// without a _linux suffix, and nothing provides stubs for other systems
+// (docs/architecture.md, "Platform").
 module github.com/mpi5k/mpi5k
 
 go 1.26.8

@@ -1,6 +1,8 @@
 // Package header is the one implementation of the mpi5k wire format
 // (docs/wire-format.md): the 12-byte frame header shared by the WAN link,
-// the LAN open and the LAN peer query, and the bodies of the control frames.
+// the LAN open and the LAN peer query, the bodies of the control frames,
+// and the resume records the node daemons frame a resumable stream's bytes
+// in (resume.go).
 //
 // Everything on the data path (Header.Encode, Decode, the u32 bodies and the
 // Reader) works on caller buffers and never allocates, so a gateway can move
@@ -57,22 +59,57 @@ const (
 	// TypeOpenReply (LAN): the gateway's answer to an OPEN with a resume
 	// id, one byte: 1 if the stream goes on resumable, 0 if plain.
 	TypeOpenReply Type = 21
-	maxType       Type = TypeOpenReply
 )
 
-var typeNames = [...]string{
-	TypeHello: "HELLO", TypeOpen: "OPEN", TypeOpenOK: "OPEN_OK",
-	TypeOpenRefused: "OPEN_REFUSED", TypeData: "DATA", TypeHalfClose: "HALF_CLOSE",
-	TypeReset: "RESET", TypeWindow: "WINDOW", TypePing: "PING", TypePong: "PONG",
-	TypePeerQuery: "PEER_QUERY", TypePeerReply: "PEER_REPLY", TypeDataAt: "DATA_AT",
-	TypeClamp: "CLAMP", TypeRetire: "RETIRE", TypeRenew: "RENEW",
-	TypeAck: "ACK", TypePad: "PAD", TypeListen: "LISTEN", TypeListenReply: "LISTEN_REPLY",
-	TypeOpenReply: "OPEN_REPLY",
+// typeInfo is what the header of a frame type must satisfy, checked by
+// Decode before any payload is read.
+type typeInfo struct {
+	name     string
+	min, max uint32     // payload bytes
+	stream   streamRule // the stream ids the type may carry
 }
 
+type streamRule uint8
+
+const (
+	anyStream  streamRule = iota // a LAN request id, or OPEN (0 on the LAN, the stream's id on the WAN)
+	linkOnly                     // 0: the frame is about the link
+	streamOnly                   // not 0: the frame is about a stream
+)
+
+// types is every frame type's entry: a new type needs its constant above
+// and a line here, then its body's codec and the code that sends and
+// takes it.
+var types = [...]typeInfo{
+	TypeHello:       {"HELLO", helloFixed, MaxControl, linkOnly},
+	TypeOpen:        {"OPEN", 2 * minEndpoint, MaxControl, anyStream},
+	TypeOpenOK:      {"OPEN_OK", 0, 0, streamOnly},
+	TypeOpenRefused: {"OPEN_REFUSED", 4, 4, streamOnly},
+	TypeData:        {"DATA", 1, MaxPayload, streamOnly},
+	TypeHalfClose:   {"HALF_CLOSE", 0, 4, streamOnly}, // empty, or the final stream offset (never 1..3, checked in Decode)
+	TypeReset:       {"RESET", 4, 4, streamOnly},
+	TypeWindow:      {"WINDOW", 4, 4, streamOnly},
+	TypePing:        {"PING", 8, 8, linkOnly},
+	TypePong:        {"PONG", 8, 8, linkOnly},
+	TypePeerQuery:   {"PEER_QUERY", 2 * minEndpoint, 2 * maxEndpoint, anyStream},
+	TypePeerReply:   {"PEER_REPLY", 2 + minEndpoint, 2 + maxEndpoint, anyStream},
+	TypeDataAt:      {"DATA_AT", 5, MaxPayload, streamOnly},
+	TypeClamp:       {"CLAMP", 4, 4, linkOnly},
+	TypeRetire:      {"RETIRE", 0, 0, linkOnly},
+	TypeRenew:       {"RENEW", 0, 0, linkOnly},
+	TypeAck:         {"ACK", 8, 8, linkOnly},
+	TypePad:         {"PAD", 0, MaxPayload, linkOnly},
+	TypeListen:      {"LISTEN", 2, 2, anyStream},
+	TypeListenReply: {"LISTEN_REPLY", 1, 1, anyStream},
+	TypeOpenReply:   {"OPEN_REPLY", 1, 1, linkOnly},
+}
+
+// known tells whether t is a type of this version.
+func (t Type) known() bool { return int(t) < len(types) && types[t].name != "" }
+
 func (t Type) String() string {
-	if t >= 1 && t <= maxType && typeNames[t] != "" {
-		return typeNames[t]
+	if t.known() {
+		return types[t].name
 	}
 	return fmt.Sprintf("type(%d)", uint8(t))
 }
@@ -112,32 +149,6 @@ func (h Header) Encode(b []byte) {
 	binary.BigEndian.PutUint32(b[8:12], h.Length)
 }
 
-// payloadBounds gives the smallest and largest payload length of each type,
-// so a frame of the wrong size is refused before its payload is read.
-var payloadBounds = [...][2]uint32{
-	TypeHello:       {helloFixed, MaxControl},
-	TypeOpen:        {2 * minEndpoint, MaxControl},
-	TypeOpenOK:      {0, 0},
-	TypeOpenRefused: {4, 4},
-	TypeData:        {1, MaxPayload},
-	TypeHalfClose:   {0, 4}, // empty, or the final stream offset (never 1..3, checked in Decode)
-	TypeReset:       {4, 4},
-	TypeWindow:      {4, 4},
-	TypePing:        {8, 8},
-	TypePong:        {8, 8},
-	TypePeerQuery:   {2 * minEndpoint, 2 * maxEndpoint},
-	TypePeerReply:   {2 + minEndpoint, 2 + maxEndpoint},
-	TypeDataAt:      {5, MaxPayload},
-	TypeClamp:       {4, 4},
-	TypeRetire:      {0, 0},
-	TypeRenew:       {0, 0},
-	TypeAck:         {8, 8},
-	TypePad:         {0, MaxPayload},
-	TypeListen:      {2, 2},
-	TypeListenReply: {1, 1},
-	TypeOpenReply:   {1, 1},
-}
-
 // Decode parses and validates the header in b[:Size]: version, type, flags,
 // the payload length allowed for the type (ErrTooLarge above MaxPayload or
 // MaxControl, ErrPayload for a size the type cannot have) and the stream id
@@ -156,13 +167,14 @@ func Decode(b []byte) (Header, error) {
 	if b[0] != Version {
 		return h, fmt.Errorf("%w: %d (want %d)", ErrVersion, b[0], Version)
 	}
-	if h.Type < 1 || h.Type > maxType || typeNames[h.Type] == "" {
+	if !h.Type.known() {
 		return h, fmt.Errorf("%w: %d", ErrType, uint8(h.Type))
 	}
 	if h.Flags != 0 {
 		return h, fmt.Errorf("%w: %#04x on %v", ErrFlags, h.Flags, h.Type)
 	}
-	lo, hi := payloadBounds[h.Type][0], payloadBounds[h.Type][1]
+	ti := &types[h.Type]
+	lo, hi := ti.min, ti.max
 	if h.Length > hi {
 		if h.Length > MaxPayload || hi == MaxControl {
 			return h, fmt.Errorf("%w: %v of %d bytes (limit %d)", ErrTooLarge, h.Type, h.Length, hi)
@@ -172,15 +184,11 @@ func Decode(b []byte) (Header, error) {
 	if h.Length < lo || h.Type == TypeHalfClose && h.Length != 0 && h.Length != 4 {
 		return h, fmt.Errorf("%w: %v of %d bytes (want %d..%d)", ErrPayload, h.Type, h.Length, lo, hi)
 	}
-	switch h.Type {
-	case TypeHello, TypePing, TypePong, TypeClamp, TypeRetire, TypeRenew, TypeAck, TypePad, TypeOpenReply:
-		if h.Stream != 0 {
-			return h, fmt.Errorf("%w: %v on stream %d (want 0)", ErrStream, h.Type, h.Stream)
-		}
-	case TypeOpenOK, TypeOpenRefused, TypeData, TypeDataAt, TypeHalfClose, TypeReset, TypeWindow:
-		if h.Stream == 0 {
-			return h, fmt.Errorf("%w: %v on stream 0", ErrStream, h.Type)
-		}
+	switch {
+	case ti.stream == linkOnly && h.Stream != 0:
+		return h, fmt.Errorf("%w: %v on stream %d (want 0)", ErrStream, h.Type, h.Stream)
+	case ti.stream == streamOnly && h.Stream == 0:
+		return h, fmt.Errorf("%w: %v on stream 0", ErrStream, h.Type)
 	}
 	return h, nil
 }

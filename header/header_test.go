@@ -107,18 +107,16 @@ func TestDecodeAccepts(t *testing.T) {
 
 // randomHeader draws a header that Decode must accept.
 func randomHeader(r *rand.Rand) Header {
-	t := Type(1 + r.IntN(int(maxType)))
-	for typeNames[t] == "" { // reserved
-		t = Type(1 + r.IntN(int(maxType)))
+	t := Type(1 + r.IntN(len(types)-1))
+	for !t.known() { // reserved
+		t = Type(1 + r.IntN(len(types)-1))
 	}
-	lo, hi := payloadBounds[t][0], payloadBounds[t][1]
+	lo, hi := types[t].min, types[t].max
 	h := Header{Type: t, Length: lo + uint32(r.Int64N(int64(hi-lo)+1))}
 	if t == TypeHalfClose {
 		h.Length = 4 * r.Uint32N(2)
 	}
-	switch t {
-	case TypeHello, TypePing, TypePong, TypeClamp, TypeRetire, TypeRenew, TypeAck, TypePad, TypeOpenReply:
-	default:
+	if types[t].stream != linkOnly {
 		h.Stream = 1 + r.Uint32N(1<<31)
 	}
 	return h

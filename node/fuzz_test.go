@@ -16,31 +16,31 @@ import (
 	"github.com/mpi5k/mpi5k/mx"
 )
 
-// FuzzResumeRecords plays the far site's node daemon: the bytes of a
+// FuzzResumeDaemon plays the far site's node daemon: the bytes of a
 // resumable stream a gateway opens to this daemon, arbitrary, then a
 // RESET. The daemon must not panic; the rank's connection must get only
 // the bytes of the well-formed DATA records up to the first malformed
 // record, in order, and must end; the daemon must then hold no session.
-func FuzzResumeRecords(f *testing.F) {
-	hello := func(flags byte, rcv, acked uint64) []byte { return appendHello(nil, flags, rcv, acked) }
-	data := func(b []byte) []byte {
-		return append(binary.BigEndian.AppendUint32([]byte{recData}, uint32(len(b))), b...)
-	}
-	ack := func(n uint64) []byte { return binary.BigEndian.AppendUint64([]byte{recAck}, n) }
+// (header's FuzzResumeRecords fuzzes the records' codec alone.)
+func FuzzResumeDaemon(f *testing.F) {
+	hello := func(flags byte, rcv, acked uint64) []byte { return header.AppendResumeHello(nil, flags, rcv, acked) }
+	data := func(b []byte) []byte { return header.AppendResumeData(nil, b) }
+	ack := func(n uint64) []byte { return header.AppendResumeAck(nil, n) }
+	const recData, recFin, recReset = byte(header.ResumeData), byte(header.ResumeFin), byte(header.ResumeReset)
 	cat := func(bs ...[]byte) []byte { return bytes.Join(bs, nil) }
 	f.Add(hello(0, 0, 0))
 	f.Add(cat(hello(0, 0, 0), data([]byte("hello, rank")), data([]byte("again"))))
 	f.Add(cat(hello(0, 0, 0), data([]byte("bye")), []byte{recFin}))
 	f.Add(cat(hello(0, 0, 0), data([]byte("x")), ack(0), []byte{recFin}, data([]byte("after the end"))))
-	f.Add(cat(hello(0, 0, 0), ack(1)))                     // acknowledges more than was sent
-	f.Add(cat(hello(0, 1, 0), data([]byte("x"))))          // claims the FIN of nothing sent
-	f.Add(cat(hello(0, 5, 0)))                             // claims bytes never sent
-	f.Add(cat(hello(0, 0, 1)))                             // acknowledges more than it received
-	f.Add(cat(hello(helloKnown, 0, 0), data([]byte("x")))) // resumes what this daemon never held
+	f.Add(cat(hello(0, 0, 0), ack(1)))                             // acknowledges more than was sent
+	f.Add(cat(hello(0, 1, 0), data([]byte("x"))))                  // claims the FIN of nothing sent
+	f.Add(cat(hello(0, 5, 0)))                                     // claims bytes never sent
+	f.Add(cat(hello(0, 0, 1)))                                     // acknowledges more than it received
+	f.Add(cat(hello(header.ResumeKnown, 0, 0), data([]byte("x")))) // resumes what this daemon never held
 	f.Add(cat(hello(0, 0, 0), []byte{recData, 0, 0, 0, 0}))
 	f.Add(cat(hello(0, 0, 0), []byte{recData, 0, 1, 0, 1})) // longer than a record may be
 	f.Add(cat(hello(0, 0, 0), []byte{recData, 0, 0, 0, 9}, []byte("short")))
-	f.Add(cat(hello(0, 0, 0), data(bytes.Repeat([]byte{7}, maxRecord))))
+	f.Add(cat(hello(0, 0, 0), data(bytes.Repeat([]byte{7}, header.MaxResumeData))))
 	f.Add(cat(hello(0, 0, 0), []byte{9}))
 	f.Add([]byte{recReset})
 	f.Add([]byte{recData})
@@ -55,7 +55,7 @@ func FuzzResumeRecords(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer rl.Close()
-		sent := append(append([]byte(nil), in...), recReset)
+		sent := append(append([]byte(nil), in...), byte(header.ResumeReset))
 		want := wellFormedData(sent)
 		var got []byte
 		rankDone := make(chan error, 1)
@@ -123,7 +123,8 @@ func FuzzResumeRecords(f *testing.F) {
 // to the first record that is not well formed (the wire format's, not
 // the code's, reading).
 func wellFormedData(in []byte) []byte {
-	if len(in) < helloLen || in[0] != recHello || in[1]&helloKnown != 0 {
+	const helloLen, dataHdr = header.ResumeHelloSize, header.ResumeDataPrefix
+	if len(in) < helloLen || in[0] != byte(header.ResumeHello) || in[1]&header.ResumeKnown != 0 {
 		return nil
 	}
 	rcv, acked := binary.BigEndian.Uint64(in[2:]), binary.BigEndian.Uint64(in[10:])
@@ -132,23 +133,23 @@ func wellFormedData(in []byte) []byte {
 	}
 	var out []byte
 	for b := in[helloLen:]; len(b) > 0; {
-		switch b[0] {
-		case recData:
+		switch header.ResumeType(b[0]) {
+		case header.ResumeData:
 			if len(b) < dataHdr {
 				return out
 			}
 			n := int(binary.BigEndian.Uint32(b[1:]))
-			if n == 0 || n > maxRecord || len(b) < dataHdr+n {
+			if n == 0 || n > header.MaxResumeData || len(b) < dataHdr+n {
 				return out
 			}
 			out = append(out, b[dataHdr:dataHdr+n]...)
 			b = b[dataHdr+n:]
-		case recAck:
+		case header.ResumeAck:
 			if len(b) < 9 {
 				return out
 			}
 			b = b[9:]
-		case recFin:
+		case header.ResumeFin:
 			b = b[1:]
 		default:
 			return out

@@ -18,7 +18,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -33,24 +32,9 @@ import (
 	"github.com/mpi5k/mpi5k/relay"
 )
 
-// Record types. A record is a type byte and its body.
-const (
-	recHello byte = 1 // u8 flags, u64 received, u64 acknowledged: the first record of each end on every stream
-	recData  byte = 2 // u32 length, then the bytes
-	recAck   byte = 3 // u64 acknowledged
-	recFin   byte = 4 // the sender's end of data (takes one offset)
-	recReset byte = 5 // the connection is over: reset the rank
-)
-
-// helloKnown (opener's HELLO): the acceptor answered on an earlier stream,
-// so it must know the id; without it an unknown id is a new connection.
-const helloKnown = 1
-
-const (
-	dataHdr   = 5
-	helloLen  = 18
-	maxRecord = 1 << 16 // largest DATA body a daemon writes or takes
-)
+// The records on a resumable stream are header's (header/resume.go);
+// maxRecord also sizes the stream's reader and the reads from the rank.
+const maxRecord = header.MaxResumeData
 
 var errResumeReset = errors.New("the other node daemon reset the connection")
 
@@ -135,32 +119,14 @@ func newResumeID() header.ResumeID {
 	return id
 }
 
-func appendHello(b []byte, flags byte, rcv, acked uint64) []byte {
-	b = append(b, recHello, flags)
-	b = binary.BigEndian.AppendUint64(b, rcv)
-	return binary.BigEndian.AppendUint64(b, acked)
-}
-
-// readHello reads the first record of a stream.
-func readHello(r io.Reader) (flags byte, rcv, acked uint64, err error) {
-	var b [helloLen]byte
-	if _, err = io.ReadFull(r, b[:1]); err != nil {
-		return
+// readHello reads the first record of a stream: the other end's HELLO,
+// or its RESET (errResumeReset).
+func readHello(r *bufio.Reader) (flags byte, rcv, acked uint64, err error) {
+	rec, err := header.ReadResumeHello(r)
+	if err == nil && rec.Type == header.ResumeReset {
+		err = errResumeReset
 	}
-	if b[0] == recReset {
-		return 0, 0, 0, errResumeReset
-	}
-	if b[0] != recHello {
-		return 0, 0, 0, fmt.Errorf("resume record %d where HELLO belongs", b[0])
-	}
-	if _, err = io.ReadFull(r, b[1:]); err != nil {
-		return
-	}
-	rcv, acked = binary.BigEndian.Uint64(b[2:]), binary.BigEndian.Uint64(b[10:])
-	if acked > rcv {
-		err = fmt.Errorf("resume HELLO acknowledges %d of %d offsets received", acked, rcv)
-	}
-	return b[1], rcv, acked, err
+	return rec.Flags, rec.Received, rec.Acked, err
 }
 
 func newRecordReader(s *mx.Stream) *bufio.Reader { return bufio.NewReaderSize(s, maxRecord) }
@@ -216,7 +182,7 @@ func (d *Daemon) acceptResumable(ctx context.Context, s *mx.Stream, from, to net
 		}
 		return
 	}
-	if flags&helloKnown != 0 {
+	if flags&header.ResumeKnown != 0 {
 		d.sessMu.Unlock()
 		// The connection ended here (its hold ran out, or the daemon
 		// restarted): the opener resets its rank.
@@ -255,7 +221,7 @@ func (d *Daemon) forget(id header.ResumeID) {
 // refuseResume ends a resumable stream with RESET: the other daemon resets
 // its rank.
 func refuseResume(s *mx.Stream) {
-	s.Write([]byte{recReset})
+	s.Write([]byte{byte(header.ResumeReset)})
 	s.Close()
 }
 
@@ -296,7 +262,7 @@ func (ss *session) open(s *mx.Stream) bool {
 	ss.mu.Lock()
 	flags := byte(0)
 	if ss.known {
-		flags = helloKnown
+		flags = header.ResumeKnown
 	}
 	ss.mu.Unlock()
 	p, hello, ok := ss.switchTo(s, false, 0, 0, flags)
@@ -338,7 +304,7 @@ func (ss *session) switchTo(s *mx.Stream, ready bool, rcv, acked uint64, flags b
 	ss.p = p
 	ss.gen++
 	ss.wakeAll()
-	return p, appendHello(nil, flags, ss.rcv, ss.dlv), true
+	return p, header.AppendResumeHello(nil, flags, ss.rcv, ss.dlv), true
 }
 
 // start carries p once this end's HELLO is on it.
@@ -373,7 +339,7 @@ func (ss *session) ack(n uint64) {
 	}
 	ss.una = n
 	i := 0
-	for i < len(ss.segs) && ss.segs[i].off+uint64(len(ss.segs[i].b)-dataHdr) <= n {
+	for i < len(ss.segs) && ss.segs[i].off+uint64(len(ss.segs[i].b)-header.ResumeDataPrefix) <= n {
 		i++
 	}
 	// Move the rest to the front: the array keeps its capacity, and a
@@ -420,10 +386,7 @@ func (ss *session) fromRank() {
 		}
 		n, err := ss.c.Read(buf)
 		if n > 0 {
-			b := make([]byte, dataHdr+n)
-			b[0] = recData
-			binary.BigEndian.PutUint32(b[1:], uint32(n))
-			copy(b[dataHdr:], buf[:n])
+			b := header.AppendResumeData(make([]byte, 0, header.ResumeDataPrefix+n), buf[:n])
 			ss.mu.Lock()
 			off := ss.end
 			ss.segs = append(ss.segs, seg{off: off, b: b})
@@ -465,10 +428,10 @@ func (ss *session) sendNow(p *path, off uint64, b []byte) bool {
 		ss.mu.Unlock()
 		return false
 	}
-	p.nxt = off + uint64(len(b)-dataHdr)
+	p.nxt = off + uint64(len(b)-header.ResumeDataPrefix)
 	var ack []byte
 	if ss.dlv != ss.ackSent && ss.ackDue() {
-		ack = binary.BigEndian.AppendUint64([]byte{recAck}, ss.dlv)
+		ack = header.AppendResumeAck(nil, ss.dlv)
 		ss.ackSent = ss.dlv
 	}
 	ss.mu.Unlock()
@@ -564,13 +527,13 @@ func (ss *session) write(p *path) {
 		ss.mu.Lock()
 		out, ctl = out[:0], ctl[:0]
 		if p.ready && ss.dlv != ss.ackSent && ss.ackDue() {
-			ctl = binary.BigEndian.AppendUint64(append(ctl, recAck), ss.dlv)
+			ctl = header.AppendResumeAck(ctl, ss.dlv)
 			ss.ackSent = ss.dlv
 		}
 		size := 0
 		if p.ready {
 			for _, sg := range ss.segs {
-				n := uint64(len(sg.b) - dataHdr)
+				n := uint64(len(sg.b) - header.ResumeDataPrefix)
 				if sg.off+n <= p.nxt {
 					continue
 				}
@@ -578,11 +541,8 @@ func (ss *session) write(p *path) {
 				if skip := p.nxt - sg.off; skip > 0 {
 					// The peer has the start of this record (a resumed
 					// stream): a record of the rest.
-					rest := n - skip
-					h := make([]byte, dataHdr, dataHdr+rest)
-					h[0] = recData
-					binary.BigEndian.PutUint32(h[1:], uint32(rest))
-					b = append(h, sg.b[dataHdr+skip:]...)
+					rest := sg.b[header.ResumeDataPrefix+skip:]
+					b = header.AppendResumeData(make([]byte, 0, header.ResumeDataPrefix+len(rest)), rest)
 				}
 				out = append(out, b)
 				p.nxt = sg.off + n
@@ -591,7 +551,7 @@ func (ss *session) write(p *path) {
 				}
 			}
 			if ss.eof && !p.finSent && p.nxt == ss.end {
-				out = append(out, []byte{recFin})
+				out = append(out, []byte{byte(header.ResumeFin)})
 				p.finSent = true
 				p.nxt++
 			}
@@ -682,37 +642,22 @@ func (ss *session) readLoop(p *path, r *bufio.Reader) error {
 		ss.peerHello(p, rcv, acked)
 		ss.mu.Unlock()
 	}
-	var b [8]byte
 	for {
-		t, err := r.ReadByte()
+		rec, err := header.ReadResumeRecord(r)
 		if err != nil {
 			return err
 		}
-		switch t {
-		case recData:
-			if _, err := io.ReadFull(r, b[:4]); err != nil {
+		switch rec.Type {
+		case header.ResumeData:
+			if err := ss.received(p, rec.Data, uint64(len(rec.Data))); err != nil {
 				return err
 			}
-			n := int(binary.BigEndian.Uint32(b[:4]))
-			if n == 0 || n > maxRecord {
-				return fmt.Errorf("resume DATA of %d bytes", n)
-			}
-			data := make([]byte, n)
-			if _, err := io.ReadFull(r, data); err != nil {
-				return err
-			}
-			if err := ss.received(p, data, uint64(n)); err != nil {
-				return err
-			}
-		case recFin:
+		case header.ResumeFin:
 			if err := ss.received(p, nil, 1); err != nil {
 				return err
 			}
-		case recAck:
-			if _, err := io.ReadFull(r, b[:8]); err != nil {
-				return err
-			}
-			n := binary.BigEndian.Uint64(b[:8])
+		case header.ResumeAck:
+			n := rec.Acked
 			ss.mu.Lock()
 			if n > p.nxt {
 				ss.mu.Unlock()
@@ -720,10 +665,8 @@ func (ss *session) readLoop(p *path, r *bufio.Reader) error {
 			}
 			ss.ack(n)
 			ss.mu.Unlock()
-		case recReset:
+		case header.ResumeReset:
 			return errResumeReset
-		default:
-			return fmt.Errorf("resume record of type %d", t)
 		}
 	}
 }

@@ -48,6 +48,7 @@ typedef void (*closefrom_fn)(int);
 typedef ssize_t (*read_fn)(int, void *, size_t);
 typedef ssize_t (*write_fn)(int, const void *, size_t);
 typedef ssize_t (*readv_fn)(int, const struct iovec *, int);
+typedef ssize_t (*writev_fn)(int, const struct iovec *, int);
 typedef ssize_t (*send_fn)(int, const void *, size_t, int);
 typedef ssize_t (*sendto_fn)(int, const void *, size_t, int, const struct sockaddr *, socklen_t);
 typedef ssize_t (*sendmsg_fn)(int, const struct msghdr *, int);
@@ -58,30 +59,29 @@ typedef ssize_t (*read_chk_fn)(int, void *, size_t, size_t);
 typedef ssize_t (*recv_chk_fn)(int, void *, size_t, size_t, int);
 typedef ssize_t (*recvfrom_chk_fn)(int, void *, size_t, size_t, int, struct sockaddr *, socklen_t *);
 
+// Every libc function the shim calls on to: its name, then its pointer's
+// type. fcntl64 is glibc's name for fcntl in programs built with
+// _FILE_OFFSET_BITS=64; the _chk variants are what _FORTIFY_SOURCE builds
+// call.
 #define REALS(X)                                                                                   \
-	X(socket) X(connect) X(listen) X(accept) X(accept4) X(getpeername) X(close) X(dup) X(dup2) X(dup3) X(fcntl)   \
-	X(close_range) X(closefrom) X(read) X(write) X(readv) X(send) X(sendto) X(sendmsg)        \
-	X(recv) X(recvfrom) X(recvmsg)
+	X(socket, socket_fn) X(connect, connect_fn) X(listen, listen_fn) X(accept, accept_fn)      \
+	X(accept4, accept4_fn) X(getpeername, getpeername_fn) X(close, close_fn) X(dup, dup_fn)    \
+	X(dup2, dup2_fn) X(dup3, dup3_fn) X(fcntl, fcntl_fn) X(fcntl64, fcntl_fn)                  \
+	X(close_range, close_range_fn) X(closefrom, closefrom_fn) X(read, read_fn)                 \
+	X(write, write_fn) X(readv, readv_fn) X(writev, writev_fn) X(send, send_fn)                \
+	X(sendto, sendto_fn) X(sendmsg, sendmsg_fn) X(recv, recv_fn) X(recvfrom, recvfrom_fn)      \
+	X(recvmsg, recvmsg_fn) X(__read_chk, read_chk_fn) X(__recv_chk, recv_chk_fn)               \
+	X(__recvfrom_chk, recvfrom_chk_fn)
 
-#define DECL(n) static n##_fn real_##n;
+#define DECL(n, t) static t real_##n;
 REALS(DECL)
-static ssize_t (*real_writev)(int, const struct iovec *, int);
-static fcntl_fn real_fcntl64;
-static read_chk_fn real___read_chk;
-static recv_chk_fn real___recv_chk;
-static recvfrom_chk_fn real___recvfrom_chk;
 
 // resolve may run in two threads at once before the constructor; both store
 // the same pointers, so the race is benign.
 static void resolve(void) {
-#define RES(n) real_##n = (n##_fn)dlsym(RTLD_NEXT, #n);
+#define RES(n, t) real_##n = (t)dlsym(RTLD_NEXT, #n);
 	REALS(RES)
-	real_writev = (ssize_t(*)(int, const struct iovec *, int))dlsym(RTLD_NEXT, "writev");
-	real_fcntl64 = (fcntl_fn)dlsym(RTLD_NEXT, "fcntl64");
-	if (!real_fcntl64) real_fcntl64 = real_fcntl;
-	real___read_chk = (read_chk_fn)dlsym(RTLD_NEXT, "__read_chk");
-	real___recv_chk = (recv_chk_fn)dlsym(RTLD_NEXT, "__recv_chk");
-	real___recvfrom_chk = (recvfrom_chk_fn)dlsym(RTLD_NEXT, "__recvfrom_chk");
+	if (!real_fcntl64) real_fcntl64 = real_fcntl; // glibc before 2.28
 }
 
 #define REAL(n) (__builtin_expect(real_##n != NULL, 1) ? real_##n : (resolve(), real_##n))
@@ -140,62 +140,7 @@ void mpi5k_set_gateways(const struct mpi5k_ep *eps, int n) {
 	g_ngw = n;
 }
 
-// ---- addresses ------------------------------------------------------------
-
-// An IPv4-mapped IPv6 address (RFC 4291 2.5.5.2) is this prefix, then the
-// IPv4 address.
-static const uint8_t v4mapped_prefix[12] = {[10] = 0xff, [11] = 0xff};
-#define V4MAPPED_ADDR sizeof v4mapped_prefix // where the IPv4 address starts
-
-int mpi5k_sockaddr_to_ep(const struct sockaddr *sa, socklen_t len, struct mpi5k_ep *ep) {
-	memset(ep, 0, sizeof *ep);
-	if (sa == NULL) return 0;
-	if (sa->sa_family == AF_INET && len >= (socklen_t)sizeof(struct sockaddr_in)) {
-		const struct sockaddr_in *s = (const struct sockaddr_in *)sa;
-		ep->family = 4;
-		ep->port = ntohs(s->sin_port);
-		memcpy(ep->addr, &s->sin_addr, 4);
-		return 1;
-	}
-	if (sa->sa_family == AF_INET6 && len >= (socklen_t)sizeof(struct sockaddr_in6)) {
-		const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)sa;
-		ep->port = ntohs(s->sin6_port);
-		if (IN6_IS_ADDR_V4MAPPED(&s->sin6_addr)) { // compare as IPv4
-			ep->family = 4;
-			memcpy(ep->addr, &s->sin6_addr.s6_addr[V4MAPPED_ADDR], 4);
-		} else {
-			ep->family = 6;
-			memcpy(ep->addr, &s->sin6_addr, 16);
-			ep->scope = s->sin6_scope_id;
-		}
-		return 1;
-	}
-	return 0;
-}
-
-// ep_to_sockaddr renders ep in the family of the socket (an IPv6 socket gets
-// an IPv4 peer as a v4-mapped address); returns the length.
-static socklen_t ep_to_sockaddr(const struct mpi5k_ep *ep, int family, struct sockaddr_storage *ss) {
-	memset(ss, 0, sizeof *ss);
-	if (family == AF_INET6) {
-		struct sockaddr_in6 *s = (struct sockaddr_in6 *)ss;
-		s->sin6_family = AF_INET6;
-		s->sin6_port = htons(ep->port);
-		if (ep->family == 4) {
-			memcpy(s->sin6_addr.s6_addr, v4mapped_prefix, sizeof v4mapped_prefix);
-			memcpy(&s->sin6_addr.s6_addr[V4MAPPED_ADDR], ep->addr, 4);
-		} else {
-			memcpy(&s->sin6_addr, ep->addr, 16);
-			s->sin6_scope_id = ep->scope;
-		}
-		return sizeof *s;
-	}
-	struct sockaddr_in *s = (struct sockaddr_in *)ss;
-	s->sin_family = AF_INET;
-	s->sin_port = htons(ep->port);
-	memcpy(&s->sin_addr, ep->addr, 4);
-	return sizeof *s;
-}
+// ---- addresses (conversions in addr.c) -------------------------------------
 
 // copy_out fills a caller's (addr, *len) pair with accept/getpeername semantics:
 // truncate to the caller's buffer, report the full length.
@@ -204,17 +149,6 @@ static void copy_out(struct sockaddr *addr, socklen_t *lenp, const void *src, so
 	socklen_t c = *lenp < n ? *lenp : n;
 	memcpy(addr, src, c);
 	*lenp = n;
-}
-
-static int is_local_addr(const struct sockaddr *sa) {
-	if (sa->sa_family == AF_INET) {
-		uint32_t a = ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr);
-		return (a >> 24) == 127 || a == 0;
-	}
-	const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
-	if (IN6_IS_ADDR_LOOPBACK(a) || IN6_IS_ADDR_UNSPECIFIED(a)) return 1;
-	return IN6_IS_ADDR_V4MAPPED(a) &&
-	       (a->s6_addr[V4MAPPED_ADDR] == 127 || !memcmp(&a->s6_addr[V4MAPPED_ADDR], "\0\0\0\0", 4));
 }
 
 static int is_gateway(const struct mpi5k_ep *ep) {
@@ -380,7 +314,7 @@ static int want_relay(int fd, const struct sockaddr *sa, socklen_t len) {
 	} else {
 		return 0;
 	}
-	if (!g_allow_loopback && is_local_addr(sa)) return 0;
+	if (!g_allow_loopback && mpi5k_is_local_addr(sa)) return 0;
 	int e = errno, type = 0;
 	socklen_t l = sizeof type;
 	int r = getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l);
@@ -464,7 +398,7 @@ static int do_accept(int fd, struct sockaddr *addr, socklen_t *lenp, int flags, 
 			fd_hi(nfd);
 			STORE(&g_flags[nfd], MPI5K_F_TRUEPEER | MPI5K_F_KNOWN | MPI5K_F_TCP);
 			struct sockaddr_storage out;
-			socklen_t ol = ep_to_sockaddr(&truep, ss.ss_family, &out);
+			socklen_t ol = mpi5k_ep_to_sockaddr(&truep, ss.ss_family, &out);
 			ss = out;
 			sl = ol;
 		} else {
@@ -511,7 +445,7 @@ int getpeername(int fd, struct sockaddr *addr, socklen_t *lenp) {
 	// must get the kernel's answer.
 	if (mpi5k_sockaddr_to_ep((struct sockaddr *)&ss, sl, &seen) && is_gateway(&seen)) {
 		struct mpi5k_ep p = g_peer[fd];
-		sl = ep_to_sockaddr(&p, ss.ss_family, &ss);
+		sl = mpi5k_ep_to_sockaddr(&p, ss.ss_family, &ss);
 	} else {
 		fd_clear(fd);
 	}
@@ -587,8 +521,7 @@ int fcntl64(int fd, int cmd, ...) {
 	va_start(ap, cmd);
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
-	if (unlikely(real_fcntl64 == NULL)) resolve();
-	return do_fcntl(real_fcntl64, fd, cmd, arg);
+	return do_fcntl(REAL(fcntl64), fd, cmd, arg);
 }
 
 static void clear_range(unsigned first, unsigned last) {

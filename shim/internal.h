@@ -35,6 +35,11 @@ HIDDEN void mpi5k_trace_call(int fd, int fn, uint16_t flags, uint64_t t0, int64_
 HIDDEN void mpi5k_trace_conn(int fd, int fn, uint16_t flags, const struct mpi5k_ep *peer);
 HIDDEN void mpi5k_sample_hook(int fd, int open); // TCP_INFO sample at open (1) or close (0)
 
+// addr.c: endpoints and sockaddrs (mpi5k_sockaddr_to_ep, which Go calls
+// too, is in shim.h).
+HIDDEN socklen_t mpi5k_ep_to_sockaddr(const struct mpi5k_ep *ep, int family, struct sockaddr_storage *ss);
+HIDDEN int mpi5k_is_local_addr(const struct sockaddr *sa);
+
 // gonote.c: start-up check for a second Go runtime.
 HIDDEN int mpi5k_other_go_runtime(void);
 

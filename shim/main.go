@@ -3,8 +3,8 @@
 // (docs/shim.md). Build: go build -buildmode=c-shared -o bin/libmpi5k.so ./shim
 //
 // The C interception layer (intercept.c, with trace records filled in
-// record.c, the trace ring in ring.c and the start-up scan in gonote.c)
-// handles every interposed call; the
+// record.c, address conversions in addr.c, the trace ring in ring.c and the
+// start-up scan in gonote.c) handles every interposed call; the
 // Go side only decides and performs relayed connects, answers peer queries
 // and flushes traces. main is never run: a c-shared library has no main.
 //

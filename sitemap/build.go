@@ -155,241 +155,302 @@ type span struct {
 // whose record had a syntax error: references to them are not reported a
 // second time as unknown sites.
 func (r *records) build(knownBroken map[string]bool) (*Map, []*Error) {
-	var errs []*Error
-	fail := func(at pos, format string, args ...any) {
-		errs = append(errs, &Error{File: at.file, Line: at.line, Msg: fmt.Sprintf(format, args...)})
+	b := &mapBuild{
+		m: &Map{
+			byName: map[string]*Site{},
+			hosts:  map[string]*Host{},
+			gw:     map[netip.Addr]*Site{},
+		},
+		knownBroken:  knownBroken,
+		siteAt:       map[string]pos{},
+		idAt:         map[int]*siteRec{},
+		listeners:    map[netip.AddrPort]listener{},
+		gwAt:         map[*Site][]pos{},
+		placeholders: map[string]*Site{},
 	}
-	m := &Map{
-		byName: map[string]*Site{},
-		hosts:  map[string]*Host{},
-		gw:     map[netip.Addr]*Site{},
+	b.addSites(r.sites)
+	b.addGateways(r.gateways)
+	slices.SortFunc(b.m.sites, func(x, y *Site) int { return cmp.Compare(x.ID, y.ID) })
+	b.addNets(r.nets)
+	b.addHosts(r.hosts)
+	b.checkOverlaps()
+	r.buildKeys(b.m, b.knownBroken, b.fail)
+	r.checkNAT(b.m, b.fail)
+	if len(b.errs) > 0 {
+		return nil, b.errs
 	}
-	siteAt := map[string]pos{}
-	idAt := map[int]*siteRec{}
-	type listener struct {
-		site, kind string
-		at         pos
+	b.index()
+	b.checkGatewayAddrs()
+	if len(b.errs) > 0 {
+		return nil, b.errs
 	}
-	listeners := map[netip.AddrPort]listener{}
-	// claim checks one gateway's two listeners (the n-th of its site) and
-	// claims them; who starts the messages ("site X", "gateway X").
-	claim := func(at pos, who, site, missing string, lan, wan netip.AddrPort, n int) bool {
-		ok := true
-		for _, l := range []struct {
-			kind string
-			ap   netip.AddrPort
-		}{{"lan", lan}, {"wan", wan}} {
-			if !l.ap.IsValid() {
-				fail(at, "%s%s=", missing, l.kind)
-				ok = false
-				continue
-			}
-			if msg := checkListener(l.ap); msg != "" {
-				fail(at, "%s: %s %s: %s", who, l.kind, l.ap, msg)
-				ok = false
-				continue
-			}
-			if o, dup := listeners[l.ap]; dup {
-				if o.at == at {
-					fail(at, "%s: lan and wan are the same listener %s", who, l.ap)
-				} else {
-					fail(at, "%s: %s %s is already the %s of site %s (%s)", who, l.kind, l.ap, o.kind, o.site, o.at)
-				}
-				ok = false
-				continue
-			}
-			kind := l.kind
-			if n > 1 {
-				kind = fmt.Sprintf("%s of gateway %d", l.kind, n)
-			}
-			listeners[l.ap] = listener{site, kind, at}
-		}
-		return ok
-	}
+	return b.m, nil
+}
 
-	for i := range r.sites {
-		rec := &r.sites[i]
-		if err := checkSiteName(rec.name); err != nil {
-			fail(rec.at, "%v", err)
-			if knownBroken == nil {
-				knownBroken = map[string]bool{}
+// mapBuild is the state of one build: the Map so far, the errors, and
+// what the records claimed.
+type mapBuild struct {
+	m    *Map
+	errs []*Error
+	// knownBroken: sites whose records failed; references to them are
+	// not reported again as unknown.
+	knownBroken  map[string]bool
+	siteAt       map[string]pos
+	idAt         map[int]*siteRec
+	listeners    map[netip.AddrPort]listener
+	gwAt         map[*Site][]pos  // the gateway records of each site's extra gateways
+	placeholders map[string]*Site // broken sites, for the overlap checks
+	spans        []span
+}
+
+// listener is a gateway address claimed by a site's record.
+type listener struct {
+	site, kind string
+	at         pos
+}
+
+func (b *mapBuild) fail(at pos, format string, args ...any) {
+	b.errs = append(b.errs, &Error{File: at.file, Line: at.line, Msg: fmt.Sprintf(format, args...)})
+}
+
+// broken marks site as known but failed.
+func (b *mapBuild) broken(site string) {
+	if b.knownBroken == nil {
+		b.knownBroken = map[string]bool{}
+	}
+	b.knownBroken[site] = true
+}
+
+// claim checks one gateway's two listeners (the n-th of its site) and
+// claims them; who starts the messages ("site X", "gateway X").
+func (b *mapBuild) claim(at pos, who, site, missing string, lan, wan netip.AddrPort, n int) bool {
+	ok := true
+	for _, l := range []struct {
+		kind string
+		ap   netip.AddrPort
+	}{{"lan", lan}, {"wan", wan}} {
+		if !l.ap.IsValid() {
+			b.fail(at, "%s%s=", missing, l.kind)
+			ok = false
+			continue
+		}
+		if msg := checkListener(l.ap); msg != "" {
+			b.fail(at, "%s: %s %s: %s", who, l.kind, l.ap, msg)
+			ok = false
+			continue
+		}
+		if o, dup := b.listeners[l.ap]; dup {
+			if o.at == at {
+				b.fail(at, "%s: lan and wan are the same listener %s", who, l.ap)
+			} else {
+				b.fail(at, "%s: %s %s is already the %s of site %s (%s)", who, l.kind, l.ap, o.kind, o.site, o.at)
 			}
-			knownBroken[rec.name] = true
+			ok = false
 			continue
 		}
-		if first, dup := siteAt[rec.name]; dup {
-			fail(rec.at, "duplicate site %s (first at %s)", rec.name, first)
+		kind := l.kind
+		if n > 1 {
+			kind = fmt.Sprintf("%s of gateway %d", l.kind, n)
+		}
+		b.listeners[l.ap] = listener{site, kind, at}
+	}
+	return ok
+}
+
+// addSites checks the site records (name, id, first gateway) and adds
+// the sites.
+func (b *mapBuild) addSites(sites []siteRec) {
+	for i := range sites {
+		rec := &sites[i]
+		if err := checkSiteName(rec.name); err != nil {
+			b.fail(rec.at, "%v", err)
+			b.broken(rec.name)
 			continue
 		}
-		siteAt[rec.name] = rec.at
+		if first, dup := b.siteAt[rec.name]; dup {
+			b.fail(rec.at, "duplicate site %s (first at %s)", rec.name, first)
+			continue
+		}
+		b.siteAt[rec.name] = rec.at
 		ok := true
 		switch {
 		case rec.id == 0:
-			fail(rec.at, "site %s: missing id=", rec.name)
+			b.fail(rec.at, "site %s: missing id=", rec.name)
 			ok = false
 		case rec.id < 1 || rec.id > 255:
-			fail(rec.at, "site %s: id %d out of range 1-255", rec.name, max(rec.id, 0))
+			b.fail(rec.at, "site %s: id %d out of range 1-255", rec.name, max(rec.id, 0))
 			ok = false
-		case idAt[rec.id] != nil:
-			o := idAt[rec.id]
-			fail(rec.at, "site %s: id %d already used by site %s (%s)", rec.name, rec.id, o.name, o.at)
+		case b.idAt[rec.id] != nil:
+			o := b.idAt[rec.id]
+			b.fail(rec.at, "site %s: id %d already used by site %s (%s)", rec.name, rec.id, o.name, o.at)
 			ok = false
 		default:
-			idAt[rec.id] = rec
+			b.idAt[rec.id] = rec
 		}
-		if !claim(rec.at, "site "+rec.name, rec.name, "site "+rec.name+" has no gateway: missing ", rec.lan, rec.wan, 1) {
+		if !b.claim(rec.at, "site "+rec.name, rec.name, "site "+rec.name+" has no gateway: missing ", rec.lan, rec.wan, 1) {
 			ok = false
 		}
 		if !ok {
 			// Keep the name known so its nets and hosts are still checked
 			// without a cascade of "unknown site" errors.
-			if knownBroken == nil {
-				knownBroken = map[string]bool{}
-			}
-			knownBroken[rec.name] = true
+			b.broken(rec.name)
 			continue
 		}
 		if rec.ready.IsValid() && (rec.ready.Port() == 0 || rec.ready.Addr().IsUnspecified()) {
-			fail(rec.at, "site %s: ready address %s: want the service gateway's --metrics address, with a port and not unspecified", rec.name, rec.ready)
+			b.fail(rec.at, "site %s: ready address %s: want the service gateway's --metrics address, with a port and not unspecified", rec.name, rec.ready)
 		}
 		s := &Site{Name: rec.name, ID: uint8(rec.id), LAN: rec.lan, WAN: rec.wan, Ready: rec.ready, NAT: rec.nat,
 			Gateways: []Gateway{{rec.lan, rec.wan}}}
-		m.byName[s.Name] = s
-		m.byID[s.ID] = s
-		m.sites = append(m.sites, s)
+		b.m.byName[s.Name] = s
+		b.m.byID[s.ID] = s
+		b.m.sites = append(b.m.sites, s)
 	}
-	gwAt := map[*Site][]pos{} // the gateway records of each site's extra gateways
-	for _, rec := range r.gateways {
-		s := m.byName[rec.site]
+}
+
+// addGateways adds each site's further gateway hosts.
+func (b *mapBuild) addGateways(gateways []gatewayRec) {
+	for _, rec := range gateways {
+		s := b.m.byName[rec.site]
 		if s == nil {
-			if !knownBroken[rec.site] {
-				fail(rec.at, "gateway: unknown site %q", rec.site)
+			if !b.knownBroken[rec.site] {
+				b.fail(rec.at, "gateway: unknown site %q", rec.site)
 			}
 			continue
 		}
 		n := len(s.Gateways) + 1
 		if n > MaxGateways {
-			fail(rec.at, "gateway %s: more than %d gateways for one site", rec.site, MaxGateways)
+			b.fail(rec.at, "gateway %s: more than %d gateways for one site", rec.site, MaxGateways)
 			continue
 		}
-		ok := claim(rec.at, "gateway "+rec.site, rec.site, "gateway "+rec.site+": missing ", rec.lan, rec.wan, n)
-		if ok {
+		if b.claim(rec.at, "gateway "+rec.site, rec.site, "gateway "+rec.site+": missing ", rec.lan, rec.wan, n) {
 			s.Gateways = append(s.Gateways, Gateway{rec.lan, rec.wan})
-			gwAt[s] = append(gwAt[s], rec.at)
+			b.gwAt[s] = append(b.gwAt[s], rec.at)
 		}
 	}
-	slices.SortFunc(m.sites, func(a, b *Site) int { return cmp.Compare(a.ID, b.ID) })
+}
 
-	// site resolves a record's site, reporting an unknown one; broken
-	// sites get a placeholder so overlap checks still run.
-	placeholders := map[string]*Site{}
-	site := func(at pos, kind, what, name string) *Site {
-		if s := m.byName[name]; s != nil {
-			return s
-		}
-		if knownBroken[name] {
-			if placeholders[name] == nil {
-				placeholders[name] = &Site{Name: name}
-			}
-			return placeholders[name]
-		}
-		fail(at, "%s %s: unknown site %q", kind, what, name)
-		return nil
+// site resolves a record's site, reporting an unknown one; broken sites
+// get a placeholder so overlap checks still run.
+func (b *mapBuild) site(at pos, kind, what, name string) *Site {
+	if s := b.m.byName[name]; s != nil {
+		return s
 	}
+	if b.knownBroken[name] {
+		if b.placeholders[name] == nil {
+			b.placeholders[name] = &Site{Name: name}
+		}
+		return b.placeholders[name]
+	}
+	b.fail(at, "%s %s: unknown site %q", kind, what, name)
+	return nil
+}
 
-	var spans []span
+// addNets checks the net records and gives each site its prefixes.
+func (b *mapBuild) addNets(nets []netRec) {
 	type siteNet struct {
 		site string
 		p    netip.Prefix
 	}
 	netAt := map[siteNet]pos{}
-	for _, rec := range r.nets {
+	for _, rec := range nets {
 		p := rec.prefix
 		if !p.IsValid() {
-			fail(rec.at, "net %s: invalid prefix", rec.site)
+			b.fail(rec.at, "net %s: invalid prefix", rec.site)
 			continue
 		}
-		s := site(rec.at, "net", p.String(), rec.site)
+		s := b.site(rec.at, "net", p.String(), rec.site)
 		if s == nil {
 			continue
 		}
 		switch {
 		case p.Addr().Is4In6():
-			fail(rec.at, "net %s: %s is IPv4-mapped; write it as an IPv4 CIDR", rec.site, p)
+			b.fail(rec.at, "net %s: %s is IPv4-mapped; write it as an IPv4 CIDR", rec.site, p)
 			continue
 		case p.Masked() != p:
-			fail(rec.at, "net %s: %s is not canonical (host bits set); write %s", rec.site, p, p.Masked())
+			b.fail(rec.at, "net %s: %s is not canonical (host bits set); write %s", rec.site, p, p.Masked())
 			continue
 		}
 		if first, dup := netAt[siteNet{rec.site, p}]; dup {
-			fail(rec.at, "net %s: duplicate %s (first at %s)", rec.site, p, first)
+			b.fail(rec.at, "net %s: duplicate %s (first at %s)", rec.site, p, first)
 			continue
 		}
 		netAt[siteNet{rec.site, p}] = rec.at
-		spans = append(spans, span{p: p, site: s, what: "net " + p.String(), at: rec.at})
+		b.spans = append(b.spans, span{p: p, site: s, what: "net " + p.String(), at: rec.at})
 		s.Nets = append(s.Nets, p)
 	}
+}
 
+// addHosts checks the host records and gives each site its hosts.
+func (b *mapBuild) addHosts(hosts []hostRec) {
 	hostAt := map[string]pos{}
-	for i := range r.hosts {
-		rec := &r.hosts[i]
+	for i := range hosts {
+		rec := &hosts[i]
 		if err := checkHostName(rec.name); err != nil {
-			fail(rec.at, "host %s: %v", rec.site, err)
+			b.fail(rec.at, "host %s: %v", rec.site, err)
 			continue
 		}
-		s := site(rec.at, "host", rec.name, rec.site)
+		s := b.site(rec.at, "host", rec.name, rec.site)
 		if s == nil {
 			continue
 		}
 		key := strings.ToLower(rec.name)
 		if first, dup := hostAt[key]; dup {
-			fail(rec.at, "duplicate host %s (first at %s)", rec.name, first)
+			b.fail(rec.at, "duplicate host %s (first at %s)", rec.name, first)
 			continue
 		}
 		hostAt[key] = rec.at
 		if len(rec.addrs) == 0 {
-			fail(rec.at, "host %s: no address", rec.name)
+			b.fail(rec.at, "host %s: no address", rec.name)
 			continue
 		}
-		ok := true
-		seen := map[netip.Addr]bool{}
-		for _, a := range rec.addrs {
-			if msg := checkAddr(a); msg != "" {
-				fail(rec.at, "host %s: address %s: %s", rec.name, a, msg)
-				ok = false
-				continue
-			}
-			if seen[a] {
-				fail(rec.at, "host %s: address %s listed twice", rec.name, a)
-				ok = false
-				continue
-			}
-			seen[a] = true
-		}
-		if !ok {
+		if !b.checkHostAddrs(rec) {
 			continue
 		}
 		for _, a := range rec.addrs {
-			spans = append(spans, span{p: netip.PrefixFrom(a, a.BitLen()), site: s,
+			b.spans = append(b.spans, span{p: netip.PrefixFrom(a, a.BitLen()), site: s,
 				what: "host " + rec.name + " address " + a.String(), at: rec.at})
 		}
 		s.Hosts = append(s.Hosts, Host{Name: rec.name, Site: s.Name, Addrs: slices.Clone(rec.addrs)})
 	}
+}
 
-	// Overlaps between sites. Prefixes are either nested or disjoint, so
-	// after sorting by start address (then shorter first), a stack of
-	// enclosing prefixes finds every prefix's nearest container.
+// checkHostAddrs reports each bad or repeated address of a host record.
+func (b *mapBuild) checkHostAddrs(rec *hostRec) bool {
+	ok := true
+	seen := map[netip.Addr]bool{}
+	for _, a := range rec.addrs {
+		if msg := checkAddr(a); msg != "" {
+			b.fail(rec.at, "host %s: address %s: %s", rec.name, a, msg)
+			ok = false
+			continue
+		}
+		if seen[a] {
+			b.fail(rec.at, "host %s: address %s listed twice", rec.name, a)
+			ok = false
+			continue
+		}
+		seen[a] = true
+	}
+	return ok
+}
+
+// checkOverlaps reports address space claimed by two sites. Prefixes are
+// either nested or disjoint, so after sorting by start address (then
+// shorter first), a stack of enclosing prefixes finds every prefix's
+// nearest container. The spans stay sorted, for buildRanges.
+func (b *mapBuild) checkOverlaps() {
+	spans := b.spans
 	for i := range spans {
 		spans[i].seq = i
 	}
-	slices.SortFunc(spans, func(a, b span) int {
-		if c := a.p.Addr().Compare(b.p.Addr()); c != 0 {
+	slices.SortFunc(spans, func(x, y span) int {
+		if c := x.p.Addr().Compare(y.p.Addr()); c != 0 {
 			return c
 		}
-		if c := cmp.Compare(a.p.Bits(), b.p.Bits()); c != 0 {
+		if c := cmp.Compare(x.p.Bits(), y.p.Bits()); c != 0 {
 			return c
 		}
-		return cmp.Compare(a.seq, b.seq)
+		return cmp.Compare(x.seq, y.seq)
 	})
 	var stack []*span
 	for i := range spans {
@@ -400,35 +461,38 @@ func (r *records) build(knownBroken map[string]bool) (*Map, []*Error) {
 		if len(stack) > 0 {
 			o := stack[len(stack)-1]
 			if o.site.Name != cur.site.Name {
-				fail(cur.at, "%s (site %s) overlaps %s (site %s, %s): an address belongs to one site only",
+				b.fail(cur.at, "%s (site %s) overlaps %s (site %s, %s): an address belongs to one site only",
 					cur.what, cur.site.Name, o.what, o.site.Name, o.at)
 			}
 		}
 		stack = append(stack, cur)
 	}
+}
 
-	r.buildKeys(m, knownBroken, fail)
-	r.checkNAT(m, fail)
-	if len(errs) > 0 {
-		return nil, errs
-	}
-
+// index sorts each site's nets and hosts, and builds the lookup tables of
+// a map without errors.
+func (b *mapBuild) index() {
+	m := b.m
 	for _, s := range m.sites {
-		slices.SortFunc(s.Nets, func(a, b netip.Prefix) int {
-			if c := a.Addr().Compare(b.Addr()); c != 0 {
+		slices.SortFunc(s.Nets, func(x, y netip.Prefix) int {
+			if c := x.Addr().Compare(y.Addr()); c != 0 {
 				return c
 			}
-			return cmp.Compare(a.Bits(), b.Bits())
+			return cmp.Compare(x.Bits(), y.Bits())
 		})
-		slices.SortFunc(s.Hosts, func(a, b Host) int { return strings.Compare(a.Name, b.Name) })
+		slices.SortFunc(s.Hosts, func(x, y Host) int { return strings.Compare(x.Name, y.Name) })
 		for i := range s.Hosts {
 			m.hosts[strings.ToLower(s.Hosts[i].Name)] = &s.Hosts[i]
 		}
 	}
-	m.buildRanges(spans)
+	m.buildRanges(b.spans)
+}
 
-	// A gateway listening inside another site's address space would make
-	// that site's traffic look local to it.
+// checkGatewayAddrs refuses a gateway listening inside another site's
+// address space, which would make that site's traffic look local to it,
+// and indexes the gateways' addresses (on the built ranges).
+func (b *mapBuild) checkGatewayAddrs() {
+	m := b.m
 	for _, s := range m.sites {
 		for i, g := range s.Gateways {
 			for _, l := range []struct {
@@ -437,9 +501,9 @@ func (r *records) build(knownBroken map[string]bool) (*Map, []*Error) {
 			}{{"lan", g.LAN}, {"wan", g.WAN}} {
 				if o, ok := m.Lookup(l.ap.Addr()); ok && o != s {
 					if i == 0 {
-						fail(siteAt[s.Name], "site %s: %s address %s is in site %s", s.Name, l.kind, l.ap.Addr(), o.Name)
+						b.fail(b.siteAt[s.Name], "site %s: %s address %s is in site %s", s.Name, l.kind, l.ap.Addr(), o.Name)
 					} else {
-						fail(gwAt[s][i-1], "gateway %s: %s address %s is in site %s", s.Name, l.kind, l.ap.Addr(), o.Name)
+						b.fail(b.gwAt[s][i-1], "gateway %s: %s address %s is in site %s", s.Name, l.kind, l.ap.Addr(), o.Name)
 					}
 				}
 				if _, taken := m.gw[l.ap.Addr()]; !taken { // sites are in id order: lowest id wins
@@ -448,10 +512,6 @@ func (r *records) build(knownBroken map[string]bool) (*Map, []*Error) {
 			}
 		}
 	}
-	if len(errs) > 0 {
-		return nil, errs
-	}
-	return m, nil
 }
 
 // contains reports whether prefix o contains prefix p (same family).

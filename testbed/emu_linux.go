@@ -650,9 +650,38 @@ func RunEmulator(name string) error {
 		return err
 	}
 	rpath := filepath.Join(netnsDir(name), routerNS(name))
+	fds, lanFDs, err := openEmuTUNs(rpath, c)
+	if err != nil {
+		return err
+	}
+	if err := routeEmuTUNs(rpath, c, fds, lanFDs); err != nil {
+		return err
+	}
+	setEmuProcs(c, len(lanFDs))
+	clk := newClock()
+	// The lab's seed (Up records one), so a lab brought up again with the
+	// same --seed makes the same choices for the same packets.
+	seed := c.Seed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	links, err := startEmuLinks(c, fds, pairParams(st), clk, seed)
+	if err != nil {
+		return err
+	}
+	if err := startLANLanes(c, lanFDs, clk, seed); err != nil {
+		return err
+	}
+	return serveEmulator(name, dir, seed, links)
+}
+
+// openEmuTUNs opens, in the router namespace rpath, the TUN device of
+// each direction of each site pair (fds, by (from, to) site number) and
+// of each site whose LAN reorders (lanFDs, by site number).
+func openEmuTUNs(rpath string, c Config) (fds map[[2]int]int, lanFDs map[int]int, err error) {
 	nsites := len(c.Sites)
-	fds := map[[2]int]int{}
-	lanFDs := map[int]int{} // site -> TUN of its reordered LAN packets
+	fds = map[[2]int]int{}
+	lanFDs = map[int]int{} // site -> TUN of its reordered LAN packets
 	err = inNetNS(rpath, func() error {
 		for i, site := range c.Sites {
 			if c.SiteLANReorderOf(site) > 0 {
@@ -677,17 +706,23 @@ func RunEmulator(name string) error {
 		}
 		return nil
 	})
-	if err != nil {
-		return err
-	}
+	return fds, lanFDs, err
+}
+
+// routeEmuTUNs brings the TUN devices up and routes through them: each
+// site's traffic to another site's LAN and WAN through the pair's TUN, a
+// held LAN packet written back as if from its site's bridge.
+func routeEmuTUNs(rpath string, c Config, fds map[[2]int]int, lanFDs map[int]int) error {
 	rns, err := netns.GetFromPath(rpath)
 	if err != nil {
 		return err
 	}
+	defer rns.Close()
 	rh, err := netlink.NewHandleAt(rns)
 	if err != nil {
 		return err
 	}
+	defer rh.Close()
 	for key := range fds {
 		i, j := key[0], key[1]
 		lk, err := rh.LinkByName(tunName(i, j))
@@ -737,22 +772,32 @@ func RunEmulator(name string) error {
 			return fmt.Errorf("rule iif %s: %w", lanTUN(k), err)
 		}
 	}
-	rh.Close()
-	rns.Close()
+	return nil
+}
 
-	// Every reader and writer is a locked thread that spends its life in
-	// blocking syscalls (read, clock_nanosleep, write). Leaving a syscall or
-	// waking a goroutine needs a free P; with GOMAXPROCS = #cores the Ps sit
-	// with threads blocked in syscalls until sysmon retakes them (up to 10 ms
-	// later when it has been idle), which showed up as packets written
-	// milliseconds late. One P per thread plus spares removes that wait.
-	// A lab that reorders from the start runs a third thread per link.
+// setEmuProcs gives the packet threads their Ps.
+//
+// Every reader and writer is a locked thread that spends its life in
+// blocking syscalls (read, clock_nanosleep, write). Leaving a syscall or
+// waking a goroutine needs a free P; with GOMAXPROCS = #cores the Ps sit
+// with threads blocked in syscalls until sysmon retakes them (up to 10 ms
+// later when it has been idle), which showed up as packets written
+// milliseconds late. One P per thread plus spares removes that wait.
+// A lab that reorders from the start runs a third thread per link.
+func setEmuProcs(c Config, lanLanes int) {
+	nsites := len(c.Sites)
 	threads := 2
 	if c.Reorder > 0 || slices.ContainsFunc(c.Pairs, func(p PairLink) bool { return p.Reorder > 0 }) {
 		threads = 3
 	}
-	runtime.GOMAXPROCS(threads*nsites*(nsites-1) + 2*len(lanFDs) + 4)
-	// One parameter set per site pair, shared by its two directions.
+	runtime.GOMAXPROCS(threads*nsites*(nsites-1) + 2*lanLanes + 4)
+}
+
+// pairParams is one parameter set per site pair, shared by its two
+// directions (by (from, to) site number).
+func pairParams(st state) map[[2]int]*emuParams {
+	c := st.Config
+	nsites := len(c.Sites)
 	params := map[[2]int]*emuParams{}
 	for i := 1; i <= nsites; i++ {
 		for j := i + 1; j <= nsites; j++ {
@@ -771,13 +816,13 @@ func RunEmulator(name string) error {
 			params[[2]int{i, j}], params[[2]int{j, i}] = p, p
 		}
 	}
-	clk := newClock()
-	// The lab's seed (Up records one), so a lab brought up again with the
-	// same --seed makes the same choices for the same packets.
-	seed := c.Seed
-	if seed == 0 {
-		seed = uint64(time.Now().UnixNano())
-	}
+	return params
+}
+
+// startEmuLinks starts the emulated WAN link of each direction of each
+// site pair: its reader and writer threads.
+func startEmuLinks(c Config, fds map[[2]int]int, params map[[2]int]*emuParams, clk clock, seed uint64) ([]*link, error) {
+	nsites := len(c.Sites)
 	var links []*link
 	for i := 1; i <= nsites; i++ {
 		for j := 1; j <= nsites; j++ {
@@ -786,16 +831,20 @@ func RunEmulator(name string) error {
 			}
 			lk, err := newLink(c.Sites[i-1], c.Sites[j-1], fds[[2]int{i, j}], fds[[2]int{j, i}], params[[2]int{i, j}], c.LinkMTU(), clk, seed+uint64(i*64+j))
 			if err != nil {
-				return err
+				return nil, err
 			}
 			links = append(links, lk)
 			go lk.reader()
 			go lk.writer(lk.main)
 		}
 	}
+	return links, nil
+}
 
-	// A LAN lane holds every packet nftables hands it the same time and
-	// writes it back into the same TUN: no rate, no loss.
+// startLANLanes starts the lane of each site whose LAN reorders: it holds
+// every packet nftables hands it the same time and writes it back into
+// the same TUN, with no rate and no loss.
+func startLANLanes(c Config, lanFDs map[int]int, clk clock, seed uint64) error {
 	for k, fd := range lanFDs {
 		p := &emuParams{queue: 16 << 20}
 		p.oneway.Store(int64(c.LANReorderDelay))
@@ -808,7 +857,12 @@ func RunEmulator(name string) error {
 		go lk.reader()
 		go lk.writer(lk.main)
 	}
+	return nil
+}
 
+// serveEmulator answers the control socket of lab name until a signal
+// ends the daemon.
+func serveEmulator(name, dir string, seed uint64, links []*link) error {
 	sock := emuSocket(dir)
 	_ = os.Remove(sock)
 	ln, err := net.Listen("unix", sock)

@@ -150,18 +150,72 @@ type queueCtl struct {
 // step takes one sample and returns when to sample next and whether to
 // send a CLAMP frame carrying c.clamp now.
 func (c *queueCtl) step(s queueSample) (next time.Duration, send bool) {
-	c.hist[c.next] = s
-	c.next = (c.next + 1) % len(c.hist)
-	c.n = min(c.n+1, len(c.hist))
+	c.record(s)
 	r0 := s.minRTT
 	if r0 <= 0 {
 		return queueIdleTick, false
 	}
 	tick := min(max(r0/4, 5*time.Millisecond), 25*time.Millisecond)
+	ref, q := c.standingQueue(s)
+	if c.trackBacklog(s) {
+		// The capped transfer is over: the next one starts free.
+		c.free()
+		return tick, c.refresh(s.at)
+	}
+	dt := s.at.Sub(ref.at)
+	if dt <= 0 || s.acked == ref.acked {
+		if s.backlog {
+			// Stalled with bytes waiting: loss recovery holds the
+			// cumulative ACK for a round trip or more, and losses come
+			// with competition. Nothing to measure, but look again soon:
+			// an idle tick here kept a cap spiralling down beside another
+			// flow for 200 ms before it could be lifted.
+			return tick, false
+		}
+		// Idle: nothing to measure and nothing to repeat (the receiver's
+		// autotuning only moves while data flows); a cap goes once the
+		// idle lasts queueBurstGap (trackBacklog).
+		return min(queueIdleTick, queueBurstGap/2), false
+	}
+	if !s.messages {
+		// Bulk alone: its queue delays no one (beyond other flows, which
+		// the foreign-queue rule leaves alone anyway). Let it run free.
+		c.free()
+		return tick, c.refresh(s.at)
+	}
+	if c.backlog.IsZero() || s.at.Sub(c.backlog) < r0 {
+		// App-limited within the last round trip (a burst starting or
+		// ending): the delivery rate is the application's, not the
+		// bottleneck's, and srtt may be stale. Keep the cap.
+		return tick, c.refresh(s.at)
+	}
+	bw := float64(s.acked-ref.acked) / dt.Seconds() // bytes/s
+	c.rate = bw
+	peak := c.notePeak(s.at, bw)
+	if c.clamp == 0 {
+		return tick, c.engage(s, q, peak)
+	}
+	if c.foreignQueue(s, q) {
+		c.lift(s.at)
+		return tick, c.refresh(s.at)
+	}
+	c.follow(s, q, bw, peak)
+	return tick, c.refresh(s.at)
+}
 
-	// The reference is the newest sample at least one round trip old (or
-	// the oldest kept); the queue is the least delay seen since.
-	ref, q := s, s.srtt-r0
+// record keeps s among the last samples.
+func (c *queueCtl) record(s queueSample) {
+	c.hist[c.next] = s
+	c.next = (c.next + 1) % len(c.hist)
+	c.n = min(c.n+1, len(c.hist))
+}
+
+// standingQueue returns the reference sample, the newest at least one
+// round trip older than s (or the oldest kept), and the standing queue:
+// the least delay seen since, less the offset (kept in c.queue).
+func (c *queueCtl) standingQueue(s queueSample) (ref queueSample, q time.Duration) {
+	r0 := s.minRTT
+	ref, q = s, s.srtt-r0
 	for i := 1; i < c.n; i++ {
 		p := c.ago(i)
 		ref = p
@@ -183,96 +237,93 @@ func (c *queueCtl) step(s queueSample) (next time.Duration, send bool) {
 	c.offset = min(c.offset, q)
 	q -= c.offset
 	c.queue = q
-	dt := s.at.Sub(ref.at)
+	return ref, q
+}
+
+// trackBacklog follows when the link had bytes waiting and when it had
+// none, and reports whether a cap's transfer is over: nothing waiting for
+// queueBurstGap.
+func (c *queueCtl) trackBacklog(s queueSample) (over bool) {
 	if !s.backlog {
 		c.backlog = time.Time{}
 		if c.drained.IsZero() {
 			c.drained = s.at
 		}
-		if c.clamp != 0 && s.at.Sub(c.drained) >= queueBurstGap {
-			// The capped transfer is over: the next one starts free.
-			c.clamp, c.highSince, c.engaged = 0, time.Time{}, time.Time{}
-			return tick, c.refresh(s.at)
-		}
-	} else {
-		if c.transfer.IsZero() || !c.drained.IsZero() && s.at.Sub(c.drained) >= queueBurstGap {
-			c.transfer = s.at
-		}
-		c.drained = time.Time{}
-		if c.backlog.IsZero() {
-			c.backlog = s.at
-		}
+		return c.clamp != 0 && s.at.Sub(c.drained) >= queueBurstGap
 	}
-	if dt <= 0 || s.acked == ref.acked {
-		if s.backlog {
-			// Stalled with bytes waiting: loss recovery holds the
-			// cumulative ACK for a round trip or more, and losses come
-			// with competition. Nothing to measure, but look again soon:
-			// an idle tick here kept a cap spiralling down beside another
-			// flow for 200 ms before it could be lifted.
-			return tick, false
-		}
-		// Idle: nothing to measure and nothing to repeat (the receiver's
-		// autotuning only moves while data flows); a cap goes once the
-		// idle lasts queueBurstGap (above).
-		return min(queueIdleTick, queueBurstGap/2), false
+	if c.transfer.IsZero() || !c.drained.IsZero() && s.at.Sub(c.drained) >= queueBurstGap {
+		c.transfer = s.at
 	}
-	if !s.messages {
-		// Bulk alone: its queue delays no one (beyond other flows, which
-		// the foreign-queue rule leaves alone anyway). Let it run free.
-		c.clamp, c.highSince, c.engaged = 0, time.Time{}, time.Time{}
-		return tick, c.refresh(s.at)
+	c.drained = time.Time{}
+	if c.backlog.IsZero() {
+		c.backlog = s.at
 	}
-	if c.backlog.IsZero() || s.at.Sub(c.backlog) < r0 {
-		// App-limited within the last round trip (a burst starting or
-		// ending): the delivery rate is the application's, not the
-		// bottleneck's, and srtt may be stale. Keep the cap.
-		return tick, c.refresh(s.at)
-	}
-	bw := float64(s.acked-ref.acked) / dt.Seconds() // bytes/s
-	c.rate = bw
-	setpoint := func(rate float64) float64 {
-		return min(max(rate*(r0+c.offset+c.target).Seconds(), queueClampMin), clampMax)
-	}
-	peak := c.notePeak(s.at, bw)
-	foreign := c.target + queueForeignMargin
-	// step is how far this sample may lower the cap: at most half per
-	// round trip, as long as the link's round trip is now (a lower cap
-	// shows in the queue only that much later). Per min_rtt, a cap
-	// under another flow's 20 ms queue fell tenfold in the 100 ms it
-	// takes to judge that queue foreign, and BBR, having measured the
-	// capped rate, needed seconds to climb back once the cap was lifted.
-	step := min(s.at.Sub(c.ago(1).at).Seconds()/max(s.srtt, r0).Seconds(), 1)
+	return false
+}
 
-	if c.clamp == 0 {
-		if q >= c.target && !s.at.Before(c.holdUntil) && s.at.Sub(c.transfer) >= queueSaturated {
-			// From the best rate of the last 2 busy seconds, not this
-			// sample's: a sample that spans a loss's stalled ACKs reads a
-			// fraction of the path and set caps of a few segments. Too
-			// high a cap comes down by half per round trip.
-			c.clamp, c.engaged, c.highSince = uint32(setpoint(peak)), s.at, time.Time{}
-			return tick, c.refresh(s.at)
-		}
-		return tick, false
+// free drops the cap without a hold.
+func (c *queueCtl) free() {
+	c.clamp, c.highSince, c.engaged = 0, time.Time{}, time.Time{}
+}
+
+// setpoint is the cap that lets rate through with the target's worth of
+// queue: rate x (min_rtt + offset + target), within bounds.
+func (c *queueCtl) setpoint(s queueSample, rate float64) float64 {
+	return min(max(rate*(s.minRTT+c.offset+c.target).Seconds(), queueClampMin), clampMax)
+}
+
+// foreignAt is the standing queue above which a queue under a cap in
+// force is another flow's.
+func (c *queueCtl) foreignAt() time.Duration { return c.target + queueForeignMargin }
+
+// engage sets the first cap of a transfer that saturates the path, unless
+// a lift holds it off; it reports whether to send it.
+func (c *queueCtl) engage(s queueSample, q time.Duration, peak float64) bool {
+	if q >= c.target && !s.at.Before(c.holdUntil) && s.at.Sub(c.transfer) >= queueSaturated {
+		// From the best rate of the last 2 busy seconds, not this
+		// sample's: a sample that spans a loss's stalled ACKs reads a
+		// fraction of the path and set caps of a few segments. Too
+		// high a cap comes down by half per round trip.
+		c.clamp, c.engaged, c.highSince = uint32(c.setpoint(s, peak)), s.at, time.Time{}
+		return c.refresh(s.at)
 	}
-	cur := float64(c.clamp)
+	return false
+}
+
+// foreignQueue reports whether the queue under the cap has stayed above
+// the foreign threshold long enough to be another flow's.
+func (c *queueCtl) foreignQueue(s queueSample, q time.Duration) bool {
 	switch {
-	case q > foreign && s.inForce:
+	case q > c.foreignAt() && s.inForce:
 		// Too much queue under a cap in force: if it is ours (the
 		// bottleneck slowed down), the setpoint drains it within a round
 		// trip or two; if it stays, it is not ours. Decide fast: each
 		// round trip under another flow's queue costs the link rate.
 		if c.highSince.IsZero() {
 			c.highSince = s.at
-		} else if s.at.Sub(c.highSince) >= max(4*r0, 100*time.Millisecond) {
-			c.lift(s.at)
-			return tick, c.refresh(s.at)
+		} else if s.at.Sub(c.highSince) >= max(4*s.minRTT, 100*time.Millisecond) {
+			return true
 		}
 	case q < c.target+queueForeignMargin/2:
 		c.highSince = time.Time{} // the queue came down: it was ours
 	}
+	return false
+}
+
+// follow moves the cap with the sample: down toward the setpoint of the
+// delivery rate bw while there is a queue, up to the setpoint of the
+// best recent rate peak while there is none.
+func (c *queueCtl) follow(s queueSample, q time.Duration, bw, peak float64) {
+	cur := float64(c.clamp)
+	// step is how far this sample may lower the cap: at most half per
+	// round trip, as long as the link's round trip is now (a lower cap
+	// shows in the queue only that much later). Per min_rtt, a cap
+	// under another flow's 20 ms queue fell tenfold in the 100 ms it
+	// takes to judge that queue foreign, and BBR, having measured the
+	// capped rate, needed seconds to climb back once the cap was lifted.
+	step := min(s.at.Sub(c.ago(1).at).Seconds()/max(s.srtt, s.minRTT).Seconds(), 1)
 	if q >= c.target {
-		if before, ok := c.unmoved(s, q, cur, foreign); ok {
+		if before, ok := c.unmoved(s, q, cur, c.foreignAt()); ok {
 			// The cap fell by a tenth and the queue did not: it is not
 			// this link's (an offset, or a foreign queue too small to
 			// lift for), and a lower cap only costs rate. Count it as
@@ -289,19 +340,18 @@ func (c *queueCtl) step(s queueSample) (next time.Duration, send bool) {
 		// its rate (forget faster ones: the path slowed down or is
 		// shared), and the setpoint holds the queue at the target.
 		c.resetPeak(bw)
-		c.clamp = uint32(max(setpoint(bw), cur*(1-0.5*step)))
+		c.clamp = uint32(max(c.setpoint(s, bw), cur*(1-0.5*step)))
 	} else {
 		// No queue: let through at least the best rate of the last 2
 		// busy seconds plus the target. Its headroom (target / min_rtt)
 		// lets a faster path show itself, and the cap follows within
 		// round trips.
-		c.clamp = uint32(max(cur, setpoint(peak)))
+		c.clamp = uint32(max(cur, c.setpoint(s, peak)))
 		c.lowered.at = time.Time{} // not a run of queue samples
 	}
 	if !c.engaged.IsZero() && s.at.Sub(c.engaged) >= c.hold {
 		c.hold = 0 // held without lifting: competition is over
 	}
-	return tick, c.refresh(s.at)
 }
 
 // unmoved reports whether the cap, in force, has come down by a tenth or
@@ -362,7 +412,7 @@ func (c *queueCtl) resetPeak(bw float64) {
 // lift drops the cap: the standing queue is another flow's.
 func (c *queueCtl) lift(now time.Time) {
 	c.hold = min(max(2*c.hold, queueHoldFirst), queueHoldMax)
-	c.clamp, c.highSince, c.engaged = 0, time.Time{}, time.Time{}
+	c.free()
 	c.holdUntil = now.Add(c.hold)
 	c.lifts++
 }
