@@ -21,7 +21,7 @@ import (
 // Config is one wrapped run.
 type Config struct {
 	Argv        []string // the user's mpirun command, unmodified
-	Flavour     Flavour  // Unknown = detect from Argv[0]
+	Flavour     Flavour  // nil: detected from Argv[0]
 	SitesFile   string   // --sites FILE; "" = Grid'5000 naming
 	MapFile     string   // --map FILE ($MPI5K_SITE_MAP): a site map in the documented format
 	Gateways    map[string]string
@@ -90,7 +90,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		return 2, errors.New("no mpirun command given")
 	}
 	f := c.Flavour
-	if f == Unknown {
+	if f == nil {
 		var err error
 		if f, err = DetectFlavour(c.Argv[0]); err != nil {
 			return 2, err

@@ -1,0 +1,59 @@
+package wrap
+
+import "fmt"
+
+// A batch system names the job's hosts in its environment: a node file
+// (OAR, PBS/Torque) or a node list (Slurm). A command line that names no
+// hosts runs on them.
+
+// batchNodes are the variables asked, in order: each is a file of hosts,
+// or a list read by list.
+var batchNodes = []struct {
+	env  string
+	list func(string) ([]string, error) // nil: the value is a node file
+}{
+	{env: "OAR_NODEFILE"},
+	{env: "OAR_FILE_NODES"},
+	{env: "PBS_NODEFILE"},
+	{env: "SLURM_JOB_NODELIST", list: expandSlurm}, // expanded with scontrol when present
+}
+
+// HostsFromBatch reads the host list of the batch system the job runs in:
+// OAR, PBS/Torque, or Slurm.
+func HostsFromBatch(getenv func(string) string) ([]Host, *HostSource, error) {
+	for _, b := range batchNodes {
+		v := getenv(b.env)
+		if v == "" {
+			continue
+		}
+		if b.list == nil {
+			hs, err := readHostfile(v, true)
+			if err != nil {
+				return nil, nil, fmt.Errorf("$%s: %w", b.env, err)
+			}
+			return mergeHosts(hs), &HostSource{Option: "$" + b.env, File: v, ArgIdx: -1}, nil
+		}
+		names, err := b.list(v)
+		if err != nil {
+			return nil, nil, fmt.Errorf("$%s: %w", b.env, err)
+		}
+		hs := make([]Host, len(names))
+		for i, n := range names {
+			hs[i] = Host{Name: n}
+		}
+		return mergeHosts(hs), &HostSource{Option: "$" + b.env, ArgIdx: -1}, nil
+	}
+	return nil, nil, nil
+}
+
+// WithBatchHostfile gives a launcher without a host option the batch
+// system's node file (OAR, PBS): Open MPI and MPICH read no $OAR_NODEFILE
+// and would start every rank on this host. The file's repeated lines
+// count as slots for both, as when a user writes -machinefile
+// $OAR_NODEFILE. srun needs nothing: Slurm knows its allocation.
+func WithBatchHostfile(f Flavour, argv []string, b HostSource) ([]string, []HostSource) {
+	if b.File == "" || len(argv) == 0 {
+		return argv, nil
+	}
+	return f.withNodefile(argv, b)
+}
