@@ -10,4 +10,12 @@
 // of the package asks the flavour and never which one it is; flavours in
 // flavour.go lists them for detection and --flavour, and batch.go the batch
 // systems' node lists.
+//
+// Run is one path from command line to summary (run.go). A placement
+// (placement.go) puts the hosts into sites: a plan made from the host
+// names, --sites and --gateway, or a site map written by hand (--map,
+// usermap.go), whose sites may already run their gateways. From there the
+// site map, the keys (keys.go), the launcher's command line, the dry run,
+// the gateways' start (start.go, gateways.go) and the summary (summary.go)
+// are the same for both.
 package wrap
