@@ -6,35 +6,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// What a gateway runs without. mpi5k_degraded{reason} carries the short
-// code (a bounded label value); the sentence, for people, is in the log,
-// in /ready's answer and, through DegradedText, on one line of `mpi5k
-// run`'s summary, so a user who never reads the gateway's log still
-// learns that, and why, the job ran with less than mpi5k can do.
-const (
-	degradedTimers      = "rto_floor"
-	degradedBBR         = "no_bbr"
-	degradedCubic       = "no_cubic"
-	degradedWarm        = "not_warm"
-	degradedWarmUnknown = "warm_unknown"
-)
-
-var degradedTexts = map[string]string{
-	degradedTimers:      "WAN RTO floor 200ms, not 10ms: the kernel lacks TCP_RTO_MIN_US (Linux 6.15 or newer)",
-	degradedBBR:         "bulk WAN links on the default congestion control, not BBR: not allowed without CAP_NET_ADMIN (net.ipv4.tcp_allowed_congestion_control)",
-	degradedCubic:       "express link not on CUBIC: not allowed without CAP_NET_ADMIN (net.ipv4.tcp_allowed_congestion_control)",
-	degradedWarm:        "express link not kept warm: net.ipv4.tcp_slow_start_after_idle is not 0 on the gateway host",
-	degradedWarmUnknown: "express link perhaps not kept warm: net.ipv4.tcp_slow_start_after_idle unreadable",
-}
-
-// DegradedText is the sentence for a reason of mpi5k_degraded (the
-// reason itself if this build does not know it).
-func DegradedText(reason string) string {
-	if t, ok := degradedTexts[reason]; ok {
-		return t
-	}
-	return reason
-}
+// What a gateway runs without is a list of reasons (package
+// gateway/degraded): in mpi5k_degraded{reason}, and in words in the log and
+// /ready's answer.
 
 func (g *Gateway) degrade(reason string) {
 	g.degradedMu.Lock()

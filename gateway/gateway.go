@@ -25,7 +25,9 @@
 //   - tcpevents.go, metrics.go: TCP_INFO sampling of the WAN links and the
 //     /metrics and /ready endpoints.
 //   - reload.go: a new site map in force while streams run (service mode);
-//     degraded.go: what the gateway runs without, exported for the summary.
+//     degraded.go: what the gateway runs without (the reasons and their
+//     sentences are package gateway/degraded, which mpi5k run's summary
+//     reads too).
 //
 // The multiplexing itself (streams, trunks, queue control, the poller
 // thread) is package relay; the WAN tuning policies the gateway applies to
@@ -48,6 +50,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/mpi5k/mpi5k/gateway/degraded"
 	"github.com/mpi5k/mpi5k/internal/ratelog"
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/sitemap"
@@ -148,9 +151,9 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.WAN.NotSentLowat == 0 {
 		cfg.WAN.NotSentLowat = 128 << 10
 	}
-	var degraded []string
+	var without []string // degraded reasons
 	if err := cfg.WAN.CheckTimers(); errors.Is(err, unix.ENOPROTOOPT) {
-		degraded = append(degraded, degradedTimers)
+		without = append(without, degraded.RTOFloor)
 		cfg.Logger.Warn("this kernel has no TCP_RTO_MIN_US / TCP_DELACK_MAX_US (Linux 6.15 or newer has them): WAN sockets keep the 200 ms RTO floor, and a lone lost message waits about 200 ms more",
 			"wan_rto_min", cfg.WAN.RTOMin, "wan_delack_max", cfg.WAN.DelackMax)
 		cfg.WAN.RTOMin, cfg.WAN.DelackMax = 0, 0
@@ -172,7 +175,7 @@ func New(cfg Config) (*Gateway, error) {
 			cfg.WAN.CC = "bbr"
 		} else if errors.Is(err, unix.EPERM) {
 			cfg.Logger.Warn("WAN sockets keep the system's default congestion control instead of BBR", "err", err)
-			degraded = append(degraded, degradedBBR)
+			without = append(without, degraded.NoBBR)
 		}
 	}
 	if cfg.ExpressCC == "" && cfg.WAN.CC != "" {
@@ -190,7 +193,7 @@ func New(cfg Config) (*Gateway, error) {
 			cfg.ExpressCC = "cubic"
 		} else if errors.Is(err, unix.EPERM) {
 			cfg.Logger.Warn("the express link runs "+cfg.WAN.CC+" instead of CUBIC", "err", err)
-			degraded = append(degraded, degradedCubic)
+			without = append(without, degraded.NoCubic)
 		}
 	}
 	for _, cc := range []string{cfg.LAN.CC, cfg.WAN.CC, cfg.ExpressCC} {
@@ -251,7 +254,7 @@ func New(cfg Config) (*Gateway, error) {
 	g := &Gateway{cfg: cfg, site: site, gw: gw, me: site.Gateways[gw], log: log,
 		peers: map[peerID]*peer{}, readyc: make(chan struct{}), stopped: make(chan struct{})}
 	g.guard = tuning.NewProbeGuard()
-	g.degraded = degraded
+	g.degraded = without
 	g.sources.m = map[netip.Addr]int{}
 	g.admit.own, g.admit.other = map[netip.Addr]int{}, map[netip.Addr]int{}
 	g.rcfg = relay.Config{Chunk: cfg.Chunk, Window: cfg.Window, ExpressMax: cfg.ExpressMax, NoStripe: !cfg.Stripe,
@@ -350,12 +353,12 @@ func (g *Gateway) Run(ctx context.Context) error {
 		switch {
 		case err != nil:
 			g.log.Warn("cannot tell whether the WAN links stay warm", "err", err)
-			g.degrade(degradedWarmUnknown)
+			g.degrade(degraded.WarmUnknown)
 			keepWarmState = "unknown"
 		case !warm:
 			g.log.Warn("the CUBIC express link will restart from 10 segments after every pause longer than its RTO: net.ipv4.tcp_slow_start_after_idle is not 0 on this host, and the gateway changes no host setting",
 				"fix", tuning.KeepWarmFix)
-			g.degrade(degradedWarm)
+			g.degrade(degraded.NotWarm)
 			keepWarmState = state
 		default:
 			keepWarmState = state
