@@ -1,21 +1,37 @@
 package wrap
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // A batch system names the job's hosts in its environment: a node file
 // (OAR, PBS/Torque) or a node list (Slurm). A command line that names no
 // hosts runs on them.
 
 // batchNodes are the variables asked, in order: each is a file of hosts,
-// or a list read by list.
+// or a list read by list. A new batch system is a line here (and, if it
+// has a launcher of its own, a Flavour).
 var batchNodes = []struct {
 	env  string
 	list func(string) ([]string, error) // nil: the value is a node file
+	also bool                           // another name of the one before, which messages name alone
 }{
 	{env: "OAR_NODEFILE"},
-	{env: "OAR_FILE_NODES"},
+	{env: "OAR_FILE_NODES", also: true},
 	{env: "PBS_NODEFILE"},
 	{env: "SLURM_JOB_NODELIST", list: expandSlurm}, // expanded with scontrol when present
+}
+
+// errNoHosts: the command names no hosts and no batch system is set.
+func errNoHosts() error {
+	var vars []string
+	for _, b := range batchNodes {
+		if !b.also {
+			vars = append(vars, "$"+b.env)
+		}
+	}
+	return fmt.Errorf("no host list: the command has no hostfile/host option and no batch system (%s) is set", strings.Join(vars, ", "))
 }
 
 // HostsFromBatch reads the host list of the batch system the job runs in:

@@ -161,7 +161,7 @@ func (c *Config) commandHosts() (Flavour, []Host, []HostSource, error) {
 		return nil, nil, nil, err
 	}
 	if bsrc == nil {
-		return nil, nil, nil, fmt.Errorf("no host list: the command has no hostfile/host option and no batch system ($OAR_NODEFILE, $PBS_NODEFILE, $SLURM_JOB_NODELIST) is set")
+		return nil, nil, nil, errNoHosts()
 	}
 	if argv, fsrc := WithBatchHostfile(f, c.Argv, *bsrc); fsrc != nil {
 		fmt.Fprintf(c.Stderr, "mpi5k: %s names the hosts: passing it to %s as %s %s (without it every rank would run on this host)\n",
