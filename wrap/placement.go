@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // A placement is where the job's hosts and gateways are: a plan made from
@@ -61,6 +62,9 @@ func (c *Config) placeByPlan(ctx context.Context, hosts []Host) (*placement, err
 		nodeDaemons: c.LANTransport == "mx",
 	}, nil
 }
+
+// serviceProbe bounds the /ready question to a service gateway.
+const serviceProbe = 2 * time.Second
 
 // runningGateways asks each site whose map gives a running gateway's
 // ready= whether it answers there: such a site is served by it, the

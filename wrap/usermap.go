@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/mpi5k/mpi5k/sitemap"
 )
@@ -20,9 +19,6 @@ import (
 // listener and /ready answers there; for the other sites it starts a
 // per-job gateway on the map's listeners, on the host whose address they
 // are.
-
-// serviceProbe bounds the /ready question to a service gateway.
-const serviceProbe = 2 * time.Second
 
 // mapSites assigns every host to a site of m: by host record, else by the
 // addresses it resolves to. Sites come back in id order.
@@ -128,7 +124,8 @@ func (c *Config) placeByMap(ctx context.Context, hosts []Host) (*placement, erro
 		// private keys mpi5k run does not hold.
 		keyed:    m.HasKeys(),
 		mapPorts: true,
-		// (Node daemons are not started for a hand-written map.)
+		// nodeDaemons stays false: a hand-written map's job runs no node
+		// daemons, even with --lan-transport mx.
 	}, nil
 }
 
