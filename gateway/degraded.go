@@ -8,38 +8,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/mpi5k/mpi5k/gateway/degraded"
 	"github.com/mpi5k/mpi5k/tuning"
 )
 
-// What a gateway runs without. mpi5k_degraded{reason} carries the short
-// code (a bounded label value); the sentence, for people, is in the log,
-// in /ready's answer and, through DegradedText, on one line of `mpi5k
-// run`'s summary, so a user who never reads the gateway's log still
-// learns that, and why, the job ran with less than mpi5k can do.
-const (
-	degradedTimers      = "rto_floor"
-	degradedBBR         = "no_bbr"
-	degradedCubic       = "no_cubic"
-	degradedWarm        = "not_warm"
-	degradedWarmUnknown = "warm_unknown"
-)
-
-var degradedTexts = map[string]string{
-	degradedTimers:      "WAN RTO floor 200ms, not 10ms: the kernel lacks TCP_RTO_MIN_US (Linux 6.15 or newer)",
-	degradedBBR:         "bulk WAN links on the default congestion control, not BBR: not allowed without CAP_NET_ADMIN (net.ipv4.tcp_allowed_congestion_control)",
-	degradedCubic:       "express link not on CUBIC: not allowed without CAP_NET_ADMIN (net.ipv4.tcp_allowed_congestion_control)",
-	degradedWarm:        "express link not kept warm: net.ipv4.tcp_slow_start_after_idle is not 0 on the gateway host",
-	degradedWarmUnknown: "express link perhaps not kept warm: net.ipv4.tcp_slow_start_after_idle unreadable",
-}
-
-// DegradedText is the sentence for a reason of mpi5k_degraded (the
-// reason itself if this build does not know it).
-func DegradedText(reason string) string {
-	if t, ok := degradedTexts[reason]; ok {
-		return t
-	}
-	return reason
-}
+// What a gateway runs without is a list of reasons (package
+// gateway/degraded): in mpi5k_degraded{reason}, and in words in the log and
+// /ready's answer.
 
 func (g *Gateway) degrade(reason string) {
 	g.degradedMu.Lock()
@@ -86,10 +61,11 @@ func buildInfo() prometheus.Collector {
 // checkKernel checks the WAN settings against what the kernel offers and
 // allows this process, and settles the congestion controls left to it:
 // what it cannot have, and says so (c.Logger), is what the gateway runs
-// without (degraded); what it cannot have at all is the error.
-func (c *Config) checkKernel() (degraded []string, err error) {
+// without (package degraded's reasons); what it cannot have at all is
+// the error.
+func (c *Config) checkKernel() (without []string, err error) {
 	if err := c.WAN.CheckTimers(); errors.Is(err, unix.ENOPROTOOPT) {
-		degraded = append(degraded, degradedTimers)
+		without = append(without, degraded.RTOFloor)
 		c.Logger.Warn("this kernel has no TCP_RTO_MIN_US / TCP_DELACK_MAX_US (Linux 6.15 or newer has them): WAN sockets keep the 200 ms RTO floor, and a lone lost message waits about 200 ms more",
 			"wan_rto_min", c.WAN.RTOMin, "wan_delack_max", c.WAN.DelackMax)
 		c.WAN.RTOMin, c.WAN.DelackMax = 0, 0
@@ -111,7 +87,7 @@ func (c *Config) checkKernel() (degraded []string, err error) {
 			c.WAN.CC = "bbr"
 		} else if errors.Is(err, unix.EPERM) {
 			c.Logger.Warn("WAN sockets keep the system's default congestion control instead of BBR", "err", err)
-			degraded = append(degraded, degradedBBR)
+			without = append(without, degraded.NoBBR)
 		}
 	}
 	if c.ExpressCC == "" && c.WAN.CC != "" {
@@ -129,7 +105,7 @@ func (c *Config) checkKernel() (degraded []string, err error) {
 			c.ExpressCC = "cubic"
 		} else if errors.Is(err, unix.EPERM) {
 			c.Logger.Warn("the express link runs "+c.WAN.CC+" instead of CUBIC", "err", err)
-			degraded = append(degraded, degradedCubic)
+			without = append(without, degraded.NoCubic)
 		}
 	}
 	for _, cc := range []string{c.LAN.CC, c.WAN.CC, c.ExpressCC} {
@@ -137,5 +113,5 @@ func (c *Config) checkKernel() (degraded []string, err error) {
 			return nil, fmt.Errorf("gateway: %w", err)
 		}
 	}
-	return degraded, nil
+	return without, nil
 }

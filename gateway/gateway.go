@@ -30,7 +30,9 @@
 //   - tcpevents.go, metrics.go: TCP_INFO sampling of the WAN links and the
 //     /metrics and /ready endpoints.
 //   - reload.go: a new site map in force while streams run (service mode);
-//     degraded.go: what the gateway runs without, exported for the summary.
+//     degraded.go: what the gateway runs without (the reasons and their
+//     sentences are package gateway/degraded, which mpi5k run's summary
+//     reads too).
 //
 // The multiplexing itself (streams, trunks, the poller thread, the hooks
 // of queue and express control) is package relay; the WAN tuning policies
@@ -51,6 +53,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/mpi5k/mpi5k/gateway/degraded"
 	"github.com/mpi5k/mpi5k/internal/ratelog"
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/sitemap"
@@ -134,7 +137,7 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	cfg.fillDefaults()
-	degraded, err := cfg.checkKernel()
+	without, err := cfg.checkKernel()
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +147,7 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	cfg.fillLimits(peerCount(cfg.Map, site))
 	g := newGateway(cfg, site, gw)
-	g.degraded = degraded
+	g.degraded = without
 	if err := g.initLAN(); err != nil {
 		return nil, err
 	}
@@ -239,12 +242,12 @@ func (g *Gateway) Run(ctx context.Context) error {
 		switch {
 		case err != nil:
 			g.log.Warn("cannot tell whether the WAN links stay warm", "err", err)
-			g.degrade(degradedWarmUnknown)
+			g.degrade(degraded.WarmUnknown)
 			keepWarmState = "unknown"
 		case !warm:
 			g.log.Warn("the CUBIC express link will restart from 10 segments after every pause longer than its RTO: net.ipv4.tcp_slow_start_after_idle is not 0 on this host, and the gateway changes no host setting",
 				"fix", tuning.KeepWarmFix)
-			g.degrade(degradedWarm)
+			g.degrade(degraded.NotWarm)
 			keepWarmState = state
 		default:
 			keepWarmState = state

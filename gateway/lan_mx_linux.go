@@ -10,27 +10,11 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/mpi5k/mpi5k/gateway/mxlan"
 	"github.com/mpi5k/mpi5k/mx"
 	"github.com/mpi5k/mpi5k/mx/afpacket"
 	"github.com/mpi5k/mpi5k/sitemap"
 )
-
-// MXEndpoint is the endpoint id of the MX LAN transport on every host of a
-// site: the gateway's and each node daemon's.
-const MXEndpoint = 1
-
-// MXPeerTimeout is how long a LAN peer (the gateway, a node daemon) may
-// leave frames unacknowledged before its channel, and every stream on it,
-// is failed: the bound of the WAN links (DeadAfter) and of a rank's
-// connection to its gateway, not the engine's 1 s default, which a CPU
-// starved for a second (the lab on a loaded machine) trips, resetting
-// hundreds of live streams at once.
-const MXPeerTimeout = 10 * time.Second
-
-// MXKeepAlive is how long an idle MX channel waits before asking its peer
-// to answer: a node daemon then learns within MXPeerTimeout that its
-// gateway is gone (and the gateway that a node is) with no stream open.
-const MXKeepAlive = time.Second
 
 // newMXLAN starts the MX engine of --lan-transport mx on cfg.LANIf. The
 // engine lives as long as the process: streams drain past the LAN
@@ -48,12 +32,12 @@ func newMXLAN(cfg *Config, site *sitemap.Site) (*MXTransport, error) {
 		return netlink.NeighList(ifi.Index, netlink.FAMILY_ALL)
 	}}
 	nb.smap.Store(cfg.Map)
-	e, err := mx.New(link, mx.Config{Allow: nb.allowed, PeerTimeout: MXPeerTimeout, KeepAlive: MXKeepAlive})
+	e, err := mx.New(link, mxlan.Config(nb.allowed))
 	if err != nil {
 		link.Close()
 		return nil, err
 	}
-	ep, err := e.Open(MXEndpoint)
+	ep, err := e.Open(mxlan.Endpoint)
 	if err != nil {
 		e.Close()
 		return nil, err
@@ -145,7 +129,7 @@ func (n *neighbors) resolve(a netip.Addr) (mx.Addr, error) {
 	if !ok {
 		return mx.Addr{}, fmt.Errorf("%v is not in the neighbour table of the LAN interface (the node has not spoken to this host)", a)
 	}
-	return mx.Addr{MAC: m, EP: MXEndpoint}, nil
+	return mx.Addr{MAC: m, EP: mxlan.Endpoint}, nil
 }
 
 // bind checks that a, a node address a stream claims, belongs to the host

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/mpi5k/mpi5k/gateway/mxlan"
 	"github.com/mpi5k/mpi5k/header"
 	"github.com/mpi5k/mpi5k/mx"
 	"github.com/mpi5k/mpi5k/sitemap"
@@ -45,7 +46,7 @@ func TestMXReloadAdmits(t *testing.T) {
 		if i == 0 {
 			gwEngine = e
 		}
-		ep, err := e.Open(MXEndpoint)
+		ep, err := e.Open(mxlan.Endpoint)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -135,12 +136,12 @@ func TestMXIdentity(t *testing.T) {
 		return l, nil
 	}}
 	hub := mx.NewMemHub(1500)
-	gwEngine, err := mx.New(hub.Attach(macGW), mx.Config{Allow: nb.allowed, PeerTimeout: MXPeerTimeout})
+	gwEngine, err := mx.New(hub.Attach(macGW), mx.Config{Allow: nb.allowed, PeerTimeout: mxlan.PeerTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { gwEngine.Close() })
-	gw, err := gwEngine.Open(MXEndpoint)
+	gw, err := gwEngine.Open(mxlan.Endpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,12 +243,12 @@ func TestMXBindResolves(t *testing.T) {
 	forgot := &neighbors{site: 1, list: func() ([]netlink.Neigh, error) { return nil, nil }}
 	forgot.smap.Store(testMap(t))
 	tr := &MXTransport{Bind: forgot.bind}
-	from := mx.Addr{MAC: mac, EP: MXEndpoint}
+	from := mx.Addr{MAC: mac, EP: mxlan.Endpoint}
 	tr.learned.Store(a, from)
 	if err := tr.Bind(a, mac, false); !tr.learnedAs(a, from, err) {
 		t.Errorf("an address bound earlier to the same endpoint is not taken: %v", err)
 	}
-	if err := tr.Bind(a, mx.MAC{2, 0, 0, 0, 5, 3}, false); tr.learnedAs(a, mx.Addr{MAC: mx.MAC{2, 0, 0, 0, 5, 3}, EP: MXEndpoint}, err) {
+	if err := tr.Bind(a, mx.MAC{2, 0, 0, 0, 5, 3}, false); tr.learnedAs(a, mx.Addr{MAC: mx.MAC{2, 0, 0, 0, 5, 3}, EP: mxlan.Endpoint}, err) {
 		t.Error("an address bound earlier to another endpoint is taken")
 	}
 }

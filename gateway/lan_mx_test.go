@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpi5k/mpi5k/gateway/mxlan"
 	"github.com/mpi5k/mpi5k/header"
 	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/mx"
@@ -39,12 +40,12 @@ func mxSite(t testing.TB, loss float64) (*MXTransport, *mx.Endpoint) {
 // process starved under -race.
 func mxEndpoint(t testing.TB, link mx.Link) *mx.Endpoint {
 	t.Helper()
-	e, err := mx.New(link, mx.Config{PeerTimeout: MXPeerTimeout})
+	e, err := mx.New(link, mx.Config{PeerTimeout: mxlan.PeerTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() })
-	ep, err := e.Open(MXEndpoint)
+	ep, err := e.Open(mxlan.Endpoint)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mpi5k/mpi5k/gateway/degraded"
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/tcpinfo"
 	"github.com/mpi5k/mpi5k/tuning"
@@ -282,7 +283,7 @@ func (m *metrics) handler() http.Handler {
 		if m.g.allUp() {
 			fmt.Fprintln(w, "ready")
 			for _, d := range m.g.Degraded() {
-				fmt.Fprintf(w, "degraded (%s): %s\n", d, DegradedText(d))
+				fmt.Fprintf(w, "degraded (%s): %s\n", d, degraded.Text(d))
 			}
 			return
 		}

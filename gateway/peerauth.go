@@ -9,7 +9,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/binary"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -20,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mpi5k/mpi5k/gateway/keyfile"
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/seal"
 	"github.com/mpi5k/mpi5k/sitemap"
@@ -79,11 +79,7 @@ func errModeMismatch(peer, ours seal.Mode) error {
 // mode 0600; an existing file is never overwritten) and returns its
 // public key.
 func GenerateKey(path string) (ed25519.PublicKey, error) {
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	der, err := x509.MarshalPKCS8PrivateKey(priv)
+	pub, text, err := keyfile.New()
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +90,7 @@ func GenerateKey(path string) (ed25519.PublicKey, error) {
 		}
 		return nil, fmt.Errorf("key file: %w", err)
 	}
-	werr := pem.Encode(f, &pem.Block{Type: "PRIVATE KEY", Bytes: der})
+	_, werr := f.Write(text)
 	if cerr := f.Close(); werr == nil {
 		werr = cerr
 	}
@@ -145,21 +141,14 @@ func (r *limitedReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// ParseKey parses the PEM text of a key file; path names it in errors.
+// ParseKey parses the text of a key file (package keyfile); path names
+// it in errors.
 func ParseKey(text []byte, path string) (ed25519.PrivateKey, error) {
-	b, _ := pem.Decode(text)
-	if b == nil || b.Type != "PRIVATE KEY" {
-		return nil, fmt.Errorf("--key %s: no PEM \"PRIVATE KEY\" block: not a key mpi5k-gateway --gen-key wrote", path)
-	}
-	k, err := x509.ParsePKCS8PrivateKey(b.Bytes)
+	k, err := keyfile.Parse(text)
 	if err != nil {
 		return nil, fmt.Errorf("--key %s: %w", path, err)
 	}
-	ek, ok := k.(ed25519.PrivateKey)
-	if !ok {
-		return nil, fmt.Errorf("--key %s: a %T, want an Ed25519 key (mpi5k-gateway --gen-key)", path, k)
-	}
-	return ek, nil
+	return k, nil
 }
 
 // peerAuth holds this gateway's certificate and builds the TLS

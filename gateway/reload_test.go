@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpi5k/mpi5k/gateway/degraded"
 	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/sitemap"
@@ -273,7 +274,7 @@ func TestDegradedMetric(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	got := strings.Contains(body, `mpi5k_degraded{reason="`+degradedWarm+`",site="a"} 1`)
+	got := strings.Contains(body, `mpi5k_degraded{reason="`+degraded.NotWarm+`",site="a"} 1`)
 	if want := werr == nil && !warm; got != want {
 		t.Errorf("keep-warm degradation exported: %v, want %v (warm %v, err %v):\n%s", got, want, warm, werr, grepLines(body, "mpi5k_degraded"))
 	}

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpi5k/mpi5k/gateway/mxlan"
 	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/mx"
 	"github.com/mpi5k/mpi5k/sitemap"
@@ -275,7 +276,7 @@ func BenchmarkScaleHub(b *testing.B) {
 	if lanMX {
 		dstPort := freeUDPPort(b)
 		dc.Env = append(os.Environ(), fmt.Sprintf("MPI5K_SCALE_DST_MX=%d,%s", dstPort, acceptedFile))
-		dst := mx.Addr{MAC: testnet.UDPMAC(dstPort), EP: MXEndpoint}
+		dst := mx.Addr{MAC: testnet.UDPMAC(dstPort), EP: mxlan.Endpoint}
 		peerTweak = func(c *Config) {
 			c.Transport = scalePeerMX(b, dst)
 			c.Chunk = 1 << 10 // the load side's read buffer per idle stream

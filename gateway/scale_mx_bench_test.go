@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpi5k/mpi5k/gateway/mxlan"
 	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/mx"
 )
@@ -19,8 +20,8 @@ import (
 // BenchmarkScaleHub with MPI5K_SCALE_LAN=mx: every LAN is MX carried as
 // UDP datagrams on loopback (testnet.UDPLink), so the processes share one
 // Ethernet and a stream holds no file descriptor anywhere. The hub child's
-// LAN transport is MX with the production engine settings (MXPeerTimeout,
-// MXKeepAlive; no Allow: loopback has no neighbour table) and the
+// LAN transport is MX with the production engine settings (mxlan.PeerTimeout,
+// mxlan.KeepAlive; no Allow: loopback has no neighbour table) and the
 // production stream settings; the clients (one MX endpoint in a child
 // process, playing the node daemons) open every stream as a node daemon
 // does (mxOpen); the peers deliver to one destination MX endpoint in
@@ -57,7 +58,7 @@ func udpMXEndpoint(port int, cfg mx.Config) (*mx.Engine, *mx.Endpoint, error) {
 		link.Close()
 		return nil, nil, err
 	}
-	ep, err := e.Open(MXEndpoint)
+	ep, err := e.Open(mxlan.Endpoint)
 	if err != nil {
 		e.Close()
 		return nil, nil, err
@@ -71,7 +72,7 @@ func udpMXEndpoint(port int, cfg mx.Config) (*mx.Engine, *mx.Endpoint, error) {
 func scaleHubMX(cfg *Config, spec string) error {
 	f := strings.Split(spec, ",")
 	port, _ := strconv.Atoi(f[0])
-	_, ep, err := udpMXEndpoint(port, mx.Config{PeerTimeout: MXPeerTimeout, KeepAlive: MXKeepAlive})
+	_, ep, err := udpMXEndpoint(port, mx.Config{PeerTimeout: mxlan.PeerTimeout, KeepAlive: mxlan.KeepAlive})
 	if err != nil {
 		return err
 	}
@@ -85,7 +86,7 @@ func scaleHubMX(cfg *Config, spec string) error {
 // scalePeerMX is a peer gateway's LAN transport: every destination is the
 // MX endpoint dst. The engine lives until the benchmark ends.
 func scalePeerMX(b *testing.B, dst mx.Addr) *MXTransport {
-	e, ep, err := udpMXEndpoint(0, mx.Config{PeerTimeout: MXPeerTimeout, KeepAlive: MXKeepAlive, Window: 64, Buffers: 128})
+	e, ep, err := udpMXEndpoint(0, mx.Config{PeerTimeout: mxlan.PeerTimeout, KeepAlive: mxlan.KeepAlive, Window: 64, Buffers: 128})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -100,7 +101,7 @@ func scalePeerMX(b *testing.B, dst mx.Addr) *MXTransport {
 func scaleDstMXChild(spec string) int {
 	f := strings.Split(spec, ",")
 	port, _ := strconv.Atoi(f[0])
-	_, ep, err := udpMXEndpoint(port, mx.Config{PeerTimeout: MXPeerTimeout, KeepAlive: MXKeepAlive})
+	_, ep, err := udpMXEndpoint(port, mx.Config{PeerTimeout: mxlan.PeerTimeout, KeepAlive: mxlan.KeepAlive})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -142,12 +143,12 @@ func scaleClientMXChild(spec string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	_, ep, err := udpMXEndpoint(0, mx.Config{PeerTimeout: MXPeerTimeout, KeepAlive: MXKeepAlive})
+	_, ep, err := udpMXEndpoint(0, mx.Config{PeerTimeout: mxlan.PeerTimeout, KeepAlive: mxlan.KeepAlive})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	hub := mx.Addr{MAC: testnet.UDPMAC(port), EP: MXEndpoint}
+	hub := mx.Addr{MAC: testnet.UDPMAC(port), EP: mxlan.Endpoint}
 	streams := make([]*mx.Stream, n)
 	openEach(n, f[4], func(i int) (err error) {
 		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 19, byte(1 + i%200), 2}), uint16(10000+i/200))

@@ -15,13 +15,14 @@ import (
 	"time"
 
 	"github.com/mpi5k/mpi5k/gateway"
+	"github.com/mpi5k/mpi5k/gateway/mxlan"
 	"github.com/mpi5k/mpi5k/header"
 	"github.com/mpi5k/mpi5k/internal/testnet"
 	"github.com/mpi5k/mpi5k/mx"
 )
 
 // Short MX timeouts for these tests: a killed peer is noticed within
-// about a second instead of gateway.MXPeerTimeout.
+// about a second instead of mxlan.PeerTimeout.
 var killCfg = mx.Config{PeerTimeout: time.Second, KeepAlive: 200 * time.Millisecond}
 
 // TestKilledDaemonChild is the node daemon that TestKilledDaemon runs in
@@ -40,12 +41,12 @@ func TestKilledDaemonChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ep, err := e.Open(gateway.MXEndpoint)
+	ep, err := e.Open(mxlan.Endpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
 	d, err := New(Config{Addr: nodeAddr, NoResume: true, Listen: netip.MustParseAddrPort(os.Getenv("MPI5K_NODE_CHILD_LISTEN")),
-		Gateways: []Gateway{{LAN: gwLAN, MX: mx.Addr{MAC: testnet.UDPMAC(gw), EP: gateway.MXEndpoint}}}, EP: ep})
+		Gateways: []Gateway{{LAN: gwLAN, MX: mx.Addr{MAC: testnet.UDPMAC(gw), EP: mxlan.Endpoint}}}, EP: ep})
 	if err != nil {
 		t.Fatal(err)
 	}

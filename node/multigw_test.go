@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mpi5k/mpi5k/gateway"
+	"github.com/mpi5k/mpi5k/gateway/mxlan"
 	"github.com/mpi5k/mpi5k/header"
 	"github.com/mpi5k/mpi5k/mx"
 )
@@ -28,7 +29,7 @@ func twoGateways(t *testing.T, dead bool, dialTimeout time.Duration) (*Daemon, [
 	gws := []Gateway{{LAN: gwLAN}, {LAN: gwLAN2}}
 	for i, mac := range []mx.MAC{{2, 0, 0, 0, 9, 1}, {2, 0, 0, 0, 9, 3}} {
 		if i == 1 && dead {
-			gws[i].MX = mx.Addr{MAC: mac, EP: gateway.MXEndpoint}
+			gws[i].MX = mx.Addr{MAC: mac, EP: mxlan.Endpoint}
 			continue
 		}
 		ep := open(mac)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mpi5k/mpi5k/gateway"
+	"github.com/mpi5k/mpi5k/gateway/mxlan"
 	"github.com/mpi5k/mpi5k/header"
 	"github.com/mpi5k/mpi5k/mx"
 )
@@ -30,7 +31,7 @@ func endpoint(t testing.TB, link mx.Link, cfg mx.Config) *mx.Endpoint {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() })
-	ep, err := e.Open(gateway.MXEndpoint)
+	ep, err := e.Open(mxlan.Endpoint)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/mpi5k/mpi5k/gateway"
+	"github.com/mpi5k/mpi5k/gateway/mxlan"
 	"github.com/mpi5k/mpi5k/mx"
 	"github.com/mpi5k/mpi5k/mx/afpacket"
 	"github.com/mpi5k/mpi5k/sitemap"
@@ -70,13 +70,12 @@ func Open(cfg *Config, lanIf string, m *sitemap.Map, site string) (close func(),
 	// Only the site's gateways open streams to a node, and only they
 	// answer the node's: frames from any other MAC are dropped and
 	// counted before they are decoded. allowed is read-only from here.
-	e, err := mx.New(link, mx.Config{Allow: func(m mx.MAC) bool { return allowed[m] }, PeerTimeout: gateway.MXPeerTimeout,
-		KeepAlive: gateway.MXKeepAlive})
+	e, err := mx.New(link, mxlan.Config(func(m mx.MAC) bool { return allowed[m] }))
 	if err != nil {
 		link.Close()
 		return nil, err
 	}
-	ep, err := e.Open(gateway.MXEndpoint)
+	ep, err := e.Open(mxlan.Endpoint)
 	if err != nil {
 		e.Close()
 		return nil, err
@@ -109,7 +108,7 @@ func resolveGateways(s *sitemap.Site, mac func(netip.AddrPort) (mx.MAC, error), 
 			}
 			continue
 		}
-		out = append(out, Gateway{LAN: g.LAN, MX: mx.Addr{MAC: macs[i], EP: gateway.MXEndpoint}})
+		out = append(out, Gateway{LAN: g.LAN, MX: mx.Addr{MAC: macs[i], EP: mxlan.Endpoint}})
 	}
 	switch {
 	case len(out) > 0:

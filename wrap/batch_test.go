@@ -158,3 +158,10 @@ func TestWithOarsh(t *testing.T) {
 		t.Errorf("with $OMPI_MCA_plm_rsh_agent set: %q", got)
 	}
 }
+
+func TestNoHostsNamesBatchSystems(t *testing.T) {
+	want := "no host list: the command has no hostfile/host option and no batch system ($OAR_NODEFILE, $PBS_NODEFILE, $SLURM_JOB_NODELIST) is set"
+	if got := errNoHosts().Error(); got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"sync"
 
-	gw "github.com/mpi5k/mpi5k/gateway"
+	"github.com/mpi5k/mpi5k/gateway/keyfile"
 	"github.com/mpi5k/mpi5k/sitemap"
 )
 
@@ -32,7 +32,7 @@ func newJobKeys(sites []*Site) (*jobKeys, error) {
 	k := &jobKeys{pem: map[string][]byte{}, files: map[string]string{}}
 	var b strings.Builder
 	for _, s := range sites {
-		pub, text, err := gw.NewKeyPEM()
+		pub, text, err := keyfile.New()
 		if err != nil {
 			return nil, fmt.Errorf("gateway key of site %s: %w", s.Name, err)
 		}

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	gw "github.com/mpi5k/mpi5k/gateway"
+	"github.com/mpi5k/mpi5k/gateway/keyfile"
 	"github.com/mpi5k/mpi5k/sitemap"
 )
 
@@ -59,7 +59,7 @@ esac`
 			t.Errorf("site %s's key file %s is left after the run", site, p)
 		}
 		text, _ := os.ReadFile(filepath.Join(seen, site+".key"))
-		k, err := gw.ParseKey(text, site+".key")
+		k, err := keyfile.Parse(text)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -22,9 +22,9 @@ const nodeReady = "node daemon ready"
 // nodeHosts are the hosts that run ranks. A gateway host among them is
 // refused: its gateway's MX engine and a node daemon's would share one
 // interface and MAC address, and receive each other's frames.
-func nodeHosts(p *Plan, dedicated bool) ([]SiteHost, error) {
+func nodeHosts(sites []*Site, dedicated bool) ([]SiteHost, error) {
 	var out []SiteHost
-	for _, s := range p.Sites {
+	for _, s := range sites {
 		for _, h := range s.Hosts {
 			if s.isGateway(h.Name) {
 				if dedicated {
@@ -41,9 +41,9 @@ func nodeHosts(p *Plan, dedicated bool) ([]SiteHost, error) {
 
 // nodeDaemons are the node daemons of the job, not started: each is a
 // gateway-like process of its host's site.
-func (c *Config) nodeDaemons(p *Plan, hosts []SiteHost, mapPath string) []*gateway {
+func (c *Config) nodeDaemons(all []*Site, hosts []SiteHost, mapPath string) []*gateway {
 	sites := map[string]*Site{}
-	for _, s := range p.Sites {
+	for _, s := range all {
 		sites[s.Name] = s
 	}
 	var out []*gateway

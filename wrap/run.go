@@ -1,7 +1,6 @@
 package wrap
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,10 +8,8 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/mpi5k/mpi5k/sitemap"
@@ -21,7 +18,7 @@ import (
 // Config is one wrapped run.
 type Config struct {
 	Argv        []string // the user's mpirun command, unmodified
-	Flavour     Flavour  // Unknown = detect from Argv[0]
+	Flavour     Flavour  // nil: detected from Argv[0]
 	SitesFile   string   // --sites FILE; "" = Grid'5000 naming
 	MapFile     string   // --map FILE ($MPI5K_SITE_MAP): a site map in the documented format
 	Gateways    map[string]string
@@ -84,16 +81,65 @@ func (e exitError) Error() string { return fmt.Sprintf("mpirun exited with statu
 
 // Run performs a wrapped run and returns the exit status the wrapper
 // should exit with (mpirun's, or 1 with err set when the wrapper failed).
+// It is one path for both ways of placing the hosts: a plan made from the
+// host list, or the hand-written site map of --map.
 func Run(ctx context.Context, c Config) (int, error) {
 	c.defaults()
 	if len(c.Argv) == 0 {
 		return 2, errors.New("no mpirun command given")
 	}
+	f, hosts, src, err := c.commandHosts()
+	if err != nil {
+		return 2, err
+	}
+	if c.MapFile == "" {
+		c.MapFile = c.Getenv("MPI5K_SITE_MAP")
+	}
+	place := c.placeByPlan
+	if c.MapFile != "" {
+		place = c.placeByMap
+	}
+	p, err := place(ctx, hosts)
+	if err != nil {
+		return 2, err
+	}
+	if len(p.sites) == 1 {
+		return c.runUnchanged(ctx, p.sites[0].Name)
+	}
+	fmt.Fprint(c.Stderr, p.note)
+	running, own := c.runningGateways(ctx, p.sites)
+	if p.keyed && len(own) > 0 && !c.DryRun {
+		return 1, fmt.Errorf("--map %s lists gateway keys and site %s has no running gateway: mpi5k run holds no site's private key, so it cannot start one; start that site's service gateway (docs/operations.md)",
+			c.MapFile, siteNames(own))
+	}
+	if err := c.checkTools(own, p.nodeDaemons); err != nil {
+		return 2, err
+	}
+	fileDir, cleanup, err := c.makeWorkDir()
+	if err != nil {
+		return 1, err
+	}
+	defer cleanup()
+	j := &job{f: f, hosts: hosts, src: src, place: p, own: own, running: running, fileDir: fileDir}
+	if code, err := c.prepare(j); err != nil {
+		return code, err
+	}
+	if c.DryRun {
+		return c.printDryRun(j)
+	}
+	return c.run(ctx, j)
+}
+
+// commandHosts finds the launcher's flavour and the job's hosts: those its
+// command line names, else the batch system's, which the command line is
+// then given. The command line also gets what it needs for
+// --launcher oarsh.
+func (c *Config) commandHosts() (Flavour, []Host, []HostSource, error) {
 	f := c.Flavour
-	if f == Unknown {
+	if f == nil {
 		var err error
 		if f, err = DetectFlavour(c.Argv[0]); err != nil {
-			return 2, err
+			return nil, nil, nil, err
 		}
 	}
 	if argv, added := withOarsh(f, c.Argv, c.Launcher, c.Getenv); added != "" {
@@ -104,77 +150,73 @@ func Run(ctx context.Context, c Config) (int, error) {
 		fmt.Fprintf(c.Stderr, "mpi5k: $OAR_NODEFILE is set (an OAR job) and --launcher is ssh: OAR jobs usually reach their nodes with oarsh (mpi5k run --launcher oarsh ...)\n")
 	}
 	if err := checkHostOptions(f, c.Argv); err != nil {
-		return 2, err
+		return nil, nil, nil, err
 	}
 	hosts, src, err := HostsFromArgs(f, c.Argv)
+	if err != nil || len(hosts) > 0 {
+		return f, hosts, src, err
+	}
+	hosts, bsrc, err := HostsFromBatch(c.Getenv)
 	if err != nil {
-		return 2, err
+		return nil, nil, nil, err
 	}
-	if len(hosts) == 0 {
-		bh, bsrc, err := HostsFromBatch(c.Getenv)
-		if err != nil {
-			return 2, err
-		}
-		if bsrc == nil {
-			return 2, fmt.Errorf("no host list: the command has no hostfile/host option and no batch system ($OAR_NODEFILE, $PBS_NODEFILE, $SLURM_JOB_NODELIST) is set")
-		}
-		hosts = bh
-		if argv, fsrc := WithBatchHostfile(f, c.Argv, *bsrc); fsrc != nil {
-			fmt.Fprintf(c.Stderr, "mpi5k: %s names the hosts: passing it to %s as %s %s (without it every rank would run on this host)\n",
-				bsrc.Option, filepath.Base(c.Argv[0]), fsrc[0].Option, bsrc.File)
-			c.Argv, src = argv, fsrc
-		}
+	if bsrc == nil {
+		return nil, nil, nil, errNoHosts()
 	}
-	if c.MapFile == "" {
-		c.MapFile = c.Getenv("MPI5K_SITE_MAP")
+	if argv, fsrc := WithBatchHostfile(f, c.Argv, *bsrc); fsrc != nil {
+		fmt.Fprintf(c.Stderr, "mpi5k: %s names the hosts: passing it to %s as %s %s (without it every rank would run on this host)\n",
+			bsrc.Option, filepath.Base(c.Argv[0]), fsrc[0].Option, bsrc.File)
+		c.Argv, src = argv, fsrc
 	}
-	if c.MapFile != "" {
-		return c.runWithMap(ctx, f, hosts)
-	}
-	po := PlanOptions{Gateways: c.Gateways, Dedicated: c.Dedicated, Resolve: c.Resolve, EnvGateways: map[string]string{}}
-	if c.DryRun && po.Resolve == nil {
-		// A dry run shows what would run without asking DNS: host names
-		// stand for their addresses.
-		po.Resolve, po.Unresolved = LiteralResolver, true
-	}
-	if g := c.Getenv("MPI5K_GATEWAYS"); g != "" {
-		if err := ParseGateways(po.EnvGateways, g); err != nil {
-			return 2, fmt.Errorf("$MPI5K_GATEWAYS: %v", err)
-		}
-	}
-	if c.SitesFile != "" {
-		if po.Rules, err = ReadSiteRules(c.SitesFile); err != nil {
-			return 2, fmt.Errorf("--sites: %w", err)
-		}
-	}
-	plan, err := MakePlan(ctx, hosts, po)
-	if err != nil {
-		return 2, err
-	}
-	if len(plan.Sites) == 1 {
-		fmt.Fprintf(c.Stderr, "mpi5k: every host is in site %s: running mpirun unchanged, without gateways\n", plan.Sites[0].Name)
-		if c.DryRun {
-			fmt.Fprintln(c.Stdout, shellJoin(c.Argv))
-			return 0, nil
-		}
-		return runMPI(ctx, c, c.Argv, nil, nil)
-	}
-	fmt.Fprint(c.Stderr, placementNote(plan, c.Dedicated))
-	for _, name := range []string{c.Launcher[0], c.Argv[0]} {
-		if _, err := lookPath(name); err != nil && !c.DryRun {
-			return 2, fmt.Errorf("%s: not found on PATH", name)
-		}
-	}
-	bins := []string{c.GatewayBin, c.Preload}
-	if c.LANTransport == "mx" {
-		bins = append(bins, c.NodeBin)
-	}
-	for _, p := range bins {
-		if _, err := os.Stat(p); err != nil && !c.DryRun {
-			return 2, fmt.Errorf("%v", err)
-		}
-	}
+	return f, hosts, src, nil
+}
 
+// runUnchanged runs the command as it is: every host is in one site.
+func (c *Config) runUnchanged(ctx context.Context, site string) (int, error) {
+	fmt.Fprintf(c.Stderr, "mpi5k: every host is in site %s: running mpirun unchanged, without gateways\n", site)
+	if c.DryRun {
+		fmt.Fprintln(c.Stdout, shellJoin(c.Argv))
+		return 0, nil
+	}
+	return runMPI(ctx, *c, c.Argv, nil, nil)
+}
+
+// checkTools finds the commands and files the run needs here (a dry run
+// needs none): the launcher through which it starts gateways and copies
+// the map, the MPI launcher, the binaries.
+func (c *Config) checkTools(own []*Site, nodeDaemons bool) error {
+	if c.DryRun {
+		return nil
+	}
+	var cmds, files []string
+	if len(own) > 0 || !c.SharedFS {
+		cmds = append(cmds, c.Launcher[0])
+	}
+	cmds = append(cmds, c.Argv[0])
+	if len(own) > 0 {
+		files = append(files, c.GatewayBin)
+	}
+	files = append(files, c.Preload)
+	if nodeDaemons {
+		files = append(files, c.NodeBin)
+	}
+	for _, name := range cmds {
+		if _, err := lookPath(name); err != nil {
+			return fmt.Errorf("%s: not found on PATH", name)
+		}
+	}
+	for _, p := range files {
+		if _, err := os.Stat(p); err != nil {
+			return fmt.Errorf("%v", err)
+		}
+	}
+	return nil
+}
+
+// makeWorkDir creates the workdir (default ~/.mpi5k/run-PID-TIME) and
+// returns where the run's files go, and what removes them. A dry run's
+// go to a temporary directory: it leaves nothing behind.
+func (c *Config) makeWorkDir() (fileDir string, cleanup func(), err error) {
 	if c.WorkDir == "" {
 		home := c.Getenv("HOME")
 		if home == "" {
@@ -182,63 +224,101 @@ func Run(ctx context.Context, c Config) (int, error) {
 		}
 		c.WorkDir = filepath.Join(home, ".mpi5k", fmt.Sprintf("run-%d-%d", os.Getpid(), time.Now().Unix()))
 	}
-	// Files go to the workdir, a dry run's to a directory removed at
-	// return: it leaves nothing behind.
-	fileDir := c.WorkDir
 	if c.DryRun {
-		if fileDir, err = os.MkdirTemp("", "mpi5k-dry-run-"); err != nil {
-			return 1, err
+		dir, err := os.MkdirTemp("", "mpi5k-dry-run-")
+		if err != nil {
+			return "", nil, err
 		}
-		defer os.RemoveAll(fileDir)
-	} else {
-		if err := os.MkdirAll(c.WorkDir, 0o755); err != nil {
-			return 1, err
-		}
-		if !c.Keep {
-			defer os.RemoveAll(c.WorkDir)
-		}
+		return dir, func() { os.RemoveAll(dir) }, nil
 	}
-	mapPath := filepath.Join(c.WorkDir, "sites.conf")
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
-	userPorts := c.ports()
-	c.setPorts(pickPorts(rng, userPorts.lan, userPorts.wan, userPorts.metrics))
-	var keys *jobKeys // nil: keyless (--wan-plaintext)
-	var keyRecs string
-	if !c.Plaintext {
-		if keys, err = newJobKeys(plan.Sites); err != nil {
-			return 1, err
-		}
-		keyRecs = keys.recs
+	if err := os.MkdirAll(c.WorkDir, 0o755); err != nil {
+		return "", nil, err
 	}
-	mapText := plan.MapText(c.LANPort, c.WANPort) + keyRecs
-	if !plan.Unresolved() {
-		if _, err := sitemap.Parse(strings.NewReader(mapText), "the site map built from the host list"); err != nil {
-			return 1, fmt.Errorf("%v (hosts from %s)", err, hostOrigin(src, c.SitesFile))
-		}
+	if c.Keep {
+		return c.WorkDir, func() {}, nil
 	}
-	if !c.DryRun {
-		if err := os.WriteFile(mapPath, []byte(mapText), 0o644); err != nil {
-			return 1, err
-		}
-	}
+	return c.WorkDir, func() { os.RemoveAll(c.WorkDir) }, nil
+}
 
+// job is a run once its hosts are placed: what the dry run prints and the
+// run starts.
+type job struct {
+	f       Flavour
+	hosts   []Host
+	src     []HostSource
+	place   *placement
+	own     []*Site    // the sites whose gateways the job starts
+	running []*gateway // the sites served by their running gateways
+	fileDir string     // where files for the launcher go (the workdir, a dry run's own)
+
+	rng       *rand.Rand
+	userPorts ports    // the ports the user gave (0: drawn)
+	keys      *jobKeys // nil: keyless
+	mapPath   string   // the site map, in the workdir on every host
+	mapText   string
+	tag       string     // the gateways' --ready-tag
+	gws       []*gateway // the job's own gateways
+	nodes     []SiteHost // the hosts that run node daemons
+	mpiArgv   []string   // the launcher's command line, with the injection
+}
+
+// prepare decides the job's ports, keys, site map and commands: all that
+// a dry run prints. It returns the exit status for its error.
+func (c *Config) prepare(j *job) (int, error) {
+	j.mapPath = filepath.Join(c.WorkDir, "sites.conf")
+	j.rng = rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
+	j.userPorts = c.ports()
+	if !j.place.mapPorts {
+		c.setPorts(pickPorts(j.rng, j.userPorts.lan, j.userPorts.wan, j.userPorts.metrics))
+	}
+	if !j.place.keyed && len(j.running) == 0 && !c.Plaintext {
+		// The running gateways of a job that uses some would know no
+		// keys of the job's own.
+		var err error
+		if j.keys, err = newJobKeys(j.own); err != nil {
+			return 1, err
+		}
+	}
+	text, err := c.siteMapText(j)
+	if err != nil {
+		return 1, err
+	}
+	if !j.place.unresolved {
+		if _, err := sitemap.Parse(strings.NewReader(text), "the site map built from the host list"); err != nil {
+			return 1, fmt.Errorf("%v (hosts from %s)", err, hostOrigin(j.src, c.SitesFile))
+		}
+	}
+	j.mapText = text
+	if err := c.launcherCommand(j); err != nil {
+		return 2, err
+	}
+	j.tag = fmt.Sprintf("%d-%x", os.Getpid(), j.rng.Uint64())
+	j.gws = c.gateways(j.own, j.mapPath, j.tag, j.rng)
+	return 0, nil
+}
+
+// launcherCommand is the user's command line with the ranks kept off the
+// gateway hosts (--dedicated-gateways) and with what the ranks need in
+// their environment: the preload, the map, the node daemon's address.
+func (c *Config) launcherCommand(j *job) error {
 	argv := c.Argv
 	if c.Dedicated {
 		drop := map[string]bool{}
-		for _, s := range plan.Sites {
+		for _, s := range j.place.sites {
 			for _, g := range s.gatewayHosts() {
 				drop[g.Name] = true
 			}
 		}
-		if argv, err = WithoutHosts(f, argv, hosts, src, drop, fileDir); err != nil {
-			return 2, err
+		var err error
+		if argv, err = WithoutHosts(j.f, argv, j.hosts, j.src, drop, j.fileDir); err != nil {
+			return err
 		}
 	}
-	in := Inject{Preload: c.Preload, Map: mapPath, Env: map[string]string{}}
-	var nodes []SiteHost
-	if c.LANTransport == "mx" {
-		if nodes, err = nodeHosts(plan, c.Dedicated); err != nil {
-			return 2, err
+	in := Inject{Preload: c.Preload, Map: j.mapPath, Env: map[string]string{}}
+	if j.place.nodeDaemons {
+		var err error
+		if j.nodes, err = nodeHosts(j.place.sites, c.Dedicated); err != nil {
+			return err
 		}
 		if c.NodePort == 0 {
 			c.NodePort = c.LANPort // drawn: no other job's daemon has it
@@ -253,95 +333,117 @@ func Run(ctx context.Context, c Config) (int, error) {
 			in.Env[k] = v
 		}
 	}
-	mpiArgv, err := in.Command(f, argv, c.Getenv)
+	var err error
+	j.mpiArgv, err = in.Command(j.f, argv, c.Getenv)
+	return err
+}
+
+// siteMapText is the job's site map for the current ports, with the keys.
+func (c *Config) siteMapText(j *job) (string, error) {
+	services := map[string]bool{}
+	for _, g := range j.running {
+		services[g.site.Name] = true
+	}
+	text, err := j.place.siteMap(c.LANPort, c.WANPort, services)
 	if err != nil {
-		return 2, err
+		return "", err
 	}
-	tag := fmt.Sprintf("%d-%x", os.Getpid(), rng.Uint64())
-	gws := c.gateways(plan, mapPath, tag)
-
-	if c.DryRun {
-		fmt.Fprintf(c.Stdout, "# flavour: %s\n", f)
-		if plan.Unresolved() {
-			fmt.Fprintf(c.Stdout, "# a dry run resolves no host names: each name stands for its address\n")
-		}
-		fmt.Fprintf(c.Stdout, "# site map %s:\n%s", mapPath, mapText)
-		if err := printFiles(c.Stdout, fileDir, c.WorkDir); err != nil {
-			return 1, err
-		}
-		if !c.SharedFS {
-			fmt.Fprintf(c.Stdout, "# copy the map to every host:\n")
-			for _, h := range mapHosts(plan) {
-				fmt.Fprintln(c.Stdout, shellJoin(c.copyCommand(h, mapPath)))
-			}
-		}
-		if keys != nil {
-			c.printKeyPlacing(plan.Sites)
-		}
-		if nds := c.nodeDaemons(plan, nodes, mapPath); len(nds) > 0 {
-			fmt.Fprintf(c.Stdout, "# node daemons (--lan-transport mx), after the gateways:\n")
-			for _, n := range nds {
-				fmt.Fprintln(c.Stdout, shellJoin(n.argv))
-			}
-		}
-		fmt.Fprintf(c.Stdout, "# gateways:\n")
-		for _, g := range gws {
-			argv := g.argv
-			if keys != nil {
-				argv = withKey(argv, keyDryRun)
-			}
-			fmt.Fprintln(c.Stdout, shellJoin(argv))
-		}
-		c.printTrace(c.Stdout, traceHosts(hosts))
-		fmt.Fprintf(c.Stdout, "# mpirun:\n%s\n", strings.ReplaceAll(shellJoin(mpiArgv), fileDir, c.WorkDir))
-		return 0, nil
+	if j.keys != nil {
+		text += j.keys.recs
 	}
+	return text, nil
+}
 
+// printDryRun prints the site map and every command the run would run.
+func (c *Config) printDryRun(j *job) (int, error) {
+	w := c.Stdout
+	if j.place.keyed {
+		fmt.Fprintf(w, "# the map lists gateway keys: each site needs its running service gateway (mpi5k run starts none for a keyed map)\n")
+	}
+	fmt.Fprintf(w, "# flavour: %s\n", j.f)
+	if j.place.unresolved {
+		fmt.Fprintf(w, "# a dry run resolves no host names: each name stands for its address\n")
+	}
+	if c.MapFile != "" {
+		fmt.Fprintf(w, "# site map %s (from --map %s):\n%s", j.mapPath, c.MapFile, j.mapText)
+	} else {
+		fmt.Fprintf(w, "# site map %s:\n%s", j.mapPath, j.mapText)
+	}
+	if err := printFiles(w, j.fileDir, c.WorkDir); err != nil {
+		return 1, err
+	}
+	if !c.SharedFS {
+		fmt.Fprintf(w, "# copy the map to every host:\n")
+		for _, h := range j.place.mapHosts(j.own) {
+			fmt.Fprintln(w, shellJoin(c.copyCommand(h, j.mapPath)))
+		}
+	}
+	if j.keys != nil {
+		c.printKeyPlacing(j.own)
+	}
+	if nds := c.nodeDaemons(j.place.sites, j.nodes, j.mapPath); len(nds) > 0 {
+		fmt.Fprintf(w, "# node daemons (--lan-transport mx), after the gateways:\n")
+		for _, n := range nds {
+			fmt.Fprintln(w, shellJoin(n.argv))
+		}
+	}
+	if c.MapFile != "" {
+		fmt.Fprintf(w, "# gateways (a site whose map record has ready= uses its running gateway when /ready answers):\n")
+	} else {
+		fmt.Fprintf(w, "# gateways:\n")
+	}
+	for _, g := range j.gws {
+		argv := g.argv
+		if j.keys != nil {
+			argv = withKey(argv, keyDryRun)
+		}
+		fmt.Fprintln(w, shellJoin(argv))
+	}
+	c.printTrace(w, traceHosts(j.hosts))
+	fmt.Fprintf(w, "# mpirun:\n%s\n", strings.ReplaceAll(shellJoin(j.mpiArgv), j.fileDir, c.WorkDir))
+	return 0, nil
+}
+
+// run starts the job's gateways and node daemons, runs the launcher while
+// watching the gateways, and stops everything again.
+func (c *Config) run(ctx context.Context, j *job) (int, error) {
+	if err := os.WriteFile(j.mapPath, []byte(j.mapText), 0o644); err != nil {
+		return 1, err
+	}
 	if c.TraceDir != "" {
-		if err := c.prepareTrace(ctx, traceHosts(hosts)); err != nil {
+		if err := c.prepareTrace(ctx, traceHosts(j.hosts)); err != nil {
 			return 1, err
 		}
 	}
-	if keys != nil {
-		defer c.removeKeys(plan.Sites, keys) // after the gateways stopped (deferred later)
+	if j.keys != nil {
+		defer c.removeKeys(j.own, j.keys) // after the gateways stopped (deferred later)
 	}
-	for try := 1; ; try++ {
-		err := c.startGateways(ctx, plan, gws, mapPath, mapText, keys)
-		if err == nil {
-			break
-		}
-		stopAll(gws, c.Stderr)
-		if !errors.Is(err, errPortTaken) || userPorts == c.ports() || try == portTries {
-			return 1, err
-		}
-		// Another job (or program) holds a port on a gateway host.
-		fmt.Fprintf(c.Stderr, "mpi5k: a gateway port of %d, %d, %d is in use on a gateway host; drawing others\n",
-			c.LANPort, c.WANPort, c.MetricsPort)
-		c.setPorts(pickPorts(rng, userPorts.lan, userPorts.wan, userPorts.metrics))
-		mapText = plan.MapText(c.LANPort, c.WANPort) + keyRecs
-		if err := os.WriteFile(mapPath, []byte(mapText), 0o644); err != nil {
-			return 1, err
-		}
-		gws = c.gateways(plan, mapPath, tag)
+	if err := c.startGateways(ctx, j); err != nil {
+		return 1, err
 	}
-	defer stopAll(gws, c.Stderr)
-	if nds := c.nodeDaemons(plan, nodes, mapPath); len(nds) > 0 {
+	defer stopAll(j.gws, c.Stderr)
+	if nds := c.nodeDaemons(j.place.sites, j.nodes, j.mapPath); len(nds) > 0 {
 		err := c.startNodes(ctx, nds)
 		defer stopAll(nds, c.Stderr)
 		if err != nil {
 			return 1, err
 		}
 	}
-	start := snapshot(gws)
+	start := snapshot(j.gws)
 	wctx, unwatch := context.WithCancel(ctx)
-	live := newLiveness(gws)
+	// Only the job's own gateways are watched and summed up: a service
+	// gateway's /ready and counters cover every site and job it serves.
+	live := newLiveness(j.gws)
 	live.resumable = c.LANTransport == "mx"
-	code, err := runMPI(ctx, c, mpiArgv, watch(wctx, gws, c.Outage), live)
+	code, err := runMPI(ctx, *c, j.mpiArgv, watch(wctx, j.gws, c.Outage), live)
 	unwatch()
 	if c.TraceDir != "" {
-		c.collectTrace(ctx, traceHosts(hosts))
+		c.collectTrace(ctx, traceHosts(j.hosts))
 	}
-	c.report(collect(gws, start, live), code)
+	c.report(collect(j.gws, start, live), code)
+	if len(j.running) > 0 {
+		fmt.Fprintf(c.Stderr, "mpi5k: through the running gateways of site %s (their /metrics: %s)\n", siteNames(sitesOf(j.running)), metricsURLs(j.running))
+	}
 	return code, err
 }
 
@@ -360,120 +462,6 @@ func (c *Config) report(sum Summary, code int) {
 	if err != nil {
 		fmt.Fprintf(c.Stderr, "mpi5k: --summary-json %s: %v (the summary above is all there is)\n", c.SummaryJSON, err)
 	}
-}
-
-// startGateways copies the map (unless shared) and the keys (unless nil),
-// starts every gateway and waits until all are ready. The caller stops
-// gws whatever happens.
-func (c *Config) startGateways(ctx context.Context, plan *Plan, gws []*gateway, mapPath, mapText string, keys *jobKeys) error {
-	if !c.SharedFS {
-		if err := c.distribute(ctx, plan, mapPath, mapText); err != nil {
-			return err
-		}
-	}
-	if keys != nil {
-		if err := c.placeKeys(ctx, plan.Sites, keys); err != nil {
-			return err
-		}
-		for _, g := range gws {
-			g.argv = withKey(g.argv, keys.files[keyAt(g.site.Name, g.hostName())])
-		}
-	}
-	for _, g := range gws {
-		if err := g.start(c.WorkDir); err != nil {
-			return fmt.Errorf("site %s: starting the gateway on %s: %v", g.site.Name, g.hostName(), err)
-		}
-	}
-	return waitReady(ctx, gws, c.ReadyTimeout)
-}
-
-func stopAll(gws []*gateway, w io.Writer) {
-	var wg sync.WaitGroup
-	for _, g := range gws {
-		wg.Add(1)
-		go func() { defer wg.Done(); g.stop(w) }()
-	}
-	wg.Wait()
-}
-
-func (c *Config) ports() ports { return ports{c.LANPort, c.WANPort, c.MetricsPort} }
-
-func (c *Config) setPorts(p ports) { c.LANPort, c.WANPort, c.MetricsPort = p.lan, p.wan, p.metrics }
-
-// gateways is the per-job gateways of each site (one per gateway host),
-// not started.
-func (c *Config) gateways(plan *Plan, mapPath, tag string) []*gateway {
-	var gws []*gateway
-	for _, s := range plan.Sites {
-		for i, h := range s.gatewayHosts() {
-			g := &gateway{site: s, host: h, argv: c.gatewayCommand(s, i, mapPath, tag), metrics: h.hostPort(c.MetricsPort), tag: tag}
-			if i > 0 {
-				g.logName = fmt.Sprintf("gateway-%s-%d", s.Name, i)
-			}
-			gws = append(gws, g)
-		}
-	}
-	return gws
-}
-
-// gatewayCommand starts gateway host i of site s. With several gateway
-// hosts each is told its map entry (--lan, --wan): a host's addresses
-// alone may not tell (a host that has several of them).
-func (c *Config) gatewayCommand(s *Site, i int, mapPath, tag string) []string {
-	h := s.gatewayHosts()[i]
-	argv := append([]string(nil), c.Launcher...)
-	argv = append(argv, h.Name, c.GatewayBin, "--map", mapPath, "--site", s.Name,
-		"--metrics", h.hostPort(c.MetricsPort),
-		"--exit-on-stdin-eof", "--ready-tag", tag)
-	if len(s.More) > 0 {
-		argv = append(argv, "--lan", h.hostPort(c.LANPort), "--wan", h.hostPort(c.WANPort))
-	}
-	return append(argv, c.GatewayArgs...)
-}
-
-func (c *Config) copyCommand(host, mapPath string) []string {
-	argv := append([]string(nil), c.Launcher...)
-	dir := filepath.Dir(mapPath)
-	return append(argv, host, fmt.Sprintf("mkdir -p %s && cat > %s", shellQuote(dir), shellQuote(mapPath)))
-}
-
-func mapHosts(p *Plan) []string {
-	seen := map[string]bool{}
-	var out []string
-	for _, s := range p.Sites {
-		for _, h := range append(s.gatewayHosts(), s.Hosts...) {
-			if !seen[h.Name] {
-				seen[h.Name] = true
-				out = append(out, h.Name)
-			}
-		}
-	}
-	return out
-}
-
-// distribute copies the map to every host, in parallel, through the
-// launcher (the wrapper cannot assume a file system shared across sites).
-func (c *Config) distribute(ctx context.Context, p *Plan, mapPath, text string) error {
-	ctx, cancel := context.WithTimeout(ctx, launchTimeout)
-	defer cancel()
-	hosts := mapHosts(p)
-	errs := make([]error, len(hosts))
-	var wg sync.WaitGroup
-	for i, h := range hosts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			argv := c.copyCommand(h, mapPath)
-			cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-			cmd.Stdin = strings.NewReader(text)
-			cmd.WaitDelay = pipeDelay
-			if out, err := cmd.CombinedOutput(); err != nil {
-				errs[i] = fmt.Errorf("copying the site map to %s: %v: %s", h, err, bytes.TrimSpace(out))
-			}
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
 }
 
 // printFiles prints the files a dry run wrote into dir (rank hostfiles of
@@ -510,22 +498,4 @@ func hostOrigin(src []HostSource, sitesFile string) string {
 		names = append(names, "--sites "+sitesFile)
 	}
 	return strings.Join(names, ", ")
-}
-
-func shellJoin(argv []string) string {
-	q := make([]string, len(argv))
-	for i, a := range argv {
-		q[i] = shellQuote(a)
-	}
-	return strings.Join(q, " ")
-}
-
-func shellQuote(s string) string {
-	if s != "" && strings.IndexFunc(s, func(r rune) bool {
-		return !(r == '/' || r == '.' || r == '-' || r == '_' || r == '=' || r == ':' || r == ',' ||
-			(r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z'))
-	}) < 0 {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

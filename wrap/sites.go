@@ -134,6 +134,12 @@ type Site struct {
 	// More are the site's further gateway hosts (--gateway SITE=H1,H2):
 	// `gateway` records of the map, each running a gateway of its own.
 	More []SiteHost
+	// Ready is where a hand-written map says the site's running gateway
+	// answers /ready (ready=; invalid: none runs).
+	Ready netip.AddrPort
+	// ports are the gateway's LAN and WAN ports a hand-written map gives
+	// (zero: the job's, drawn).
+	ports ports
 }
 
 // gatewayHosts are the site's gateway hosts: Gateway, then More.

@@ -7,11 +7,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mpi5k/mpi5k/gateway/degraded"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-
-	gw "github.com/mpi5k/mpi5k/gateway"
 )
 
 // Metric names the summary reads from each gateway's /metrics (exported by
@@ -406,7 +405,7 @@ func degradedOf(fams map[string]*dto.MetricFamily) string {
 	for _, m := range f.GetMetric() {
 		for _, l := range m.GetLabel() {
 			if l.GetName() == "reason" && value(m) > 0 {
-				whats = append(whats, gw.DegradedText(l.GetValue()))
+				whats = append(whats, degraded.Text(l.GetValue()))
 			}
 		}
 	}

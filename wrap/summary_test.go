@@ -2,12 +2,13 @@ package wrap
 
 import (
 	"fmt"
-	gw "github.com/mpi5k/mpi5k/gateway"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/mpi5k/mpi5k/gateway/degraded"
 )
 
 // TestSummary: the summary sums each gateway's link series per peer site
@@ -101,7 +102,7 @@ func TestSummaryDegraded(t *testing.T) {
 	if n := strings.Count(out, "degraded"); n != 1 {
 		t.Errorf("%d lines mention degraded, want 1:\n%s", n, out)
 	}
-	bbr, warm := gw.DegradedText("no_bbr"), gw.DegradedText("not_warm")
+	bbr, warm := degraded.Text("no_bbr"), degraded.Text("not_warm")
 	if want := "  degraded: a, b: " + bbr + "; " + warm + " | c: " + warm + "\n"; !strings.Contains(out, want) {
 		t.Errorf("summary lacks %q:\n%s", want, out)
 	}

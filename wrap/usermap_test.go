@@ -159,3 +159,27 @@ net b 10.0.2.0/24
 		t.Fatalf("job map: site a has %d gateways (want 2, a service), b %d (want 1, started by the job):\n%s", len(a.Gateways), len(b.Gateways), jm)
 	}
 }
+
+// A job whose sites all run their gateways needs neither the gateway
+// binary nor, with a shared workdir, the launcher; one that starts a
+// gateway needs both.
+func TestCheckTools(t *testing.T) {
+	c, _, _ := testConfig(t, "sh", "./pp")
+	c.defaults()
+	c.Launcher = []string{"no-such-launcher"}
+	c.GatewayBin = "/nonexistent/mpi5k-gateway"
+	if err := c.checkTools(nil, false); err != nil {
+		t.Errorf("every site served by its running gateway: %v", err)
+	}
+	if err := c.checkTools([]*Site{{Name: "site1"}}, false); err == nil || !strings.Contains(err.Error(), "no-such-launcher") {
+		t.Errorf("a gateway to start through a missing launcher: %v", err)
+	}
+	c.Launcher = []string{"sh"}
+	if err := c.checkTools([]*Site{{Name: "site1"}}, false); err == nil || !strings.Contains(err.Error(), c.GatewayBin) {
+		t.Errorf("a gateway to start without its binary: %v", err)
+	}
+	c.NodeBin = "/nonexistent/mpi5k"
+	if err := c.checkTools(nil, true); err == nil || !strings.Contains(err.Error(), c.NodeBin) {
+		t.Errorf("node daemons without their binary: %v", err)
+	}
+}

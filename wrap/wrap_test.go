@@ -391,7 +391,7 @@ func TestInjectCommand(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("hydra:\n got %q\nwant %q", got, want)
 	}
-	if _, err := in.Command(Unknown, []string{"x"}, env(nil)); err == nil {
+	if _, err := in.Command(nil, []string{"x"}, env(nil)); err == nil {
 		t.Error("unknown flavour accepted")
 	}
 }
@@ -560,5 +560,30 @@ func TestShellQuote(t *testing.T) {
 		if got := shellQuote(in); got != want {
 			t.Errorf("shellQuote(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// Every flavour is found by its commands and its --flavour spellings, and
+// --flavour's help and errors list them all.
+func TestFlavourNaming(t *testing.T) {
+	for _, f := range flavours {
+		n := f.naming()
+		for _, c := range n.commands {
+			if got, err := DetectFlavour("/usr/bin/" + c); err != nil || got != f {
+				t.Errorf("DetectFlavour(%s) = %v, %v; want %v", c, got, err, f)
+			}
+		}
+		for _, s := range n.spellings {
+			if got, err := ParseFlavour(strings.ToUpper(s)); err != nil || got != f {
+				t.Errorf("ParseFlavour(%s) = %v, %v; want %v", s, got, err, f)
+			}
+		}
+	}
+	if got, want := FlavourHelp(), "openmpi, prrte, mpich, intel, slurm for srun"; got != want {
+		t.Errorf("FlavourHelp() = %q, want %q", got, want)
+	}
+	_, err := ParseFlavour("LAM")
+	if want := `unknown MPI flavour "LAM" (want openmpi, prrte, mpich, intel or slurm)`; err == nil || err.Error() != want {
+		t.Errorf("ParseFlavour(LAM): %v, want %s", err, want)
 	}
 }

@@ -39,7 +39,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	bindir := filepath.Dir(self)
 	c := wrap.Config{Stdout: stdout, Stderr: stderr}
 	var (
-		flavour  = fs.String("flavour", "", "MPI flavour (openmpi, prrte, mpich, intel, slurm for srun); detected from the launcher name by default")
+		flavour  = fs.String("flavour", "", "MPI flavour ("+wrap.FlavourHelp()+"); detected from the launcher name by default")
 		gateways = fs.StringArray("gateway", nil, "SITE=HOST[,HOST2...]: run SITE's gateway on HOST, and further gateways of the site on HOST2... (repeatable; default $MPI5K_GATEWAYS, else the last host of the site)")
 		launcher = fs.String("launcher", "ssh", "command that runs a command on a host, e.g. oarsh")
 		helpAdv  = fs.Bool("help-advanced", false, "list the advanced tuning flags of the gateways and exit")
