@@ -60,13 +60,16 @@ type gateway struct {
 	argv    []string
 	metrics string // host:port of /ready and /metrics
 	tag     string // its --ready-tag: /ready?tag= tells it from another job's
-	sites   string // a service gateway's /ready?sites=: the job's sites
-	cmd     *exec.Cmd
-	stdin   io.WriteCloser
-	logPath string
-	logName string // "": gateway-SITE
-	done    chan struct{}
-	waitErr error
+	// unprimed: ready once its links are up, priming or not
+	// (/ready?primed=0: Config.StartWhen StartLinks).
+	unprimed bool
+	sites    string // a service gateway's /ready?sites=: the job's sites
+	cmd      *exec.Cmd
+	stdin    io.WriteCloser
+	logPath  string
+	logName  string // "": gateway-SITE
+	done     chan struct{}
+	waitErr  error
 }
 
 // hostName is the name of the host the gateway runs on.
@@ -171,11 +174,18 @@ func (g *gateway) logTail() string {
 // probe asks the gateway's /ready once: nil when every WAN link is up.
 func (g *gateway) probe(ctx context.Context, client *http.Client) error {
 	u := "http://" + g.metrics + "/ready"
+	q := url.Values{}
 	switch {
 	case g.tag != "":
-		u += "?tag=" + url.QueryEscape(g.tag)
+		q.Set("tag", g.tag)
 	case g.sites != "":
-		u += "?sites=" + url.QueryEscape(g.sites)
+		q.Set("sites", g.sites)
+	}
+	if g.unprimed {
+		q.Set("primed", "0")
+	}
+	if len(q) > 0 {
+		u += "?" + q.Encode()
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -297,5 +298,46 @@ func TestRunGatewayShortOutage(t *testing.T) {
 	code, err, _ := runBounded(t, c, 30*time.Second)
 	if code != 0 || err != nil {
 		t.Fatalf("code %d err %v, want the job's 0", code, err)
+	}
+}
+
+// TestProbeAsks: the wrapper's /ready question names its job (tag) or
+// the sites it needs, and with StartWhen StartLinks takes links not yet
+// primed (primed=0); a gateway that answers 503 is not ready.
+func TestProbeAsks(t *testing.T) {
+	var asked atomic.Value
+	primed := atomic.Bool{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Store(r.URL.RawQuery)
+		if r.URL.Query().Get("primed") != "0" && !primed.Load() {
+			http.Error(w, "not ready: a WAN link is down or being primed", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	client := httpClient(time.Second)
+	for _, c := range []struct {
+		g     gateway
+		query string
+		ready bool
+	}{
+		{gateway{metrics: addr, tag: "job1"}, "tag=job1", false},
+		{gateway{metrics: addr, tag: "job1", unprimed: true}, "primed=0&tag=job1", true},
+		{gateway{metrics: addr, sites: "a,b", unprimed: true}, "primed=0&sites=a%2Cb", true},
+		{gateway{metrics: addr}, "", false},
+	} {
+		err := c.g.probe(context.Background(), client)
+		if q := asked.Load(); q != c.query {
+			t.Errorf("asked /ready?%v, want ?%s", q, c.query)
+		}
+		if (err == nil) != c.ready {
+			t.Errorf("?%s: ready %v (err %v), want %v", c.query, err == nil, err, c.ready)
+		}
+	}
+	primed.Store(true)
+	if err := (&gateway{metrics: addr, tag: "job1"}).probe(context.Background(), client); err != nil {
+		t.Errorf("primed gateway not ready: %v", err)
 	}
 }

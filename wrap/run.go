@@ -35,12 +35,17 @@ type Config struct {
 	NodePort                      int
 	LANPort, WANPort, MetricsPort int // 0: drawn per job (ports.go)
 	ReadyTimeout                  time.Duration
-	WorkDir                       string // where the map and logs go; must be valid on every host if SharedFS
-	SharedFS                      bool   // WorkDir is visible on every host: skip copying the map
-	TraceDir                      string // MPI5K_TRACE for the ranks
-	SummaryJSON                   string // --summary-json: the gateway summary as JSON, written here
-	DryRun                        bool
-	Keep                          bool // keep WorkDir
+	// StartWhen is when the launcher starts: StartPrimed, once every WAN
+	// link of the job's gateways is up and its bulk links primed, or
+	// StartLinks, once the links are up (MPI_Init overlaps priming; the
+	// job's first bytes join the filler). "": DefaultStartWhen.
+	StartWhen   string
+	WorkDir     string // where the map and logs go; must be valid on every host if SharedFS
+	SharedFS    bool   // WorkDir is visible on every host: skip copying the map
+	TraceDir    string // MPI5K_TRACE for the ranks
+	SummaryJSON string // --summary-json: the gateway summary as JSON, written here
+	DryRun      bool
+	Keep        bool // keep WorkDir
 	// Plaintext: the job's own gateways run keyless (no TLS), for a WAN
 	// the operator already protects (docs/security.md).
 	Plaintext      bool
@@ -72,7 +77,17 @@ func (c *Config) defaults() {
 	if c.Outage == 0 {
 		c.Outage = GatewayOutage
 	}
+	if c.StartWhen == "" {
+		c.StartWhen = DefaultStartWhen
+	}
 }
+
+// When the launcher starts (Config.StartWhen).
+const (
+	StartPrimed      = "primed"
+	StartLinks       = "links"
+	DefaultStartWhen = StartPrimed
+)
 
 // exitError carries mpirun's exit status through Run.
 type exitError struct{ code int }
@@ -87,6 +102,9 @@ func Run(ctx context.Context, c Config) (int, error) {
 	c.defaults()
 	if len(c.Argv) == 0 {
 		return 2, errors.New("no mpirun command given")
+	}
+	if c.StartWhen != StartPrimed && c.StartWhen != StartLinks {
+		return 2, fmt.Errorf("--start-when %q: want %s or %s", c.StartWhen, StartPrimed, StartLinks)
 	}
 	f, hosts, src, err := c.commandHosts()
 	if err != nil {

@@ -90,7 +90,8 @@ func (c *Config) gateways(own []*Site, mapPath, tag string, rng *rand.Rand) []*g
 			port = pickPorts(rng, s.ports.lan, s.ports.wan, 0).metrics
 		}
 		for i, h := range s.gatewayHosts() {
-			g := &gateway{site: s, host: h, argv: c.gatewayCommand(s, i, mapPath, tag, port), metrics: h.hostPort(port), tag: tag}
+			g := &gateway{site: s, host: h, argv: c.gatewayCommand(s, i, mapPath, tag, port), metrics: h.hostPort(port), tag: tag,
+				unprimed: c.StartWhen == StartLinks}
 			if i > 0 {
 				g.logName = fmt.Sprintf("gateway-%s-%d", s.Name, i)
 			}

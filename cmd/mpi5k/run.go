@@ -56,6 +56,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	fs.Var(cli.Port(&c.MetricsPort), "metrics-port", "gateway HTTP port for /ready and /metrics"+drawn)
 	c.ReadyTimeout = 30 * time.Second
 	fs.Var(cli.Duration{P: &c.ReadyTimeout}, "ready-timeout", "how long to wait for every WAN link")
+	fs.StringVar(&c.StartWhen, "start-when", wrap.DefaultStartWhen, "when the launcher starts: "+wrap.StartPrimed+" (every WAN link up and its bulk links primed) or "+wrap.StartLinks+" (links up: MPI_Init overlaps priming)")
 	fs.StringVar(&c.WorkDir, "workdir", "", "directory for the site map and gateway logs (default ~/.mpi5k/run-PID-TIME)")
 	fs.BoolVar(&c.SharedFS, "shared-fs", false, "the workdir is visible on every host: do not copy the map")
 	fs.StringVar(&c.TraceDir, "trace", "", "record the ranks' socket calls into DIR (see docs/tracing.md)")
