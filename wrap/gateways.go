@@ -43,6 +43,7 @@ const (
 	stopKILL      = 1 * time.Second        // then is gone after SIGKILL, or is left with a warning
 	mpiTERM       = 3 * time.Second        // mpirun's own cleanup after SIGTERM before SIGKILL
 	watchEvery    = 500 * time.Millisecond // /ready polls while the job runs
+	readyEvery    = 20 * time.Millisecond  // /ready polls before the job: its start waits on the last
 	probeTimeout  = time.Second            // one /ready request
 )
 
@@ -252,7 +253,7 @@ func waitReady(ctx context.Context, gws []*gateway, timeout time.Duration) error
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(readyEvery):
 		}
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/mpi5k/mpi5k/gateway/degraded"
@@ -71,12 +72,20 @@ func usageOf(fams map[string]*dto.MetricFamily) usage {
 
 // snapshot reads every gateway's usage, as the job starts.
 func snapshot(gws []*gateway) []usage {
+	// All at once: the launcher waits for the slowest, and a gateway of
+	// many peers takes tens of milliseconds to gather its series.
 	us := make([]usage, len(gws))
+	var wg sync.WaitGroup
 	for i, g := range gws {
-		if fams, err := scrape(g.metrics); err == nil {
-			us[i] = usageOf(fams)
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if fams, err := scrape(g.metrics); err == nil {
+				us[i] = usageOf(fams)
+			}
+		}()
 	}
+	wg.Wait()
 	return us
 }
 
