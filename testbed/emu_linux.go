@@ -23,7 +23,6 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -713,12 +712,7 @@ func openEmuTUNs(rpath string, c Config) (fds map[[2]int]int, lanFDs map[int]int
 // site's traffic to another site's LAN and WAN through the pair's TUN, a
 // held LAN packet written back as if from its site's bridge.
 func routeEmuTUNs(rpath string, c Config, fds map[[2]int]int, lanFDs map[int]int) error {
-	rns, err := netns.GetFromPath(rpath)
-	if err != nil {
-		return err
-	}
-	defer rns.Close()
-	rh, err := netlink.NewHandleAt(rns)
+	rh, err := netlinkIn(rpath)
 	if err != nil {
 		return err
 	}

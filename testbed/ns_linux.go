@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strings"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -164,4 +165,19 @@ func nsInode(path string) (uint64, uint64, bool) {
 		return 0, 0, false
 	}
 	return st.Dev, st.Ino, true
+}
+
+// netlinkIn opens a netlink handle whose sockets live in the network
+// namespace at path (the namespace's descriptor is not kept).
+func netlinkIn(path string) (*netlink.Handle, error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, err
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return nil, fmt.Errorf("netlink in %s: %w", path, err)
+	}
+	return h, nil
 }

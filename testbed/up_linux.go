@@ -152,14 +152,9 @@ func (l *Lab) build(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	rns, err := netns.GetFromPath(rpath)
+	rh, err := netlinkIn(rpath)
 	if err != nil {
 		return err
-	}
-	defer rns.Close()
-	rh, err := netlink.NewHandleAt(rns)
-	if err != nil {
-		return fmt.Errorf("netlink in %s: %w", routerNS(l.name), err)
 	}
 	defer rh.Close()
 	if err := linkUp(rh, "lo"); err != nil {

@@ -47,15 +47,10 @@ Every subcommand takes --name L (default mpi5k).
 `
 
 func runLab(args []string) int {
-	if len(args) == 0 {
-		fmt.Fprint(os.Stderr, labUsage)
-		return cli.ExitUsage
+	sub, rest, code, done := cli.Subcommand(args, labUsage, os.Stdout, os.Stderr)
+	if done {
+		return code
 	}
-	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprint(os.Stdout, labUsage)
-		return cli.ExitOK
-	}
-	sub, rest := args[0], args[1:]
 	var err error
 	switch sub {
 	case "up":

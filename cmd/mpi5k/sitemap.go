@@ -27,13 +27,8 @@ lookup   print the site of each address or host name: an explicit host of the ma
 `
 
 func runSitemap(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, sitemapUsage)
-		return cli.ExitUsage
-	}
-	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprint(stdout, sitemapUsage)
-		return cli.ExitOK
+	if _, _, code, done := cli.Subcommand(args, sitemapUsage, stdout, stderr); done {
+		return code
 	}
 	if args[0] != "check" && args[0] != "lookup" {
 		fmt.Fprintf(stderr, "mpi5k sitemap: unknown subcommand %q (want check or lookup)\nRun 'mpi5k sitemap --help' for usage.\n", args[0])

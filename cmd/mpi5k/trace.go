@@ -30,15 +30,10 @@ DIR holds the <host>.<pid>.trace files of a run traced with
 `
 
 func traceMain(args []string) int {
-	if len(args) == 0 {
-		fmt.Fprint(os.Stderr, traceUsage)
-		return cli.ExitUsage
+	sub, rest, code, done := cli.Subcommand(args, traceUsage, os.Stdout, os.Stderr)
+	if done {
+		return code
 	}
-	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprint(os.Stdout, traceUsage)
-		return cli.ExitOK
-	}
-	sub, rest := args[0], args[1:]
 	fs := pflag.NewFlagSet("mpi5k trace "+sub, pflag.ContinueOnError)
 	cmd := cli.Command{Name: "mpi5k trace " + sub, Stdout: os.Stdout, Stderr: os.Stderr, Help: func(w io.Writer) {
 		fmt.Fprint(w, traceUsage, "\nflags:\n", fs.FlagUsages(), cli.ExitStatusHelp(false))

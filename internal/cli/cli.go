@@ -136,3 +136,19 @@ func UsagesOf(fs *pflag.FlagSet, keep func(*pflag.Flag) bool) string {
 	})
 	return sub.FlagUsages()
 }
+
+// Subcommand reads the subcommand word of a command with subcommands
+// (mpi5k lab, trace, sitemap): none prints usage on stderr (ExitUsage),
+// -h, --help or help prints it on stdout (ExitOK); done is then true and
+// the caller returns code. Otherwise sub is the word and rest what follows.
+func Subcommand(args []string, usage string, stdout, stderr io.Writer) (sub string, rest []string, code int, done bool) {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return "", nil, ExitUsage, true
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stdout, usage)
+		return "", nil, ExitOK, true
+	}
+	return args[0], args[1:], ExitOK, false
+}

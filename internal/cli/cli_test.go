@@ -97,3 +97,29 @@ func TestCloseInheritedOnExec(t *testing.T) {
 		t.Errorf("fd %d still reaches a child", fd)
 	}
 }
+
+// TestSubcommand: no word is a usage error with the usage on stderr,
+// help words print it on stdout, anything else is the subcommand.
+func TestSubcommand(t *testing.T) {
+	for _, c := range []struct {
+		args       []string
+		sub        string
+		code       int
+		done       bool
+		out, errOut string
+	}{
+		{nil, "", ExitUsage, true, "", "U"},
+		{[]string{"--help"}, "", ExitOK, true, "U", ""},
+		{[]string{"help", "x"}, "", ExitOK, true, "U", ""},
+		{[]string{"up", "--sites", "2"}, "up", ExitOK, false, "", ""},
+	} {
+		var out, errOut strings.Builder
+		sub, rest, code, done := Subcommand(c.args, "U", &out, &errOut)
+		if sub != c.sub || code != c.code || done != c.done || out.String() != c.out || errOut.String() != c.errOut {
+			t.Errorf("%q: %q %v %d %v, stdout %q stderr %q", c.args, sub, rest, code, done, out.String(), errOut.String())
+		}
+		if !done && len(rest) != len(c.args)-1 {
+			t.Errorf("%q: rest %q", c.args, rest)
+		}
+	}
+}
