@@ -147,6 +147,11 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	cfg.fillLimits(peerCount(cfg.Map, site))
 	g := newGateway(cfg, site, gw)
+	// The links take their settings as they are (relay.Config): a value
+	// out of their range fails here, not at the first link.
+	if err := g.rcfg.Validate(); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
 	g.degraded = without
 	if err := g.initLAN(); err != nil {
 		return nil, err

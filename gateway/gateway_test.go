@@ -780,6 +780,9 @@ func TestConfigErrors(t *testing.T) {
 	if _, err := New(Config{Map: testMap(t), Site: "a", MaxPeerStreams: -1}); err == nil || !strings.Contains(err.Error(), "MaxPeerStreams") {
 		t.Errorf("negative limit: %v", err)
 	}
+	if _, err := New(Config{Map: testMap(t), Site: "a", PingInterval: -time.Second}); err == nil || !strings.Contains(err.Error(), "PingInterval") {
+		t.Errorf("negative ping interval: %v", err)
+	}
 }
 
 // TestWANTimers: --wan-rto-min and --wan-delack-max reach the WAN sockets
