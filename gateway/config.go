@@ -15,10 +15,14 @@ import (
 	"github.com/mpi5k/mpi5k/units"
 )
 
-// Config configures a gateway. Start from DefaultConfig, which holds what
-// the measurements settled (the mpi5k-gateway defaults); zero numeric
-// fields take the defaults New documents, zero booleans turn the feature
-// off.
+// Config configures a gateway, its settings grouped by concern in the
+// structs it embeds: their fields read as Config's own (cfg.MaxLANConns),
+// and a composite literal names the group (Config{LimitsConfig:
+// LimitsConfig{MaxLANConns: 64}}).
+// The zero value of a numeric field means its default, which New fills
+// in; a zero boolean turns its feature off, so start from DefaultConfig,
+// which holds what the measurements settled (the mpi5k-gateway defaults).
+// New calls Validate.
 type Config struct {
 	Map  *sitemap.Map
 	Site string // this gateway's site
@@ -27,12 +31,107 @@ type Config struct {
 	// site's only one, or the one whose addresses are this host's.
 	ListenLAN, ListenWAN netip.AddrPort
 
-	LAN tuning.SockOpts // options of LAN sockets
-	WAN tuning.SockOpts // options of WAN sockets (NotSentLowat defaults to 128 KiB, CC to bbr when available)
+	LANConfig
+	WANConfig
+	TuningConfig
+	LimitsConfig // limits.go
+	ServiceConfig
+}
 
-	Chunk    int    // DATA chunk (default 128 KiB)
-	Window   uint32 // per-stream receive window (default 4 MiB)
-	WANConns int    // parallel bulk links per site pair (default 1); large writes are striped over them
+// LANConfig is the site's side of a gateway: how its nodes reach it and
+// how it reaches their ranks.
+type LANConfig struct {
+	LAN tuning.SockOpts // options of LAN sockets
+
+	Transport LANTransport // nil = LANTransport below
+	// LANTransport picks the LAN transport when Transport is nil: "tcp"
+	// (kernel TCP with the LAN options, the default) or "mx" (MX-style
+	// messaging in raw Ethernet frames on LANIf; the site's nodes then need
+	// an MX endpoint, docs/architecture.md).
+	LANTransport string
+	LANIf        string
+	// LANForward is how streams on a LAN transport without kernel
+	// sockets (mx) are forwarded: "chunked" or "pipelined" (two-buffer
+	// forwarding, lan_mx_pipe.go).
+	LANForward string
+
+	// ListenPorts are the ports a rank may register (LISTEN) on its host
+	// (--lan-listen-ports; nil: DefaultListenPorts). The gateway cannot
+	// see which process holds a port of a node, so a LISTEN for a port
+	// outside them is refused (listen_port): another user's service on the
+	// node stays out of reach whoever asks (docs/security.md).
+	ListenPorts PortSet
+
+	DialTimeout time.Duration // LAN connect to a destination (default 10 s)
+	FirstFrame  time.Duration // how long a LAN connection may take to send OPEN/PEER_QUERY/LISTEN (default 10 s)
+}
+
+// WANConfig is the links to the other sites' gateways: their sockets and
+// connections, their keys, their keepalives and resumption, and what a
+// stream from another site may reach.
+type WANConfig struct {
+	WAN      tuning.SockOpts // options of WAN sockets (NotSentLowat defaults to 128 KiB, CC to bbr when available)
+	WANConns int             // parallel bulk links per site pair (default 1); large writes are striped over them
+	// WANPace caps each site pair's bulk WAN sending rate (bit/s, shared
+	// evenly by its WANConns bulk links, which one stream's chunks are
+	// striped over; the express link is not capped; 0 = no cap). Set a few
+	// percent below the WAN bottleneck, it keeps the bottleneck queue
+	// empty: the bulk of one stream then adds no queueing delay and no
+	// drop-tail losses to the small messages of the others. It is meant for
+	// a WAN the site pair has to itself: against competing flows a capped
+	// link only loses its share.
+	WANPace uint64
+
+	// KeyFile is this gateway's Ed25519 private key (GenerateKey), needed
+	// when the map lists gateway keys: the WAN links are then mutually
+	// authenticated with TLS 1.3 and carry sealed records (docs/security.md). Key,
+	// if set, is used instead of reading KeyFile.
+	KeyFile string
+	Key     ed25519.PrivateKey
+	// WANIntegrityOnly (--wan-encrypt=false): with keys, WAN records are
+	// authenticated but not encrypted, for a WAN the operator already
+	// protects. Both ends must agree.
+	WANIntegrityOnly bool
+	// KeyUpdate bounds what one key of a WAN link's records seals before
+	// the sender moves to the next (mpi5k/3 records, docs/security.md):
+	// zero fields are seal.DefaultLimits', and no field goes past them.
+	// A tuning knob for tests, which force updates every few records.
+	KeyUpdate seal.Limits
+	// fixedKeys makes the gateway offer mpi5k/2 records alone, whose keys
+	// never change, as a build before key updates: tests of mixed builds.
+	fixedKeys bool
+
+	// AllowPorts is the destination policy: the ports of this site's hosts
+	// that streams from other sites may reach besides those where ranks
+	// listen (listeners.go); nil or empty: none.
+	// Any other port is refused (OPEN_REFUSED, policy; counted as
+	// dst_port).
+	AllowPorts PortSet
+
+	OpenTimeout  time.Duration // how long an OPEN waits for a WAN link (default 2 s)
+	PingInterval time.Duration // WAN keepalive of a busy link (default 1 s); an idle one with streams pings about every DeadAfter/3 (relay/keep.go), one without is left to TCP keepalive (relay/quiet.go)
+	DeadAfter    time.Duration // a link silent this long is dead; also TCP_USER_TIMEOUT (default 10 × PingInterval)
+	// ResumeWithin is how long a broken WAN link may take to resume on a
+	// new connection before the streams through it are reset (0: links do
+	// not resume; a break resets them at once). Both gateways of a pair
+	// must agree on whether links resume.
+	ResumeWithin time.Duration
+	// ReplayMax is the bulk bytes a resuming link keeps until the peer
+	// acknowledges them (0: 16 MiB): above the path's bandwidth-delay
+	// product, or it limits the link's rate.
+	ReplayMax int
+	// RetireTimeout: how long the streams of a peer that a reload took out
+	// of the map may finish before its links close (default 10 min).
+	RetireTimeout time.Duration
+}
+
+// TuningConfig is what the measurements decided (package relay's
+// figures, bench/figures): how the links carry bulk and messages, and how
+// the gateway waits for its sockets. DefaultConfig turns each feature on;
+// the flags keep them for experiments.
+type TuningConfig struct {
+	Chunk  int    // DATA chunk (default 128 KiB)
+	Window uint32 // per-stream receive window (default 4 MiB)
 	// Stripe spreads a stream's bulk over every bulk link of its site
 	// pair; without it a stream's bulk stays on the link that homes it, as
 	// a rank pair's own TCP connection would carry it (relay.Config.NoStripe).
@@ -48,21 +147,6 @@ type Config struct {
 	// ExpressMax is the largest burst counted as a message (0 = 68 KiB, or
 	// the chunk if smaller): it takes the express link.
 	ExpressMax int
-	// WANPace caps each site pair's bulk WAN sending rate (bit/s, shared
-	// evenly by its WANConns bulk links, which one stream's chunks are
-	// striped over; the express link is not capped; 0 = no cap). Set a few
-	// percent below the WAN bottleneck, it keeps the bottleneck queue
-	// empty: the bulk of one stream then adds no queueing delay and no
-	// drop-tail losses to the small messages of the others. It is meant for
-	// a WAN the site pair has to itself: against competing flows a capped
-	// link only loses its share.
-	WANPace uint64
-	// WANQueue turns on queue control on the bulk links (0 = off;
-	// DefaultConfig: 1 ms): a link that saturates the WAN keeps about this
-	// much queue at the bottleneck, by capping the peer's receive window at
-	// the measured rate x (min RTT + WANQueue), and lifts the cap while
-	// another flow keeps the queue full (see package relay, queue control).
-	WANQueue time.Duration
 	// Renew replaces an express link whose congestion window losses have
 	// cut below one message (ExpressMax) with a fresh connection: the link
 	// carries app-limited messages, which never regrow a window that loss
@@ -76,6 +160,12 @@ type Config struct {
 	// messages take the bulk links for 10 s, doubling up to a minute
 	// while it recurs. Each side decides for what it sends.
 	ExpressYield bool
+	// WANQueue turns on queue control on the bulk links (0 = off;
+	// DefaultConfig: 1 ms): a link that saturates the WAN keeps about this
+	// much queue at the bottleneck, by capping the peer's receive window at
+	// the measured rate x (min RTT + WANQueue), and lifts the cap while
+	// another flow keeps the queue full (see package relay, queue control).
+	WANQueue time.Duration
 	// ProbeRTTGuard idles a busy BBR bulk link across its min_rtt filter's
 	// expiry (tuning.ProbeGuard), which BBR then takes as a restart from idle
 	// instead of a dip into PROBE_RTT (cwnd 4 for 200 ms every 10 s of
@@ -105,145 +195,24 @@ type Config struct {
 	// (RaisePriority; mpi5k-gateway applies it, not New, since it is the
 	// whole process's). 0 keeps the inherited priority.
 	Priority int
+}
 
-	// KeyFile is this gateway's Ed25519 private key (GenerateKey), needed
-	// when the map lists gateway keys: the WAN links are then mutually
-	// authenticated with TLS 1.3 and carry sealed records (docs/security.md). Key,
-	// if set, is used instead of reading KeyFile.
-	KeyFile string
-	Key     ed25519.PrivateKey
-	// WANIntegrityOnly (--wan-encrypt=false): with keys, WAN records are
-	// authenticated but not encrypted, for a WAN the operator already
-	// protects. Both ends must agree.
-	WANIntegrityOnly bool
-	// KeyUpdate bounds what one key of a WAN link's records seals before
-	// the sender moves to the next (mpi5k/3 records, docs/security.md):
-	// zero fields are seal.DefaultLimits', and no field goes past them.
-	// A tuning knob for tests, which force updates every few records.
-	KeyUpdate seal.Limits
-	// fixedKeys makes the gateway offer mpi5k/2 records alone, whose keys
-	// never change, as a build before key updates: tests of mixed builds.
-	fixedKeys bool
-
-	// AllowPorts is the destination policy: the ports of this site's hosts
-	// that streams from other sites may reach besides those where ranks
-	// listen (listeners.go); nil or empty: none.
-	// Any other port is refused (OPEN_REFUSED, policy; counted as
-	// dst_port).
-	AllowPorts PortSet
-	// ListenPorts are the ports a rank may register (LISTEN) on its host
-	// (--lan-listen-ports; nil: DefaultListenPorts). The gateway cannot
-	// see which process holds a port of a node, so a LISTEN for a port
-	// outside them is refused (listen_port): another user's service on the
-	// node stays out of reach whoever asks (docs/security.md).
-	ListenPorts PortSet
+// ServiceConfig is the gateway as a service: its log, how it tells that
+// it is ready and how it is watched, and how it stops.
+type ServiceConfig struct {
+	Logger *slog.Logger
 
 	ReadyFile   string // written once every WAN link is up and primed (tuning.Prime)
 	MetricsAddr string // HTTP listener for /metrics and /ready ("" = none; no host = loopback)
-	// CPUProfile, when set, is a directory the gateway writes a CPU
-	// profile of its whole run to (profile.go): a measuring tool.
-	CPUProfile string
 	// ReadyTag names the job a per-job gateway serves: /ready?tag=X
 	// answers 409 unless X is this tag (mpi5k run's check that the
 	// gateway on a port is the one it started).
 	ReadyTag string
-	// RetireTimeout: how long the streams of a peer that a reload took out
-	// of the map may finish before its links close (default 10 min).
-	RetireTimeout time.Duration
+	// CPUProfile, when set, is a directory the gateway writes a CPU
+	// profile of its whole run to (profile.go): a measuring tool.
+	CPUProfile string
 
-	DialTimeout  time.Duration // LAN connect to a destination (default 10 s)
-	OpenTimeout  time.Duration // how long an OPEN waits for a WAN link (default 2 s)
-	PingInterval time.Duration // WAN keepalive of a busy link (default 1 s); an idle one with streams pings about every DeadAfter/3 (relay/keep.go), one without is left to TCP keepalive (relay/quiet.go)
-	DeadAfter    time.Duration // a link silent this long is dead; also TCP_USER_TIMEOUT (default 10 × PingInterval)
 	DrainTimeout time.Duration // SIGTERM: how long streams may finish (default 10 s)
-	// ResumeWithin is how long a broken WAN link may take to resume on a
-	// new connection before the streams through it are reset (0: links do
-	// not resume; a break resets them at once). Both gateways of a pair
-	// must agree on whether links resume.
-	ResumeWithin time.Duration
-	// ReplayMax is the bulk bytes a resuming link keeps until the peer
-	// acknowledges them (0: 16 MiB): above the path's bandwidth-delay
-	// product, or it limits the link's rate.
-	ReplayMax  int
-	FirstFrame time.Duration // how long a LAN connection may take to send OPEN/PEER_QUERY/LISTEN (default 10 s)
-
-	Transport LANTransport // nil = LANTransport below
-	Logger    *slog.Logger
-
-	// LANTransport picks the LAN transport when Transport is nil: "tcp"
-	// (kernel TCP with the LAN options, the default) or "mx" (MX-style
-	// messaging in raw Ethernet frames on LANIf; the site's nodes then need
-	// an MX endpoint, docs/architecture.md).
-	LANTransport string
-	LANIf        string
-	// LANForward is how streams on a LAN transport without kernel
-	// sockets (mx) are forwarded: "chunked" or "pipelined" (two-buffer
-	// forwarding, lan_mx_pipe.go).
-	LANForward string
-
-	// Limits against hostile or broken peers and nodes (docs/limits.md):
-	// advanced settings, zero takes the default. Refusals are logged at
-	// most once per reason every 10 s and counted in
-	// mpi5k_refusals_total{reason}.
-	//
-	// MaxLANConns: LAN connections at once (streams out, PEER_QUERY,
-	// pending); default half the open-file limit, at most 65536 (at
-	// least 64). Past it a new connection is reset at accept.
-	MaxLANConns int
-	// MaxPendingLAN: LAN connections that have not sent their first frame
-	// yet (default 1024, at most MaxLANConns); past it, reset at accept.
-	MaxPendingLAN int
-	// MaxSourceStreams: streams one LAN host may have open at once
-	// (default MaxLANConns/4); past it its OPEN is reset.
-	MaxSourceStreams int
-	// MaxSourcePending: LAN connections of one host that have not sent
-	// their first frame yet (default MaxPendingLAN: no cap of its own);
-	// past it, reset at accept. Whatever it is, when MaxPendingLAN or
-	// MaxLANConns is full a new connection takes the place of the oldest
-	// pending one of the host holding the most (lan_pending_evicted), if
-	// that host holds more than the newcomer's: one host's silent
-	// connections cannot keep another's ranks out, and one host may
-	// still have hundreds of connects pending in a job's wire-up.
-	MaxSourcePending int
-	// MaxSourceControl: control connections (PEER_QUERY, LISTEN) one LAN
-	// host may have open at once (default MaxLANConns/8, at most 1024,
-	// at least 16: above the one each rank process of a large node
-	// keeps); past it the connection is reset after its first frame.
-	// With MaxSourceStreams it keeps one host below half of
-	// MaxLANConns.
-	MaxSourceControl int
-	// ControlIdle: how long a control connection that holds no LISTEN
-	// registration may send nothing before it is closed (default 2 min).
-	// A rank's shim keeps its control connection for the process's
-	// life, holding its LISTEN ports, and never idles one out; one with
-	// no port is only for PEER_QUERY, which the shim sends again on a
-	// fresh connection when the gateway has closed it.
-	ControlIdle time.Duration
-	// MaxPeerStreams: streams a peer site may have open into this site at
-	// once (default MaxLANConns's default shared by the peers, at least
-	// 64); past it the OPEN is refused (code 10, limit).
-	MaxPeerStreams int
-	// MaxPendingWAN: WAN connections in their handshake (TLS and HELLO)
-	// from sources that are no map gateway's address: strangers and the
-	// gateways of sites behind NAT (default 16, or twice the links of all
-	// peers if more). Past half of it a new one is dropped at random,
-	// more often as it fills; full, every new one is reset at accept.
-	// Each map gateway's address has a pool of its own besides (twice its
-	// links, at least 4), which no other source can take (admit.go).
-	MaxPendingWAN int
-	// MaxSourcePendingWAN: such connections one source address may have
-	// in their handshake at once (default twice the links of a site pair,
-	// at least 4); past it, reset at accept.
-	MaxSourcePendingWAN int
-	// MaxEarly: DATA bytes per peer site buffered for streams whose
-	// destination is not connected yet (default 64 MiB); the stream that
-	// would pass it is reset (code 10). Each stream's own is bounded by
-	// Window: a peer that sends more breaks the protocol and its link fails.
-	MaxEarly int64
-	// MaxControl: control frames (PONG, WINDOW, OPEN_REFUSED, ...) queued
-	// unsent on a WAN link (default 65536, at most 11 MiB); past it the peer does not read
-	// what it asks for and the link fails.
-	MaxControl int
 }
 
 // DefaultConfig is the configuration the measurements settled on (package
@@ -251,15 +220,22 @@ type Config struct {
 // `mpi5k run`'s gateways. Map, Site and Logger are the caller's.
 func DefaultConfig() Config {
 	return Config{
-		WAN:   tuning.SockOpts{NotSentLowat: 128 << 10, RTOMin: 10 * time.Millisecond, DelackMax: 5 * time.Millisecond},
-		Chunk: 128 << 10, Window: 4 << 20, WANConns: 1, Stripe: true,
-		Express: true, Renew: true, ExpressYield: true, ProbeRTTGuard: true, Prime: true, KeepWarm: true,
-		PollThread: true, QuietRuntime: true, WANQueue: time.Millisecond,
-		ResumeWithin: time.Minute,
-		AllowPorts:   DefaultAllowPorts,
-		ListenPorts:  DefaultListenPorts,
-		LANTransport: "tcp",
-		LANForward:   LANForwardChunked,
+		LANConfig: LANConfig{
+			LANTransport: "tcp",
+			LANForward:   LANForwardChunked,
+			ListenPorts:  DefaultListenPorts,
+		},
+		WANConfig: WANConfig{
+			WAN:          tuning.SockOpts{NotSentLowat: 128 << 10, RTOMin: 10 * time.Millisecond, DelackMax: 5 * time.Millisecond},
+			WANConns:     1,
+			AllowPorts:   DefaultAllowPorts,
+			ResumeWithin: time.Minute,
+		},
+		TuningConfig: TuningConfig{
+			Chunk: 128 << 10, Window: 4 << 20, Stripe: true,
+			Express: true, Renew: true, ExpressYield: true, ProbeRTTGuard: true, Prime: true, KeepWarm: true,
+			PollThread: true, QuietRuntime: true, WANQueue: time.Millisecond,
+		},
 	}
 }
 

@@ -7,9 +7,11 @@
 //
 // Where each concern lives:
 //   - gateway.go: the Gateway, New, Run (start, drain, stop).
-//   - config.go: Config, DefaultConfig (what the measurements settled) and
-//     Validate; flags.go declares the same settings once as command-line
-//     flags for mpi5k-gateway and `mpi5k run`.
+//   - config.go: Config, its settings grouped by concern in the structs
+//     it embeds (LANConfig, WANConfig, TuningConfig, ServiceConfig;
+//     LimitsConfig in limits.go), DefaultConfig (what the measurements
+//     settled) and Validate; flags.go declares the same settings once as
+//     command-line flags for mpi5k-gateway and `mpi5k run`.
 //   - peers.go: the peer table: a peer is one gateway host of another
 //     site (every gateway pair keeps its own links), with its links by
 //     index; readiness; the link a new stream takes (pickLink).
@@ -24,7 +26,7 @@
 //     destination policy (destinations must be in this site and not a
 //     gateway), streams opened from the WAN, the record of relayed peers.
 //   - limits.go: the caps on streams, connections and pending handshakes
-//     (docs/limits.md); admit.go: which pending WAN connections are taken
+//     (LimitsConfig, docs/limits.md); admit.go: which pending WAN connections are taken
 //     before they authenticate (per-source pools, random early drop).
 //   - lan.go: the LAN transport interface.
 //   - tcpevents.go, metrics.go: TCP_INFO sampling of the WAN links and the
@@ -147,6 +149,11 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	cfg.fillLimits(peerCount(cfg.Map, site))
 	g := newGateway(cfg, site, gw)
+	// The links take their settings as they are (relay.Config): a value
+	// out of their range fails here, not at the first link.
+	if err := g.rcfg.Validate(); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
 	g.degraded = without
 	if err := g.initLAN(); err != nil {
 		return nil, err

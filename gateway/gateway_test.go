@@ -575,7 +575,7 @@ func TestExpressCC(t *testing.T) {
 			}
 		}
 	}
-	if _, err := New(Config{Map: testMap(t), Site: "a", ExpressCC: "nosuchcc"}); err == nil {
+	if _, err := New(Config{Map: testMap(t), Site: "a", TuningConfig: TuningConfig{ExpressCC: "nosuchcc"}}); err == nil {
 		t.Error("an unknown express congestion control was accepted")
 	}
 }
@@ -630,7 +630,7 @@ func TestWANPace(t *testing.T) {
 			}
 		}
 	}
-	if _, err := New(Config{Map: testMap(t), Site: "a", WANConns: 4, WANPace: 20000}); err == nil ||
+	if _, err := New(Config{Map: testMap(t), Site: "a", WANConfig: WANConfig{WANConns: 4, WANPace: 20000}}); err == nil ||
 		!strings.Contains(err.Error(), "--wan-pace") {
 		t.Errorf("a pace below 8 kbit/s per link: %v", err)
 	}
@@ -774,11 +774,14 @@ func TestConfigErrors(t *testing.T) {
 	if _, err := New(Config{Map: testMap(t), Site: "nowhere"}); err == nil {
 		t.Error("unknown site accepted")
 	}
-	if _, err := New(Config{Map: testMap(t), Site: "a", Chunk: 2 << 20}); err == nil {
+	if _, err := New(Config{Map: testMap(t), Site: "a", TuningConfig: TuningConfig{Chunk: 2 << 20}}); err == nil {
 		t.Error("chunk above 1 MiB accepted")
 	}
-	if _, err := New(Config{Map: testMap(t), Site: "a", MaxPeerStreams: -1}); err == nil || !strings.Contains(err.Error(), "MaxPeerStreams") {
+	if _, err := New(Config{Map: testMap(t), Site: "a", LimitsConfig: LimitsConfig{MaxPeerStreams: -1}}); err == nil || !strings.Contains(err.Error(), "MaxPeerStreams") {
 		t.Errorf("negative limit: %v", err)
+	}
+	if _, err := New(Config{Map: testMap(t), Site: "a", WANConfig: WANConfig{PingInterval: -time.Second}}); err == nil || !strings.Contains(err.Error(), "PingInterval") {
+		t.Errorf("negative ping interval: %v", err)
 	}
 }
 
@@ -819,7 +822,7 @@ func TestWANTimers(t *testing.T) {
 		rto, delack time.Duration
 		want        string
 	}{{-time.Millisecond, 0, "--wan-rto-min -1ms out of range 0..200ms"}, {time.Millisecond, 0, "at most 200 ms"}, {0, time.Second, "--wan-delack-max 1s"}} {
-		_, err := New(Config{Map: m, Site: "a", WAN: tuning.SockOpts{RTOMin: c.rto, DelackMax: c.delack}})
+		_, err := New(Config{Map: m, Site: "a", WANConfig: WANConfig{WAN: tuning.SockOpts{RTOMin: c.rto, DelackMax: c.delack}}})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("rto-min %v delack-max %v: error %v, want one with %q", c.rto, c.delack, err, c.want)
 		}

@@ -8,6 +8,71 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// LimitsConfig bounds what hostile or broken peers and nodes can take of
+// a gateway (docs/limits.md): advanced settings, zero takes the default
+// (fillLimits). Refusals are logged at most once per reason every 10 s and
+// counted in mpi5k_refusals_total{reason}.
+type LimitsConfig struct {
+	// MaxLANConns: LAN connections at once (streams out, PEER_QUERY,
+	// pending); default half the open-file limit, at most 65536 (at
+	// least 64). Past it a new connection is reset at accept.
+	MaxLANConns int
+	// MaxPendingLAN: LAN connections that have not sent their first frame
+	// yet (default 1024, at most MaxLANConns); past it, reset at accept.
+	MaxPendingLAN int
+	// MaxSourceStreams: streams one LAN host may have open at once
+	// (default MaxLANConns/4); past it its OPEN is reset.
+	MaxSourceStreams int
+	// MaxSourcePending: LAN connections of one host that have not sent
+	// their first frame yet (default MaxPendingLAN: no cap of its own);
+	// past it, reset at accept. Whatever it is, when MaxPendingLAN or
+	// MaxLANConns is full a new connection takes the place of the oldest
+	// pending one of the host holding the most (lan_pending_evicted), if
+	// that host holds more than the newcomer's: one host's silent
+	// connections cannot keep another's ranks out, and one host may
+	// still have hundreds of connects pending in a job's wire-up.
+	MaxSourcePending int
+	// MaxSourceControl: control connections (PEER_QUERY, LISTEN) one LAN
+	// host may have open at once (default MaxLANConns/8, at most 1024,
+	// at least 16: above the one each rank process of a large node
+	// keeps); past it the connection is reset after its first frame.
+	// With MaxSourceStreams it keeps one host below half of
+	// MaxLANConns.
+	MaxSourceControl int
+	// ControlIdle: how long a control connection that holds no LISTEN
+	// registration may send nothing before it is closed (default 2 min).
+	// A rank's shim keeps its control connection for the process's
+	// life, holding its LISTEN ports, and never idles one out; one with
+	// no port is only for PEER_QUERY, which the shim sends again on a
+	// fresh connection when the gateway has closed it.
+	ControlIdle time.Duration
+	// MaxPeerStreams: streams a peer site may have open into this site at
+	// once (default MaxLANConns's default shared by the peers, at least
+	// 64); past it the OPEN is refused (code 10, limit).
+	MaxPeerStreams int
+	// MaxPendingWAN: WAN connections in their handshake (TLS and HELLO)
+	// from sources that are no map gateway's address: strangers and the
+	// gateways of sites behind NAT (default 16, or twice the links of all
+	// peers if more). Past half of it a new one is dropped at random,
+	// more often as it fills; full, every new one is reset at accept.
+	// Each map gateway's address has a pool of its own besides (twice its
+	// links, at least 4), which no other source can take (admit.go).
+	MaxPendingWAN int
+	// MaxSourcePendingWAN: such connections one source address may have
+	// in their handshake at once (default twice the links of a site pair,
+	// at least 4); past it, reset at accept.
+	MaxSourcePendingWAN int
+	// MaxEarly: DATA bytes per peer site buffered for streams whose
+	// destination is not connected yet (default 64 MiB); the stream that
+	// would pass it is reset (code 10). Each stream's own is bounded by
+	// Window: a peer that sends more breaks the protocol and its link fails.
+	MaxEarly int64
+	// MaxControl: control frames (PONG, WINDOW, OPEN_REFUSED, ...) queued
+	// unsent on a WAN link (default 65536, at most 11 MiB); past it the peer does not read
+	// what it asks for and the link fails.
+	MaxControl int
+}
+
 // fillLimits sets the defaults of the limits (Config.Max*; docs/limits.md)
 // for a gateway with npeers peer sites. With kernel TCP on the LAN the
 // defaults follow the open-file limit: each LAN connection and each stream

@@ -30,7 +30,7 @@ func TestLimitsFollowTheLAN(t *testing.T) {
 // of its own (admit makes room instead).
 func TestSourceLimitsDefaults(t *testing.T) {
 	for _, conns := range []int{64, 2048, 10000, 1 << 16, maxMXStreams} {
-		c := Config{MaxLANConns: conns}
+		c := Config{LimitsConfig: LimitsConfig{MaxLANConns: conns}}
 		c.fillLimits(1)
 		if held := c.MaxSourceStreams + c.MaxSourceControl; held > conns/2 {
 			t.Errorf("MaxLANConns %d: one host may hold %d streams and %d control connections, above half", conns, c.MaxSourceStreams, c.MaxSourceControl)
@@ -43,7 +43,7 @@ func TestSourceLimitsDefaults(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	bad := Config{MaxSourceControl: -1}
+	bad := Config{LimitsConfig: LimitsConfig{MaxSourceControl: -1}}
 	if err := bad.checkLimits(); err == nil {
 		t.Error("a negative MaxSourceControl passed")
 	}

@@ -224,7 +224,8 @@ func TestUnknownKeyIntegrityALPN(t *testing.T) {
 func TestEarlyDrop(t *testing.T) {
 	m := testMap(t)
 	site, _ := m.Site("b")
-	g := &Gateway{site: site, cfg: Config{MaxPendingWAN: 16, MaxSourcePendingWAN: 1 << 20, WANConns: 1, Express: true}}
+	g := &Gateway{site: site, cfg: Config{LimitsConfig: LimitsConfig{MaxPendingWAN: 16, MaxSourcePendingWAN: 1 << 20},
+		WANConfig: WANConfig{WANConns: 1}, TuningConfig: TuningConfig{Express: true}}}
 	g.smap.Store(m)
 	g.admit.own, g.admit.other = map[netip.Addr]int{}, map[netip.Addr]int{}
 	fill := func(n int) {

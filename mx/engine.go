@@ -35,7 +35,8 @@ import (
 	"github.com/mpi5k/mpi5k/mx/wire"
 )
 
-// Config tunes an engine. The zero value of a field means its default.
+// Config tunes an engine. The zero value of a field means its default
+// (DefaultConfig); New fills zero fields from it and calls Validate.
 type Config struct {
 	// EagerMax is the largest message sent eagerly (copied into frames at
 	// once); larger ones use rendezvous. Default 8 KiB, at most
@@ -74,7 +75,25 @@ type Config struct {
 	Clock Clock
 }
 
-func (c *Config) fill(mtu int) error {
+// DefaultConfig returns the defaults Config's fields document; Allow and
+// Clock stay nil (every source admitted, the real clock).
+func DefaultConfig() Config {
+	return Config{
+		EagerMax:    8 << 10,
+		Window:      256,
+		Buffers:     4096,
+		RTOMin:      200 * time.Microsecond,
+		RTOMax:      50 * time.Millisecond,
+		AckDelay:    20 * time.Microsecond,
+		PeerTimeout: time.Second,
+		PullBlock:   64 << 10,
+		PullAhead:   4,
+	}
+}
+
+// fillDefaults gives zero fields their defaults (DefaultConfig).
+func (c *Config) fillDefaults() {
+	d := DefaultConfig()
 	def := func(p *int, v int) {
 		if *p == 0 {
 			*p = v
@@ -85,30 +104,45 @@ func (c *Config) fill(mtu int) error {
 			*p = v
 		}
 	}
-	def(&c.EagerMax, 8<<10)
-	def(&c.Window, 256)
-	def(&c.Buffers, 4096)
-	def(&c.PullBlock, 64<<10)
-	def(&c.PullAhead, 4)
-	defd(&c.RTOMin, 200*time.Microsecond)
-	defd(&c.RTOMax, 50*time.Millisecond)
-	defd(&c.AckDelay, 20*time.Microsecond)
-	defd(&c.PeerTimeout, time.Second)
-	if c.Clock == nil {
-		c.Clock = realClock{}
-	}
+	def(&c.EagerMax, d.EagerMax)
+	def(&c.Window, d.Window)
+	def(&c.Buffers, d.Buffers)
+	def(&c.PullBlock, d.PullBlock)
+	def(&c.PullAhead, d.PullAhead)
+	defd(&c.RTOMin, d.RTOMin)
+	defd(&c.RTOMax, d.RTOMax)
+	defd(&c.AckDelay, d.AckDelay)
+	defd(&c.PeerTimeout, d.PeerTimeout)
+}
+
+// Validate reports the first field out of range, zero fields standing for
+// their defaults. It checks the Config alone: the frame size is the
+// link's (Link.MTU), which New checks when it has the link, so a Config
+// can be checked before any link is open (a command line, say).
+func (c *Config) Validate() error {
+	v := *c
+	v.fillDefaults()
 	switch {
-	case c.EagerMax < 0 || c.EagerMax > wire.MaxEager:
-		return fmt.Errorf("mx: eager threshold %d out of range 1..%d", c.EagerMax, wire.MaxEager)
-	case c.Window < 1 || c.Window > 32768:
-		return fmt.Errorf("mx: window %d frames out of range 1..32768", c.Window)
-	case c.Buffers < 2*c.Window:
-		return fmt.Errorf("mx: %d buffers cannot back a window of %d frames; give at least %d", c.Buffers, c.Window, 2*c.Window)
-	case c.RTOMin <= 0 || c.RTOMax < c.RTOMin:
-		return fmt.Errorf("mx: RTO bounds %v..%v invalid", c.RTOMin, c.RTOMax)
-	case c.PullBlock < 1 || c.PullAhead < 1:
-		return fmt.Errorf("mx: pull block %d x %d invalid", c.PullBlock, c.PullAhead)
-	case mtu <= wire.Size || mtu > wire.MaxFrame:
+	case v.EagerMax < 0 || v.EagerMax > wire.MaxEager:
+		return fmt.Errorf("mx: EagerMax %d out of range 1..%d (0 takes the default, %d)", v.EagerMax, wire.MaxEager, DefaultConfig().EagerMax)
+	case v.Window < 1 || v.Window > 32768:
+		return fmt.Errorf("mx: Window %d frames out of range 1..32768 (0 takes the default, %d)", v.Window, DefaultConfig().Window)
+	case v.Buffers < 2*v.Window:
+		return fmt.Errorf("mx: %d Buffers cannot back a Window of %d frames; give at least %d", v.Buffers, v.Window, 2*v.Window)
+	case v.RTOMin <= 0 || v.RTOMax < v.RTOMin:
+		return fmt.Errorf("mx: RTOMin %v and RTOMax %v: want 0 < RTOMin <= RTOMax", v.RTOMin, v.RTOMax)
+	case v.PullBlock < 1 || v.PullAhead < 1:
+		return fmt.Errorf("mx: PullBlock %d and PullAhead %d: want both positive (0 takes the default)", v.PullBlock, v.PullAhead)
+	case v.AckDelay < 0 || v.PeerTimeout < 0 || v.KeepAlive < 0:
+		return fmt.Errorf("mx: AckDelay %v, PeerTimeout %v, KeepAlive %v: none may be negative (0 takes the default; KeepAlive 0: none)", v.AckDelay, v.PeerTimeout, v.KeepAlive)
+	}
+	return nil
+}
+
+// checkMTU refuses a link whose frames cannot hold a header and a byte
+// of payload, or exceed the largest frame the engine buffers.
+func checkMTU(mtu int) error {
+	if mtu <= wire.Size || mtu > wire.MaxFrame {
 		return fmt.Errorf("mx: link MTU %d out of range %d..%d", mtu, wire.Size+1, wire.MaxFrame)
 	}
 	return nil
@@ -175,10 +209,18 @@ type Engine struct {
 	noteKick          chan struct{}
 }
 
-// New starts an engine on link. Close stops it and closes the link.
+// New starts an engine on link, cfg's zero fields taking their defaults.
+// Close stops it and closes the link.
 func New(link Link, cfg Config) (*Engine, error) {
 	realTime := cfg.Clock == nil
-	if err := cfg.fill(link.MTU()); err != nil {
+	if realTime {
+		cfg.Clock = realClock{}
+	}
+	cfg.fillDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := checkMTU(link.MTU()); err != nil {
 		return nil, err
 	}
 	e := &Engine{cfg: cfg, link: link, mac: link.MAC(), mtu: link.MTU(),

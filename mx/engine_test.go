@@ -7,6 +7,7 @@ import (
 	"errors"
 	"hash/crc32"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -516,10 +517,42 @@ func TestForeignMAC(t *testing.T) {
 
 func TestConfigErrors(t *testing.T) {
 	hub := NewMemHub(1500)
-	for _, c := range []Config{{Window: 100, Buffers: 150}, {EagerMax: 1 << 20}, {RTOMin: time.Second, RTOMax: time.Millisecond}} {
-		if _, err := New(hub.Attach(macA), c); err == nil || !strings.HasPrefix(err.Error(), "mx: ") {
-			t.Errorf("%+v: %v", c, err)
+	for _, tc := range []struct {
+		field string
+		c     Config
+	}{{"Buffers", Config{Window: 100, Buffers: 150}}, {"EagerMax", Config{EagerMax: 1 << 20}},
+		{"RTOMin", Config{RTOMin: time.Second, RTOMax: time.Millisecond}}, {"PeerTimeout", Config{PeerTimeout: -1}}} {
+		if _, err := New(hub.Attach(macA), tc.c); err == nil || !strings.HasPrefix(err.Error(), "mx: ") || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%+v: %v, want an error naming %s", tc.c, err, tc.field)
 		}
+	}
+	if _, err := New(NewMemHub(40).Attach(macA), Config{}); err == nil || !strings.Contains(err.Error(), "MTU") {
+		t.Errorf("MTU 40: %v", err)
+	}
+}
+
+// TestDefaultConfig: zero fields take DefaultConfig's and
+// DefaultStreamConfig's values, which Validate accepts, as it accepts
+// the zero values that stand for them.
+func TestDefaultConfig(t *testing.T) {
+	var c Config
+	c.fillDefaults()
+	if d := DefaultConfig(); !reflect.DeepEqual(c, d) {
+		t.Errorf("zero Config filled:\n%+v\nwant DefaultConfig:\n%+v", c, d)
+	}
+	var sc StreamConfig
+	sc.fillDefaults()
+	if d := DefaultStreamConfig(); sc != d {
+		t.Errorf("zero StreamConfig filled: %+v, want DefaultStreamConfig %+v", sc, d)
+	}
+	d, ds := DefaultConfig(), DefaultStreamConfig()
+	for _, err := range []error{d.Validate(), ds.Validate(), (&Config{}).Validate(), (&StreamConfig{}).Validate()} {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	if err := (&StreamConfig{Chunk: 1 << 20}).Validate(); err == nil || !strings.Contains(err.Error(), "Window") {
+		t.Errorf("a chunk above the default window: %v", err)
 	}
 }
 

@@ -38,7 +38,9 @@ func streamMatch(id uint64, fromDialer bool, kind uint64) uint64 {
 	return m
 }
 
-// StreamConfig sizes streams. Zero fields take defaults.
+// StreamConfig sizes streams. The zero value of a field means its default
+// (DefaultStreamConfig); Dial and Listen fill zero fields from it and call
+// Validate.
 type StreamConfig struct {
 	// Chunk is the largest message a Write sends (default 64 KiB);
 	// Window the bytes a writer may have unread at the reader (default
@@ -51,21 +53,35 @@ type StreamConfig struct {
 	RecvAhead int
 }
 
-func (c *StreamConfig) fill() error {
+// DefaultStreamConfig returns the defaults StreamConfig's fields document.
+func DefaultStreamConfig() StreamConfig {
+	return StreamConfig{Chunk: 64 << 10, Window: 512 << 10, RecvAhead: 1}
+}
+
+// fillDefaults gives zero fields their defaults (DefaultStreamConfig).
+func (c *StreamConfig) fillDefaults() {
+	d := DefaultStreamConfig()
 	if c.Chunk == 0 {
-		c.Chunk = 64 << 10
+		c.Chunk = d.Chunk
 	}
 	if c.Window == 0 {
-		c.Window = 512 << 10
+		c.Window = d.Window
 	}
 	if c.RecvAhead == 0 {
-		c.RecvAhead = 1
+		c.RecvAhead = d.RecvAhead
 	}
-	if c.Chunk < 1 || c.Window < c.Chunk {
-		return fmt.Errorf("mx: stream chunk %d and window %d: need 0 < chunk <= window", c.Chunk, c.Window)
+}
+
+// Validate reports the first field out of range, zero fields standing for
+// their defaults.
+func (c *StreamConfig) Validate() error {
+	v := *c
+	v.fillDefaults()
+	if v.Chunk < 1 || v.Window < v.Chunk {
+		return fmt.Errorf("mx: stream Chunk %d and Window %d: want 0 < Chunk <= Window (0 takes the default, %d and %d)", v.Chunk, v.Window, DefaultStreamConfig().Chunk, DefaultStreamConfig().Window)
 	}
-	if c.RecvAhead < 1 || c.RecvAhead > maxRecvAhead {
-		return fmt.Errorf("mx: stream receives ahead %d out of range 1..%d", c.RecvAhead, maxRecvAhead)
+	if v.RecvAhead < 1 || v.RecvAhead > maxRecvAhead {
+		return fmt.Errorf("mx: stream RecvAhead %d out of range 1..%d (0 takes the default, 1)", v.RecvAhead, maxRecvAhead)
 	}
 	return nil
 }
@@ -491,7 +507,8 @@ func (s *Stream) Close() error {
 // the channel first if needed; meta travels with the open (e.g. who the
 // stream is for). The listener need not have accepted it yet.
 func Dial(ctx context.Context, ep *Endpoint, to Addr, meta []byte, cfg StreamConfig) (*Stream, error) {
-	if err := cfg.fill(); err != nil {
+	cfg.fillDefaults()
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if len(meta) > 1024 {
@@ -520,7 +537,8 @@ type Listener struct {
 
 // Listen accepts streams on ep. One listener per endpoint.
 func Listen(ep *Endpoint, cfg StreamConfig) (*Listener, error) {
-	if err := cfg.fill(); err != nil {
+	cfg.fillDefaults()
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	return &Listener{ep: ep, cfg: cfg}, nil

@@ -61,7 +61,9 @@ type Gateway struct {
 	MX mx.Addr
 }
 
-// Config is one daemon's setting.
+// Config is one daemon's setting. The zero value of a field means its
+// default (DefaultConfig); New fills zero fields from it and calls
+// Validate.
 type Config struct {
 	// Addr is the node's address on the site LAN: the source the gateways
 	// see for the node's ranks.
@@ -100,25 +102,74 @@ type Config struct {
 	Log  *slog.Logger
 }
 
-func (c *Config) defaults() {
-	if c.MaxConns <= 0 {
-		c.MaxConns = 4096
+// DefaultConfig returns the defaults Config's fields document. The
+// addresses, the gateways and the endpoint are the caller's; Stream's
+// zero fields take mx.DefaultStreamConfig's, and a nil Log discards.
+func DefaultConfig() Config {
+	return Config{
+		MaxConns:     4096,
+		FirstFrame:   10 * time.Second,
+		DialTimeout:  5 * time.Second,
+		ResumeWindow: 8 << 20,
+		Hold:         30 * time.Second,
 	}
-	if c.FirstFrame <= 0 {
-		c.FirstFrame = 10 * time.Second
+}
+
+// fillDefaults gives zero fields their defaults (DefaultConfig).
+func (c *Config) fillDefaults() {
+	d := DefaultConfig()
+	if c.MaxConns == 0 {
+		c.MaxConns = d.MaxConns
 	}
-	if c.DialTimeout <= 0 {
-		c.DialTimeout = 5 * time.Second
+	if c.FirstFrame == 0 {
+		c.FirstFrame = d.FirstFrame
 	}
-	if c.ResumeWindow <= 0 {
-		c.ResumeWindow = 8 << 20
+	if c.DialTimeout == 0 {
+		c.DialTimeout = d.DialTimeout
 	}
-	if c.Hold <= 0 {
-		c.Hold = 30 * time.Second
+	if c.ResumeWindow == 0 {
+		c.ResumeWindow = d.ResumeWindow
+	}
+	if c.Hold == 0 {
+		c.Hold = d.Hold
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+}
+
+// Validate reports the first setting missing or out of range, zero
+// fields standing for their defaults.
+func (c *Config) Validate() error {
+	switch {
+	case !c.Addr.IsValid():
+		return errors.New("no node address (the node's address on the site LAN)")
+	case !c.Listen.Addr().IsLoopback():
+		return fmt.Errorf("listen address %v: want a loopback address (only this node's ranks may connect)", c.Listen)
+	case len(c.Gateways) == 0:
+		return errors.New("no gateway")
+	case len(c.Gateways) > sitemap.MaxGateways:
+		return fmt.Errorf("%d gateways: a site has at most %d", len(c.Gateways), sitemap.MaxGateways)
+	case c.EP == nil:
+		return errors.New("no MX endpoint")
+	}
+	for _, g := range c.Gateways {
+		if !g.LAN.IsValid() {
+			return fmt.Errorf("gateway %v: no LAN address", g.MX)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		neg  bool
+		v    any
+	}{{"MaxConns", c.MaxConns < 0, c.MaxConns}, {"FirstFrame", c.FirstFrame < 0, c.FirstFrame},
+		{"DialTimeout", c.DialTimeout < 0, c.DialTimeout}, {"ResumeWindow", c.ResumeWindow < 0, c.ResumeWindow},
+		{"Hold", c.Hold < 0, c.Hold}} {
+		if f.neg {
+			return fmt.Errorf("%s %v is negative: give a positive value, or 0 for its default (DefaultConfig)", f.name, f.v)
+		}
+	}
+	return c.Stream.Validate()
 }
 
 // Daemon carries connections until its context ends.
@@ -156,25 +207,12 @@ type inbound struct {
 	gw       int // index in cfg.Gateways of the gateway that opened the stream
 }
 
-// New checks cfg and opens the loopback listener.
+// New checks cfg (Validate), its zero fields taking their defaults, and
+// opens the loopback listener.
 func New(cfg Config) (*Daemon, error) {
-	cfg.defaults()
-	switch {
-	case !cfg.Addr.IsValid():
-		return nil, errors.New("no node address (the node's address on the site LAN)")
-	case !cfg.Listen.Addr().IsLoopback():
-		return nil, fmt.Errorf("listen address %v: want a loopback address (only this node's ranks may connect)", cfg.Listen)
-	case len(cfg.Gateways) == 0:
-		return nil, errors.New("no gateway")
-	case len(cfg.Gateways) > sitemap.MaxGateways:
-		return nil, fmt.Errorf("%d gateways: a site has at most %d", len(cfg.Gateways), sitemap.MaxGateways)
-	case cfg.EP == nil:
-		return nil, errors.New("no MX endpoint")
-	}
-	for _, g := range cfg.Gateways {
-		if !g.LAN.IsValid() {
-			return nil, fmt.Errorf("gateway %v: no LAN address", g.MX)
-		}
+	cfg.fillDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	ln, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(cfg.Listen))
 	if err != nil {

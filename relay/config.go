@@ -10,7 +10,11 @@ import (
 	"github.com/mpi5k/mpi5k/header"
 )
 
-// Config tunes a link. Zero fields take the defaults.
+// Config tunes a link. The zero value of a field means its default
+// (DefaultConfig); NewLink and Trunk.Add fill zero fields from it and then
+// call Validate, and panic on a Config it rejects: a link cannot refuse
+// the connection its handshake has accepted, so its caller validates the
+// configuration once, at start, as gateway.New does.
 type Config struct {
 	Chunk      int    // largest DATA payload sent (default 128 KiB, clamped to the peer's max payload)
 	Window     uint32 // credit granted to the peer on every new stream (default 1 MiB)
@@ -73,52 +77,90 @@ type Config struct {
 	ResumeWithin time.Duration
 }
 
-func (c *Config) fill() {
-	if c.Chunk <= 0 {
-		c.Chunk = 128 << 10
+// DefaultConfig returns the defaults Config's fields document. DeadAfter
+// is 4 × PingInterval and ExpressMax is SmallFrame, here as in a Config
+// that sets PingInterval or SmallFrame and leaves them zero.
+func DefaultConfig() Config {
+	return Config{
+		Chunk:        128 << 10,
+		Window:       1 << 20,
+		SmallFrame:   16 << 10,
+		ExpressMax:   16 << 10,
+		MaxBatch:     64,
+		Pipeline:     2,
+		PingInterval: time.Second,
+		DeadAfter:    4 * time.Second,
+		MaxControl:   1 << 16,
+		MaxEarly:     64 << 20,
+		ReplayMax:    16 << 20,
+		ResumeWithin: time.Minute,
 	}
-	c.Chunk = min(c.Chunk, header.MaxPayload)
+}
+
+// fillDefaults gives zero fields their defaults (DefaultConfig), those
+// that follow another field from that field's value.
+func (c *Config) fillDefaults() {
+	d := DefaultConfig()
+	def := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	defd := func(p *time.Duration, v time.Duration) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	def(&c.Chunk, d.Chunk)
 	if c.Window == 0 {
-		c.Window = 1 << 20
+		c.Window = d.Window
 	}
-	if c.SmallFrame <= 0 {
-		c.SmallFrame = 16 << 10
+	def(&c.SmallFrame, d.SmallFrame)
+	def(&c.ExpressMax, c.SmallFrame)
+	def(&c.MaxBatch, d.MaxBatch)
+	def(&c.Pipeline, d.Pipeline)
+	defd(&c.PingInterval, d.PingInterval)
+	defd(&c.DeadAfter, 4*c.PingInterval)
+	def(&c.MaxControl, d.MaxControl)
+	if c.MaxEarly == 0 {
+		c.MaxEarly = d.MaxEarly
 	}
-	if c.ExpressMax <= 0 {
-		c.ExpressMax = c.SmallFrame
+	if c.ReplayMax == 0 {
+		c.ReplayMax = d.ReplayMax
 	}
-	if c.MaxBatch <= 0 {
-		c.MaxBatch = 64
-	}
-	if c.Pipeline <= 0 {
-		c.Pipeline = 2
-	}
-	if c.PingInterval <= 0 {
-		c.PingInterval = time.Second
-	}
-	if c.DeadAfter <= 0 {
-		c.DeadAfter = 4 * c.PingInterval
-	}
+	defd(&c.ResumeWithin, d.ResumeWithin)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	if c.MaxControl <= 0 {
-		c.MaxControl = 1 << 16
+}
+
+// Validate reports the first field out of range, zero fields standing for
+// their defaults.
+func (c *Config) Validate() error {
+	v := *c
+	v.fillDefaults()
+	if v.Chunk < 0 || v.Chunk > header.MaxPayload {
+		return fmt.Errorf("relay: Chunk %d out of range 1..%d (the largest DATA payload; 0 takes the default, %d)", v.Chunk, header.MaxPayload, DefaultConfig().Chunk)
 	}
-	if c.MaxEarly <= 0 {
-		c.MaxEarly = 64 << 20
+	for _, f := range []struct {
+		name string
+		neg  bool
+		v    any
+	}{{"SmallFrame", v.SmallFrame < 0, v.SmallFrame}, {"ExpressMax", v.ExpressMax < 0, v.ExpressMax},
+		{"MaxBatch", v.MaxBatch < 0, v.MaxBatch}, {"Pipeline", v.Pipeline < 0, v.Pipeline},
+		{"PingInterval", v.PingInterval < 0, v.PingInterval}, {"DeadAfter", v.DeadAfter < 0, v.DeadAfter},
+		{"MaxControl", v.MaxControl < 0, v.MaxControl}, {"MaxEarly", v.MaxEarly < 0, v.MaxEarly},
+		{"ReplayMax", v.ReplayMax < 0, v.ReplayMax}, {"ResumeWithin", v.ResumeWithin < 0, v.ResumeWithin}} {
+		if f.neg {
+			return fmt.Errorf("relay: %s %v is negative: give a positive value, or 0 for its default (DefaultConfig)", f.name, f.v)
+		}
 	}
-	if c.ReplayMax <= 0 {
-		c.ReplayMax = 16 << 20
-	}
-	if c.ResumeWithin <= 0 {
-		c.ResumeWithin = time.Minute
-	}
+	return nil
 }
 
 // Hello returns the HELLO a side with this configuration sends.
 func (c Config) Hello(site uint8, name string, index, count uint8) header.Hello {
-	c.fill()
+	c.fillDefaults()
 	return header.Hello{SiteID: site, LinkIndex: index, LinkCount: count,
 		MaxPayload: header.MaxPayload, Window: c.Window, Name: name}
 }

@@ -194,7 +194,10 @@ type Link struct {
 }
 
 func newLink(conn net.Conn, cfg Config, peer header.Hello, t *Trunk, index int, express bool, session uint64) *Link {
-	cfg.fill()
+	cfg.fillDefaults()
+	if err := cfg.Validate(); err != nil {
+		panic(err) // see Config: the caller validates it at start
+	}
 	chunk := min(cfg.Chunk, int(peer.MaxPayload))
 	if t.lanes {
 		chunk = min(chunk, int(peer.MaxPayload)-header.DataAtPrefix)

@@ -30,7 +30,7 @@ func TestApplyClamp(t *testing.T) {
 	c2 := <-done
 	defer c2.Close()
 	l := &Link{conn: WrapTCP(c2.(*net.TCPConn)), cfg: Config{}}
-	l.cfg.fill()
+	l.cfg.fillDefaults()
 	l.log = l.cfg.Logger
 	get := func() int {
 		rc, _ := c2.(*net.TCPConn).SyscallConn()

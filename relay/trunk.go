@@ -98,7 +98,8 @@ func NewTrunk(dialer bool, handler Handler) *Trunk {
 }
 
 // NewLink starts multiplexing on conn after a successful Handshake, as a
-// link of its own (plain DATA in order, no trunk).
+// link of its own (plain DATA in order, no trunk). cfg's zero fields take
+// their defaults; a cfg that Validate rejects panics (see Config).
 func NewLink(conn net.Conn, cfg Config, peer header.Hello, dialer bool, handler Handler) *Link {
 	t := NewTrunk(dialer, handler)
 	t.lanes = false
@@ -117,7 +118,8 @@ func (t *Trunk) AddResumable(conn net.Conn, cfg Config, peer header.Hello, index
 // link carries the messages of every stream and never homes one. An express
 // link that is still up when its successor is added (a renewal, with
 // HELLO feature RENEW) retires: it finishes what it has queued, ends with
-// RETIRE and closes without resetting any stream.
+// RETIRE and closes without resetting any stream. cfg is taken as by
+// NewLink.
 func (t *Trunk) Add(conn net.Conn, cfg Config, peer header.Hello, index int, express bool) *Link {
 	return t.add(conn, cfg, peer, index, express, 0)
 }

@@ -219,7 +219,7 @@ func TestTrunkLinkLoss(t *testing.T) {
 // EOF only at its offset; duplicates and bytes past the end are refused.
 func TestReorder(t *testing.T) {
 	cfg := Config{Window: 1 << 20}
-	cfg.fill()
+	cfg.fillDefaults()
 	tr := NewTrunk(true, nil)
 	l := newLink(nil, cfg, header.Hello{Window: 1 << 20, MaxPayload: header.MaxPayload}, tr, 0, false, 0)
 	s := newStream(l)
@@ -267,7 +267,7 @@ func TestReorder(t *testing.T) {
 // assumes a round trip shorter than ExpressFloor.
 func TestExpressBudget(t *testing.T) {
 	cfg := Config{ExpressMax: 64 << 10}
-	cfg.fill()
+	cfg.fillDefaults()
 	l := newLink(nil, cfg, header.Hello{Window: 1 << 20, MaxPayload: header.MaxPayload}, NewTrunk(true, nil), 0, false, 0)
 	s := newStream(l)
 	const rtt = 20 * time.Millisecond

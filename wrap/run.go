@@ -15,7 +15,8 @@ import (
 	"github.com/mpi5k/mpi5k/sitemap"
 )
 
-// Config is one wrapped run.
+// Config is one wrapped run. The zero value of a field means its default
+// (DefaultConfig); Run fills zero fields from it and calls Validate.
 type Config struct {
 	Argv        []string // the user's mpirun command, unmodified
 	Flavour     Flavour  // nil: detected from Argv[0]
@@ -58,27 +59,38 @@ type Config struct {
 	Outage time.Duration
 }
 
-func (c *Config) defaults() {
+// DefaultConfig returns the defaults of Config's settings: the process's
+// output and environment, ssh, a 30 s ready timeout, GatewayOutage, the
+// launcher started once the links are primed.
+func DefaultConfig() Config {
+	return Config{Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv,
+		Launcher: []string{"ssh"}, ReadyTimeout: 30 * time.Second, Outage: GatewayOutage,
+		StartWhen: DefaultStartWhen}
+}
+
+// fillDefaults gives zero fields their defaults (DefaultConfig).
+func (c *Config) fillDefaults() {
+	d := DefaultConfig()
 	if c.Stdout == nil {
-		c.Stdout = os.Stdout
+		c.Stdout = d.Stdout
 	}
 	if c.Stderr == nil {
-		c.Stderr = os.Stderr
+		c.Stderr = d.Stderr
 	}
 	if c.Getenv == nil {
-		c.Getenv = os.Getenv
+		c.Getenv = d.Getenv
 	}
 	if len(c.Launcher) == 0 {
-		c.Launcher = []string{"ssh"}
+		c.Launcher = d.Launcher
 	}
 	if c.ReadyTimeout == 0 {
-		c.ReadyTimeout = 30 * time.Second
+		c.ReadyTimeout = d.ReadyTimeout
 	}
 	if c.Outage == 0 {
-		c.Outage = GatewayOutage
+		c.Outage = d.Outage
 	}
 	if c.StartWhen == "" {
-		c.StartWhen = DefaultStartWhen
+		c.StartWhen = d.StartWhen
 	}
 }
 
@@ -88,6 +100,34 @@ const (
 	StartLinks       = "links"
 	DefaultStartWhen = StartPrimed
 )
+
+// Validate reports the first setting missing or out of range; zero
+// fields stand for their defaults.
+func (c *Config) Validate() error {
+	if len(c.Argv) == 0 {
+		return errors.New("no mpirun command given")
+	}
+	if c.StartWhen != "" && c.StartWhen != StartPrimed && c.StartWhen != StartLinks {
+		return fmt.Errorf("--start-when %q: want %s or %s", c.StartWhen, StartPrimed, StartLinks)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"ReadyTimeout", c.ReadyTimeout}, {"Outage", c.Outage}} {
+		if d.v < 0 {
+			return fmt.Errorf("%s %v is negative: give a positive duration, or 0 for its default", d.name, d.v)
+		}
+	}
+	for _, p := range []struct {
+		name string
+		v    int
+	}{{"LANPort", c.LANPort}, {"WANPort", c.WANPort}, {"MetricsPort", c.MetricsPort}, {"NodePort", c.NodePort}} {
+		if p.v < 0 || p.v > 65535 {
+			return fmt.Errorf("%s %d out of range 1..65535 (0: drawn per job)", p.name, p.v)
+		}
+	}
+	return nil
+}
 
 // exitError carries mpirun's exit status through Run.
 type exitError struct{ code int }
@@ -99,12 +139,9 @@ func (e exitError) Error() string { return fmt.Sprintf("mpirun exited with statu
 // It is one path for both ways of placing the hosts: a plan made from the
 // host list, or the hand-written site map of --map.
 func Run(ctx context.Context, c Config) (int, error) {
-	c.defaults()
-	if len(c.Argv) == 0 {
-		return 2, errors.New("no mpirun command given")
-	}
-	if c.StartWhen != StartPrimed && c.StartWhen != StartLinks {
-		return 2, fmt.Errorf("--start-when %q: want %s or %s", c.StartWhen, StartPrimed, StartLinks)
+	c.fillDefaults()
+	if err := c.Validate(); err != nil {
+		return 2, err
 	}
 	f, hosts, src, err := c.commandHosts()
 	if err != nil {

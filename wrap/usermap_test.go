@@ -165,7 +165,7 @@ net b 10.0.2.0/24
 // gateway needs both.
 func TestCheckTools(t *testing.T) {
 	c, _, _ := testConfig(t, "sh", "./pp")
-	c.defaults()
+	c.fillDefaults()
 	c.Launcher = []string{"no-such-launcher"}
 	c.GatewayBin = "/nonexistent/mpi5k-gateway"
 	if err := c.checkTools(nil, false); err != nil {

@@ -10,7 +10,6 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/spf13/pflag"
 
@@ -44,10 +43,11 @@ func runNode(args []string, stdout, stderr io.Writer) int {
 	lanIf := fs.String("lan-if", "", "this node's interface on the site LAN, e.g. eth0 (required)")
 	site := fs.String("site", "", "this node's site in the map (default: the site of --lan-if's address)")
 	listen := fs.String("listen", "", "loopback address the ranks' shims connect to, the value of their MPI5K_NODE, e.g. 127.0.0.1:5070 (required)")
-	maxConns := 4096
+	def := node.DefaultConfig()
+	maxConns := def.MaxConns
 	fs.Var(cli.IntRange{P: &maxConns, Min: 1, Max: 1 << 20}, "max-conns", "connections carried at once, both directions; more are reset")
 	resume := fs.Bool("resume", true, "ask for resumable connections, which outlive the gateway hosts that carry them when the far site's gateways deliver to node daemons too (docs/failures.md); --resume=false: plain streams")
-	window, hold := 8<<20, 30*time.Second
+	window, hold := def.ResumeWindow, def.Hold
 	fs.Var(&cli.Size{P: &window, Min: 64 << 10, Max: 1 << 30}, "resume-window", "bytes a resumable connection keeps per direction until the far daemon acknowledges them: what it can resend, and the most it has in flight end to end")
 	fs.Var(cli.Duration{P: &hold}, "resume-hold", "how long a resumable connection whose stream broke waits for another before its rank's socket is reset")
 	logLevel := "info"

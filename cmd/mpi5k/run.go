@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/spf13/pflag"
 
@@ -54,7 +53,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	fs.Var(cli.Port(&c.LANPort), "lan-port", "gateway port for its site's ranks"+drawn)
 	fs.Var(cli.Port(&c.WANPort), "wan-port", "gateway port for peer gateways"+drawn)
 	fs.Var(cli.Port(&c.MetricsPort), "metrics-port", "gateway HTTP port for /ready and /metrics"+drawn)
-	c.ReadyTimeout = 30 * time.Second
+	c.ReadyTimeout = wrap.DefaultConfig().ReadyTimeout
 	fs.Var(cli.Duration{P: &c.ReadyTimeout}, "ready-timeout", "how long to wait for every WAN link")
 	fs.StringVar(&c.StartWhen, "start-when", wrap.DefaultStartWhen, "when the launcher starts: "+wrap.StartPrimed+" (every WAN link up and its bulk links primed) or "+wrap.StartLinks+" (links up: MPI_Init overlaps priming)")
 	fs.StringVar(&c.WorkDir, "workdir", "", "directory for the site map and gateway logs (default ~/.mpi5k/run-PID-TIME)")
