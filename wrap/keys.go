@@ -116,6 +116,7 @@ func keyAt(site, host string) string { return site + " " + host }
 func (c *Config) removeKeys(sites []*Site, k *jobKeys) {
 	ctx, cancel := context.WithTimeout(context.Background(), launchTimeout)
 	defer cancel()
+	stderr := &serialWriter{w: c.Stderr}
 	var wg sync.WaitGroup
 	for _, s := range sites {
 		for _, h := range s.gatewayHosts() {
@@ -130,7 +131,7 @@ func (c *Config) removeKeys(sites []*Site, k *jobKeys) {
 				cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 				cmd.WaitDelay = pipeDelay
 				if out, err := cmd.CombinedOutput(); err != nil {
-					fmt.Fprintf(c.Stderr, "mpi5k: site %s: removing the gateway's key file %s on %s: %v %s\n", s.Name, p, h.Name, err, strings.TrimSpace(string(out)))
+					fmt.Fprintf(stderr, "mpi5k: site %s: removing the gateway's key file %s on %s: %v %s\n", s.Name, p, h.Name, err, strings.TrimSpace(string(out)))
 				}
 			}()
 		}

@@ -67,6 +67,7 @@ func (c *Config) startOnce(ctx context.Context, j *job) error {
 }
 
 func stopAll(gws []*gateway, w io.Writer) {
+	w = &serialWriter{w: w}
 	var wg sync.WaitGroup
 	for _, g := range gws {
 		wg.Add(1)
@@ -159,4 +160,17 @@ func (c *Config) distribute(ctx context.Context, hosts []string, mapPath, text s
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// serialWriter serializes the writes of goroutines that report on one
+// writer (the caller's stderr).
+type serialWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *serialWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
