@@ -4,7 +4,8 @@
 # bench/README.md) on labs of 2 and of 8 sites, CUBIC hosts, RTT 20 ms,
 # 200 Mbit/s, with each MPI flavour; modes alternate, REPS repetitions:
 # direct, through per-job gateways launched once primed (the default), and
-# launched once their links are up (--start-when links: early).
+# launched once their links are up (--start-when links: early), and
+# without priming (--wan-prime=false: noprime, what priming costs).
 # 2 sites x 2 nodes run 4 ranks, 8 sites x 1 node 8 ranks. Each lab is
 # brought up, measured and taken down in turn.
 #
@@ -29,7 +30,7 @@ for n in $sitecounts; do
 		--host-cc cubic >"$out/lab-$n.log" 2>&1
 	for f in $flavours; do
 		"$mpi5k" bench --lab "$lab" --flavour "$f" --workloads startup --modes direct,gateways \
-			--gw-mode early='--start-when links' \
+			--gw-mode early='--start-when links' --gw-mode noprime='--wan-prime=false' \
 			--cross none --reps "$reps" --out "$out/sites$n-$f" | tee "$out/sites$n-$f.txt"
 	done
 	"$mpi5k" lab down --name "$lab" >/dev/null
