@@ -102,10 +102,10 @@ func TestCloseInheritedOnExec(t *testing.T) {
 // help words print it on stdout, anything else is the subcommand.
 func TestSubcommand(t *testing.T) {
 	for _, c := range []struct {
-		args       []string
-		sub        string
-		code       int
-		done       bool
+		args        []string
+		sub         string
+		code        int
+		done        bool
 		out, errOut string
 	}{
 		{nil, "", ExitUsage, true, "", "U"},
