@@ -23,6 +23,7 @@
 package mx
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -94,25 +95,15 @@ func DefaultConfig() Config {
 // fillDefaults gives zero fields their defaults (DefaultConfig).
 func (c *Config) fillDefaults() {
 	d := DefaultConfig()
-	def := func(p *int, v int) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	defd := func(p *time.Duration, v time.Duration) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	def(&c.EagerMax, d.EagerMax)
-	def(&c.Window, d.Window)
-	def(&c.Buffers, d.Buffers)
-	def(&c.PullBlock, d.PullBlock)
-	def(&c.PullAhead, d.PullAhead)
-	defd(&c.RTOMin, d.RTOMin)
-	defd(&c.RTOMax, d.RTOMax)
-	defd(&c.AckDelay, d.AckDelay)
-	defd(&c.PeerTimeout, d.PeerTimeout)
+	c.EagerMax = cmp.Or(c.EagerMax, d.EagerMax)
+	c.Window = cmp.Or(c.Window, d.Window)
+	c.Buffers = cmp.Or(c.Buffers, d.Buffers)
+	c.PullBlock = cmp.Or(c.PullBlock, d.PullBlock)
+	c.PullAhead = cmp.Or(c.PullAhead, d.PullAhead)
+	c.RTOMin = cmp.Or(c.RTOMin, d.RTOMin)
+	c.RTOMax = cmp.Or(c.RTOMax, d.RTOMax)
+	c.AckDelay = cmp.Or(c.AckDelay, d.AckDelay)
+	c.PeerTimeout = cmp.Or(c.PeerTimeout, d.PeerTimeout)
 }
 
 // Validate reports the first field out of range, zero fields standing for

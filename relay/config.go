@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -101,34 +102,18 @@ func DefaultConfig() Config {
 // that follow another field from that field's value.
 func (c *Config) fillDefaults() {
 	d := DefaultConfig()
-	def := func(p *int, v int) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	defd := func(p *time.Duration, v time.Duration) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	def(&c.Chunk, d.Chunk)
-	if c.Window == 0 {
-		c.Window = d.Window
-	}
-	def(&c.SmallFrame, d.SmallFrame)
-	def(&c.ExpressMax, c.SmallFrame)
-	def(&c.MaxBatch, d.MaxBatch)
-	def(&c.Pipeline, d.Pipeline)
-	defd(&c.PingInterval, d.PingInterval)
-	defd(&c.DeadAfter, 4*c.PingInterval)
-	def(&c.MaxControl, d.MaxControl)
-	if c.MaxEarly == 0 {
-		c.MaxEarly = d.MaxEarly
-	}
-	if c.ReplayMax == 0 {
-		c.ReplayMax = d.ReplayMax
-	}
-	defd(&c.ResumeWithin, d.ResumeWithin)
+	c.Chunk = cmp.Or(c.Chunk, d.Chunk)
+	c.Window = cmp.Or(c.Window, d.Window)
+	c.SmallFrame = cmp.Or(c.SmallFrame, d.SmallFrame)
+	c.ExpressMax = cmp.Or(c.ExpressMax, c.SmallFrame)
+	c.MaxBatch = cmp.Or(c.MaxBatch, d.MaxBatch)
+	c.Pipeline = cmp.Or(c.Pipeline, d.Pipeline)
+	c.PingInterval = cmp.Or(c.PingInterval, d.PingInterval)
+	c.DeadAfter = cmp.Or(c.DeadAfter, 4*c.PingInterval)
+	c.MaxControl = cmp.Or(c.MaxControl, d.MaxControl)
+	c.MaxEarly = cmp.Or(c.MaxEarly, d.MaxEarly)
+	c.ReplayMax = cmp.Or(c.ReplayMax, d.ReplayMax)
+	c.ResumeWithin = cmp.Or(c.ResumeWithin, d.ResumeWithin)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

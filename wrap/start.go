@@ -141,25 +141,16 @@ func mapHosts(sites []*Site) []string {
 // distribute copies the map to hosts, in parallel, through the launcher
 // (the wrapper cannot assume a file system shared across sites).
 func (c *Config) distribute(ctx context.Context, hosts []string, mapPath, text string) error {
-	ctx, cancel := context.WithTimeout(ctx, launchTimeout)
-	defer cancel()
-	errs := make([]error, len(hosts))
-	var wg sync.WaitGroup
-	for i, h := range hosts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			argv := c.copyCommand(h, mapPath)
-			cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-			cmd.Stdin = strings.NewReader(text)
-			cmd.WaitDelay = pipeDelay
-			if out, err := cmd.CombinedOutput(); err != nil {
-				errs[i] = fmt.Errorf("copying the site map to %s: %v: %s", h, err, bytes.TrimSpace(out))
-			}
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return c.onHosts(ctx, hosts, func(ctx context.Context, h string) error {
+		argv := c.copyCommand(h, mapPath)
+		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+		cmd.Stdin = strings.NewReader(text)
+		cmd.WaitDelay = pipeDelay
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("copying the site map to %s: %v: %s", h, err, bytes.TrimSpace(out))
+		}
+		return nil
+	})
 }
 
 // serialWriter serializes the writes of goroutines that report on one
