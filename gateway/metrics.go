@@ -273,7 +273,7 @@ func (m *metrics) handler() http.Handler {
 		// ?primed=0: the links are up, and priming may still run (a job
 		// may start; its first bytes join the filler on the bulk links).
 		if r.URL.Query().Get("primed") == "0" {
-			if err := m.g.upFor(m.g.peerSiteNames()); err != nil {
+			if err := m.g.linksUp(); err != nil {
 				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 				return
 			}
@@ -351,15 +351,4 @@ func (c *limitConn) Close() error {
 	err := c.Conn.Close()
 	c.release()
 	return err
-}
-
-// peerSiteNames names the sites of the gateway's peers.
-func (g *Gateway) peerSiteNames() []string {
-	g.peersMu.Lock()
-	defer g.peersMu.Unlock()
-	var names []string
-	for n := range g.sitesLocked() {
-		names = append(names, n)
-	}
-	return names
 }

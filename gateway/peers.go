@@ -317,15 +317,24 @@ func (g *Gateway) setReady() {
 func (g *Gateway) allUp() bool {
 	g.peersMu.Lock()
 	defer g.peersMu.Unlock()
-	if g.priming > 0 {
-		return false
-	}
+	return g.priming == 0 && g.linksUpLocked() == nil
+}
+
+// linksUp says why some peer site cannot be reached now, priming or not
+// (/ready?primed=0); nil when every one can.
+func (g *Gateway) linksUp() error {
+	g.peersMu.Lock()
+	defer g.peersMu.Unlock()
+	return g.linksUpLocked()
+}
+
+func (g *Gateway) linksUpLocked() error {
 	for _, ps := range g.sitesLocked() {
-		if siteUpLocked(ps) != nil {
-			return false
+		if err := siteUpLocked(ps); err != nil {
+			return err
 		}
 	}
-	return true
+	return nil
 }
 
 // allUpLocked: every link is up and none is being primed.
