@@ -1,6 +1,7 @@
 package mx
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -61,12 +62,8 @@ func DefaultStreamConfig() StreamConfig {
 // fillDefaults gives zero fields their defaults (DefaultStreamConfig).
 func (c *StreamConfig) fillDefaults() {
 	d := DefaultStreamConfig()
-	if c.Chunk == 0 {
-		c.Chunk = d.Chunk
-	}
-	if c.Window == 0 {
-		c.Window = d.Window
-	}
+	c.Chunk = cmp.Or(c.Chunk, d.Chunk)
+	c.Window = cmp.Or(c.Window, d.Window)
 	if c.RecvAhead == 0 {
 		c.RecvAhead = d.RecvAhead
 	}

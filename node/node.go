@@ -30,6 +30,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -118,21 +119,11 @@ func DefaultConfig() Config {
 // fillDefaults gives zero fields their defaults (DefaultConfig).
 func (c *Config) fillDefaults() {
 	d := DefaultConfig()
-	if c.MaxConns == 0 {
-		c.MaxConns = d.MaxConns
-	}
-	if c.FirstFrame == 0 {
-		c.FirstFrame = d.FirstFrame
-	}
-	if c.DialTimeout == 0 {
-		c.DialTimeout = d.DialTimeout
-	}
-	if c.ResumeWindow == 0 {
-		c.ResumeWindow = d.ResumeWindow
-	}
-	if c.Hold == 0 {
-		c.Hold = d.Hold
-	}
+	c.MaxConns = cmp.Or(c.MaxConns, d.MaxConns)
+	c.FirstFrame = cmp.Or(c.FirstFrame, d.FirstFrame)
+	c.DialTimeout = cmp.Or(c.DialTimeout, d.DialTimeout)
+	c.ResumeWindow = cmp.Or(c.ResumeWindow, d.ResumeWindow)
+	c.Hold = cmp.Or(c.Hold, d.Hold)
 	if c.Log == nil {
 		c.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
