@@ -144,8 +144,10 @@ func TestWrapMPI(t *testing.T) {
 			out, err := cmd.CombinedOutput()
 			text := string(out)
 			t.Logf("%s\n%s", strings.Join(argv, " "), out)
+			hung := false // the launcher was interrupted after a verified job
 			switch {
 			case ctx.Err() == context.DeadlineExceeded && c.finalizeMayHang && strings.Contains(text, "shim_mpi ok"):
+				hung = true
 				t.Logf("job verified but mpiexec did not exit within 30s (MPI_Finalize hang, openucx/ucx#8738); interrupted")
 			case ctx.Err() == context.DeadlineExceeded:
 				t.Fatalf("wrapped %s did not finish within 30s", c.name)
@@ -160,7 +162,9 @@ func TestWrapMPI(t *testing.T) {
 			if !re.MatchString(text) {
 				t.Errorf("summary lacks site1 -> site2 traffic")
 			}
-			// --summary-json holds the same, for programs.
+			// --summary-json holds the same, for programs; its launcher
+			// status is 0 unless the launcher was interrupted after a
+			// finalize hang, whose non-zero status it reports as it should.
 			var sum struct {
 				Gateways []struct {
 					Site  string
@@ -179,7 +183,7 @@ func TestWrapMPI(t *testing.T) {
 				t.Errorf("--summary-json: %v\n%s", err, b)
 			} else if len(sum.Gateways) != 2 || sum.Gateways[0].Site != "site1" || len(sum.Gateways[0].Peers) != 1 ||
 				sum.Gateways[0].Peers[0].Peer != "site2" || sum.Gateways[0].Peers[0].BytesSent < 1<<20 || sum.Gateways[0].Peers[0].StreamsOpened < 1 ||
-				sum.LauncherStatus != 0 {
+				sum.LauncherStatus != 0 && !hung {
 				t.Errorf("--summary-json:\n%s", b)
 			}
 			after, err := l.Stats()
