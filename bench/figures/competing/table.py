@@ -1,10 +1,11 @@
-# table.py SET/results.json...: one markdown table of time / direct per
-# kernel and gateway mode over the sets given (each a `mpi5k bench` run
-# with modes direct first), as "median (min-max)" of the per-repetition
+# table.py SET/results.json...: for each set given (a `mpi5k bench` run
+# with mode direct among its modes), a markdown table of time / direct per
+# kernel and gateway mode as "median (min-max)" of the per-repetition
 # ratios: each repetition's time over the same repetition's direct time,
-# since the modes alternate within a repetition and share its conditions.
-# Then, per set, the gateways' CPU and the WAN shares (job and competing
-# flows, Mbit/s, medians).
+# since the modes alternate within a repetition and share its conditions
+# (the bench's own summary has ratios of medians and of minimums only).
+# Then the bench's summary medians: time, the WAN rates of the job and of
+# the competing flows, the gateways' CPU.
 import json, statistics, sys
 
 def load(fn):
@@ -21,10 +22,10 @@ def ratios(t, w, m):
     return [got[r]["result"]["time_s"] / ref[r]["result"]["time_s"] for r in got if r in ref]
 
 def med(xs):
-    return statistics.median(xs) if xs else None
+    return statistics.median(xs)
 
-sets = [load(fn) for fn in sys.argv[1:]]
-for fn, (d, t) in zip(sys.argv[1:], sets):
+for fn in sys.argv[1:]:
+    d, t = load(fn)
     modes = [m["name"] for m in d["modes"] if m["name"] != "direct"]
     works = []
     for s in d["samples"]:
@@ -40,22 +41,22 @@ for fn, (d, t) in zip(sys.argv[1:], sets):
             cells.append(f"{med(r):.2f} ({min(r):.2f}-{max(r):.2f})" if r else "-")
         print(f"| {m} | " + " | ".join(cells) + " |")
     print()
+    # The medians are the bench's own summary of each cell.
+    cell = {(r["workload"], r["mode"]): r for r in d["summary"]}
     print("| medians | " + " | ".join(works) + " |")
     print("|---" * (len(works) + 1) + "|")
     for m in ["direct"] + modes:
         cells = []
         for w in works:
-            ss = list(t.get((w, m), {}).values())
-            if not ss:
+            r = cell.get((w, m))
+            if r is None or r.get("median_s") is None:
                 cells.append("-")
                 continue
-            job = med([s["result"]["wan_bytes"] * 8 / s["result"]["time_s"] / 1e6 for s in ss])
-            comp = med([s["competing"]["bytes"] * 8 / s["competing"]["seconds"] / 1e6
-                        for s in ss if s.get("competing") and s["competing"]["seconds"] > 0])
-            cpu = med([sum(g["cpu_s"] for g in s.get("gateways") or []) for s in ss])
-            sec = med([s["result"]["time_s"] for s in ss])
-            c = f"{sec:.1f} s, job {job:.0f} / others {comp:.0f} Mbit/s" if comp is not None else f"{sec:.1f} s, job {job:.0f} Mbit/s"
+            c = f"{r['median_s']:.1f} s, job {r['job_mbit_s']:.0f}"
+            if r.get("competing_mbit_s") is not None:
+                c += f" / others {r['competing_mbit_s']:.0f}"
+            c += " Mbit/s"
             if m != "direct":
-                c += f", gw CPU {cpu:.2f} s"
+                c += f", gw CPU {r['gw_cpu_s']:.2f} s"
             cells.append(c)
         print(f"| {m} | " + " | ".join(cells) + " |")
