@@ -21,9 +21,6 @@ def ratios(t, w, m):
     ref, got = t.get((w, "direct"), {}), t.get((w, m), {})
     return [got[r]["result"]["time_s"] / ref[r]["result"]["time_s"] for r in got if r in ref]
 
-def med(xs):
-    return statistics.median(xs)
-
 for fn in sys.argv[1:]:
     d, t = load(fn)
     modes = [m["name"] for m in d["modes"] if m["name"] != "direct"]
@@ -38,7 +35,7 @@ for fn in sys.argv[1:]:
         cells = []
         for w in works:
             r = ratios(t, w, m)
-            cells.append(f"{med(r):.2f} ({min(r):.2f}-{max(r):.2f})" if r else "-")
+            cells.append(f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})" if r else "-")
         print(f"| {m} | " + " | ".join(cells) + " |")
     print()
     # The medians are the bench's own summary of each cell.
