@@ -48,7 +48,7 @@ func TestOnOffAgainstSink(t *testing.T) {
 		t.Fatalf("%d transfers in 1 s with 20 ms gaps:\n%s", n, out.String())
 	}
 	if last := lines[len(lines)-1]; !strings.HasPrefix(last, fmt.Sprintf("done: %d transfers", n)) || !strings.Contains(last, "0 failed") {
-		t.Errorf("summary %q", last)
+		t.Errorf("summary %q of\n%s", last, out.String())
 	}
 
 	o.CC, o.Duration = "nosuchcc", 200*time.Millisecond
