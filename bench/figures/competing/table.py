@@ -5,7 +5,10 @@
 # since the modes alternate within a repetition and share its conditions
 # (the bench's own summary has ratios of medians and of minimums only).
 # Then the bench's summary medians: time, the WAN rates of the job and of
-# the competing flows, the gateways' CPU.
+# the competing flows, the gateways' CPU; last, the gateways' CPU split
+# into while the job ran + before it (from their start to the job's launch:
+# TLS, priming), both gateways, medians a run, and that CPU during the job
+# as a share of one core (its median over the median time).
 import json, statistics, sys
 
 def load(fn):
@@ -57,3 +60,19 @@ for fn in sys.argv[1:]:
                 c += f", gw CPU {r['gw_cpu_s']:.2f} s"
             cells.append(c)
         print(f"| {m} | " + " | ".join(cells) + " |")
+    print()
+    print("| CPU, s: job + before | " + " | ".join(works) + " |")
+    print("|---" * (len(works) + 1) + "|")
+    for m in modes:
+        cells, shares = [], []
+        for w in works:
+            got = t.get((w, m), {}).values()
+            job = [sum(g["cpu_s"] for g in s["gateways"]) for s in got if s.get("gateways")]
+            before = [sum(g["cpu_total_s"] - g["cpu_s"] for g in s["gateways"]) for s in got if s.get("gateways")]
+            if not job:
+                cells.append("-")
+                continue
+            cells.append(f"{statistics.median(job):.2f} + {statistics.median(before):.2f}")
+            shares.append(statistics.median(job) / statistics.median(s["result"]["time_s"] for s in got))
+        share = f" ({min(shares) * 100:.0f}-{max(shares) * 100:.0f} % of a core)" if shares else ""
+        print(f"| {m}{share} | " + " | ".join(cells) + " |")
