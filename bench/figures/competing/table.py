@@ -66,13 +66,15 @@ for fn in sys.argv[1:]:
     for m in modes:
         cells, shares = [], []
         for w in works:
-            got = t.get((w, m), {}).values()
-            job = [sum(g["cpu_s"] for g in s["gateways"]) for s in got if s.get("gateways")]
-            before = [sum(g["cpu_total_s"] - g["cpu_s"] for g in s["gateways"]) for s in got if s.get("gateways")]
-            if not job:
+            # The job's CPU and time are the summary's medians; only the
+            # CPU before the job is not in it.
+            r = cell.get((w, m))
+            if r is None or r.get("gw_cpu_s") is None:
                 cells.append("-")
                 continue
-            cells.append(f"{statistics.median(job):.2f} + {statistics.median(before):.2f}")
-            shares.append(statistics.median(job) / statistics.median(s["result"]["time_s"] for s in got))
+            before = [sum(g["cpu_total_s"] - g["cpu_s"] for g in s["gateways"])
+                      for s in t.get((w, m), {}).values() if s.get("gateways")]
+            cells.append(f"{r['gw_cpu_s']:.2f} + {statistics.median(before):.2f}")
+            shares.append(r["gw_cpu_s"] / r["median_s"])
         share = f" ({min(shares) * 100:.0f}-{max(shares) * 100:.0f} % of a core)" if shares else ""
         print(f"| {m}{share} | " + " | ".join(cells) + " |")
