@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/mpi5k/mpi5k/header"
@@ -130,6 +131,14 @@ type WANConfig struct {
 // the gateway waits for its sockets. DefaultConfig turns each feature on;
 // the flags keep them for experiments.
 type TuningConfig struct {
+	// Trunk names the preset these settings started from (--wan-trunk):
+	// TrunkShared (DefaultConfig) or TrunkParallel; it is what the
+	// gateway logs and names when a peer's links differ from its own.
+	Trunk string
+	// TrunkCC is the host's default congestion control that chose Trunk
+	// for --wan-trunk auto ("" when the preset was given).
+	TrunkCC string
+
 	Chunk  int    // DATA chunk (default 128 KiB)
 	Window uint32 // per-stream receive window (default 4 MiB)
 	// Stripe spreads a stream's bulk over every bulk link of its site
@@ -232,6 +241,7 @@ func DefaultConfig() Config {
 			ResumeWithin: time.Minute,
 		},
 		TuningConfig: TuningConfig{
+			Trunk: TrunkShared,
 			Chunk: 128 << 10, Window: 4 << 20, Stripe: true,
 			Express: true, Renew: true, ExpressYield: true, ProbeRTTGuard: true, Prime: true, KeepWarm: true,
 			PollThread: true, QuietRuntime: true, WANQueue: time.Millisecond,
@@ -244,6 +254,11 @@ func DefaultConfig() Config {
 // reads nothing from the kernel, so `mpi5k run` checks the remote
 // gateways' settings with it before it starts any.
 func (c *Config) Validate() error {
+	switch c.Trunk {
+	case "", TrunkShared, TrunkParallel, TrunkAuto:
+	default:
+		return fmt.Errorf("--wan-trunk %q: want %s", c.Trunk, strings.Join(trunkWords, ", "))
+	}
 	switch c.LANTransport {
 	case "", "tcp":
 	case "mx":

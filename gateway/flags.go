@@ -18,7 +18,9 @@ import (
 // it starts. Each value is checked as it is parsed.
 type Flags struct {
 	cfg    Config
-	window int // Config.Window is a uint32
+	window int    // Config.Window is a uint32
+	trunk  string // --wan-trunk, applied by Config
+	remote bool
 	fs     *pflag.FlagSet
 	names  []string
 }
@@ -28,8 +30,8 @@ type Flags struct {
 // whose kernels decide which congestion controls exist, so names are
 // checked against Linux's list; otherwise against this kernel's.
 func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
-	f := &Flags{cfg: DefaultConfig(), fs: fs}
-	f.window = int(f.cfg.Window)
+	f := &Flags{cfg: DefaultConfig(), fs: fs, remote: remote}
+	f.window, f.trunk = int(f.cfg.Window), f.cfg.Trunk
 	checkCC := tuning.CheckCC
 	if remote {
 		checkCC = tuning.CheckCCName
@@ -46,6 +48,8 @@ func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
 
 	// What a user sets: the WAN's congestion control, how many
 	// connections share it, how much a stream may have in flight, a rate cap.
+	add(cli.Choice{P: &f.trunk, Words: trunkWords}, "wan-trunk",
+		"how a site pair's streams share the WAN: shared (one warm aggregated link plus an express link for messages; wins on CUBIC hosts and idle WANs), parallel (a BBR link per stream, up to 8, as the ranks' own connections; wins on BBR hosts beside BBR flows), auto (parallel where the gateway host's default TCP is bbr, else shared); flags given with it win (the same on every gateway)")
 	add(cc(&c.WAN.CC), "wan-cc", "TCP congestion control of the WAN links (default: bbr if the kernel has it, else the system's)")
 	add(cli.IntRange{P: &c.WANConns, Min: 1, Max: maxWANConns, What: "bulk WAN connections"}, "wan-conns",
 		"parallel bulk WAN connections per site pair, large writes striped over them (the same on every gateway)")
@@ -107,11 +111,32 @@ func absDir(p string) error {
 // Has reports whether name is one of the gateway's flags.
 func (f *Flags) Has(name string) bool { return slices.Contains(f.names, name) }
 
-// Config returns the settings parsed, checked together (Validate); the
-// caller adds Map, Site and the rest.
+// Config returns the settings parsed, started from the --wan-trunk
+// preset and checked together (Validate); the caller adds Map, Site and
+// the rest. A local gateway resolves auto by its host's congestion
+// control (TrunkCC says which); for remote gateways, which resolve it
+// on their own hosts, both outcomes are checked and Trunk stays auto.
 func (f *Flags) Config() (Config, error) {
 	c := f.cfg
 	c.Window = uint32(f.window)
+	given := func(name string) bool { return f.fs.Lookup(name).Changed }
+	if f.trunk == TrunkAuto && f.remote {
+		for _, preset := range []string{TrunkShared, TrunkParallel} {
+			p := c
+			applyTrunk(&p, preset, given)
+			if err := p.Validate(); err != nil {
+				return Config{}, fmt.Errorf("%w (with --wan-trunk auto, where it picks %s)", err, preset)
+			}
+		}
+		c.Trunk = TrunkAuto
+		return c, nil
+	}
+	preset, cc, err := resolveTrunk(f.trunk)
+	if err != nil {
+		return Config{}, err
+	}
+	applyTrunk(&c, preset, given)
+	c.TrunkCC = cc
 	return c, c.Validate()
 }
 

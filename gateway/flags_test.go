@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -141,5 +142,97 @@ func TestCheckCCName(t *testing.T) {
 		if err := tuning.CheckCCName(cc); (err == nil) != ok {
 			t.Errorf("tuning.CheckCCName(%q) = %v", cc, err)
 		}
+	}
+}
+
+// --wan-trunk parallel sets what its table names and nothing else; a
+// flag given beside it keeps its value.
+func TestFlagsTrunkParallel(t *testing.T) {
+	c, err := parseFlags(t, false, "--wan-trunk", "parallel").Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := DefaultConfig()
+	want.Trunk, want.WANConns, want.Stripe, want.Express, want.Prime = TrunkParallel, parallelLinks, false, false, false
+	want.WANQueue, want.ProbeRTTGuard, want.PollThread = 0, false, false
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("--wan-trunk parallel\n%+v\nwant\n%+v", c, want)
+	}
+	if c.WAN.RTOMin != DefaultConfig().WAN.RTOMin || c.WAN.DelackMax != DefaultConfig().WAN.DelackMax {
+		t.Errorf("parallel changed the WAN timers: rto-min %v, delack-max %v", c.WAN.RTOMin, c.WAN.DelackMax)
+	}
+	c, err = parseFlags(t, false, "--wan-conns", "4", "--wan-trunk=parallel", "--wan-express").Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.WANConns != 4 || !c.Express || c.Stripe || c.Trunk != TrunkParallel {
+		t.Errorf("--wan-trunk parallel beside --wan-conns 4 --wan-express: conns %d, express %v, stripe %v, trunk %q", c.WANConns, c.Express, c.Stripe, c.Trunk)
+	}
+	// It is the flag set measured as tlst in bench/figures/competing.
+	tlst, err := parseFlags(t, false, "--poll-thread=false", "--wan-express=false", "--wan-conns", "8", "--wan-stripe=false",
+		"--wan-prime=false", "--wan-queue", "0", "--wan-skip-probe-rtt=false").Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlst.Trunk = TrunkParallel
+	if !reflect.DeepEqual(tlst, want) {
+		t.Errorf("--wan-trunk parallel is not the measured tlst flags\n%+v\nwant\n%+v", want, tlst)
+	}
+	// shared is DefaultConfig.
+	if c, err := parseFlags(t, false, "--wan-trunk", "shared").Config(); err != nil || !reflect.DeepEqual(c, DefaultConfig()) {
+		t.Errorf("--wan-trunk shared: %v\n%+v", err, c)
+	}
+}
+
+// auto follows the host's default congestion control, says which it
+// read, and refuses when it cannot read it; remote gateways resolve it on
+// their own hosts.
+func TestFlagsTrunkAuto(t *testing.T) {
+	defer func(f func() (string, error)) { hostCC = f }(hostCC)
+	for cc, preset := range map[string]string{"bbr": TrunkParallel, "cubic": TrunkShared, "reno": TrunkShared} {
+		hostCC = func() (string, error) { return cc, nil }
+		c, err := parseFlags(t, false, "--wan-trunk", "auto").Config()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Trunk != preset || c.TrunkCC != cc || (preset == TrunkParallel) != (c.WANConns == parallelLinks) {
+			t.Errorf("auto on a %s host: trunk %q (by %q), %d links; want %s", cc, c.Trunk, c.TrunkCC, c.WANConns, preset)
+		}
+	}
+	hostCC = func() (string, error) {
+		return "", errors.New("open /proc/sys/net/ipv4/tcp_congestion_control: no such file or directory")
+	}
+	if _, err := parseFlags(t, false, "--wan-trunk", "auto").Config(); err == nil ||
+		!strings.Contains(err.Error(), "--wan-trunk auto: cannot read this host's TCP congestion control") || !strings.Contains(err.Error(), "give --wan-trunk shared or parallel") {
+		t.Errorf("auto, unreadable: %v", err)
+	}
+	hostCC = func() (string, error) { t.Error("remote auto read this host's congestion control"); return "bbr", nil }
+	run := parseFlags(t, true, "--wan-trunk", "auto", "--wan-conns", "2")
+	c, err := run.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Trunk != TrunkAuto || strings.Join(run.Args(), " ") != "--wan-trunk=auto --wan-conns=2" {
+		t.Errorf("remote auto: trunk %q, Args %q", c.Trunk, run.Args())
+	}
+	// A setting refused under either outcome is refused before any
+	// gateway starts, naming the preset.
+	if _, err := parseFlags(t, true, "--wan-trunk", "auto", "--wan-pace", "20kbit").Config(); err == nil ||
+		!strings.Contains(err.Error(), "--wan-pace") || !strings.Contains(err.Error(), "with --wan-trunk auto, where it picks") {
+		t.Errorf("remote auto with a refused pace: %v", err)
+	}
+}
+
+func TestFlagsTrunkRefuse(t *testing.T) {
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	NewFlags(fs, false)
+	if err := fs.Parse([]string{"--wan-trunk", "wide"}); err == nil || !strings.Contains(err.Error(), `invalid argument "wide" for "--wan-trunk" flag`) ||
+		!strings.Contains(err.Error(), "parallel") {
+		t.Errorf("--wan-trunk wide: %v", err)
+	}
+	c := DefaultConfig()
+	c.Trunk = "wide"
+	if err := c.Validate(); err == nil || err.Error() != `--wan-trunk "wide": want shared, parallel, auto` {
+		t.Errorf("Validate: %v", err)
 	}
 }

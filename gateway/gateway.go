@@ -261,7 +261,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		}
 	}
 	g.log.Info("gateway up", "id", g.site.ID, "lan", g.lanLn.Addr().String(), "wan", g.wanLn.Addr().String(),
-		"peers", len(g.peerList()), "wan_conns", g.cfg.WANConns, "express", g.cfg.Express, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
+		"peers", len(g.peerList()), "trunk", g.cfg.Trunk, "trunk_by_host_cc", g.cfg.TrunkCC, "wan_conns", g.cfg.WANConns, "express", g.cfg.Express, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
 		"wan_pace_bps", g.cfg.WANPace, "wan_queue", g.cfg.WANQueue.String(), "probe_rtt_guard", g.cfg.ProbeRTTGuard,
 		"express_cc", g.cfg.ExpressCC, "prime", g.cfg.Prime, "keep_warm", keepWarmState,
 		"wan_auth", g.auth != nil, "wan_encrypt", g.auth != nil && !g.cfg.WANIntegrityOnly, "wan_allow_ports", g.cfg.AllowPorts.String(), "lan_listen_ports", g.listenPorts().String(),

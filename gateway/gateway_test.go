@@ -598,6 +598,42 @@ func TestTrunkMismatch(t *testing.T) {
 	}
 }
 
+// TestTrunkPresetMismatch: a parallel gateway and a shared one refuse
+// each other, each naming its own --wan-trunk preset (and, for auto, the
+// host's TCP that chose it), and never come up.
+func TestTrunkPresetMismatch(t *testing.T) {
+	m := testMap(t)
+	a := startGW(t, m, "a", func(c *Config) {
+		applyTrunk(c, TrunkParallel, func(string) bool { return false })
+		c.TrunkCC = "bbr"
+	})
+	b := startGW(t, m, "b", nil)
+	select {
+	case <-a.Ready():
+		t.Fatal("a parallel gateway came up with a shared peer")
+	case <-b.Ready():
+		t.Fatal("a shared gateway came up with a parallel peer")
+	case <-time.After(500 * time.Millisecond):
+	}
+	for _, tc := range []struct {
+		self, other *testGW
+		want        string
+	}{
+		{a, b, "--wan-trunk auto chose parallel: this host's TCP is bbr"},
+		{b, a, "--wan-trunk shared"},
+	} {
+		if len(tc.self.peers) != 1 {
+			t.Fatalf("%d peers", len(tc.self.peers))
+		}
+		for _, p := range tc.self.peers {
+			err := tc.self.checkHello(tc.other.hello(0), p, 0)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "the same --wan-trunk") {
+				t.Errorf("mismatched HELLO: %v, want %q", err, tc.want)
+			}
+		}
+	}
+}
+
 // TestWANPace: every bulk WAN socket of the pair, dialled or accepted,
 // carries its share of --wan-pace as SO_MAX_PACING_RATE; the express link
 // is not capped.

@@ -59,6 +59,18 @@ func (g *Gateway) hello(i int) header.Hello {
 	return h
 }
 
+// trunkSaid names the gateway's --wan-trunk preset and, for auto, what
+// chose it: a peer whose links differ may have resolved auto otherwise.
+func (g *Gateway) trunkSaid() string {
+	if g.cfg.TrunkCC != "" {
+		return fmt.Sprintf("--wan-trunk auto chose %s: this host's TCP is %s", g.cfg.Trunk, g.cfg.TrunkCC)
+	}
+	if g.cfg.Trunk == "" {
+		return "no --wan-trunk preset"
+	}
+	return "--wan-trunk " + g.cfg.Trunk
+}
+
 func (g *Gateway) checkHello(h header.Hello, p *peer, i int) error {
 	switch {
 	case h.SiteID != p.site.ID:
@@ -70,9 +82,9 @@ func (g *Gateway) checkHello(h header.Hello, p *peer, i int) error {
 	case int(h.LinkCount) != g.numLinks() || h.Features&^header.FeatureNodeResume != g.features()&^header.FeatureNodeResume:
 		// NODE_RESUME says what the sender's LAN is, which differs
 		// between sites.
-		return fmt.Errorf("peer has %d links per site pair (features %#x), we have %d (features %#x): "+
-			"run the same mpi5k build with the same --wan-conns, --wan-express, --wan-express-renew and --wan-resume-within on every gateway",
-			h.LinkCount, h.Features, g.numLinks(), g.features())
+		return fmt.Errorf("peer has %d links per site pair (features %#x), we have %d (features %#x, %s): "+
+			"run the same mpi5k build with the same --wan-trunk, --wan-conns, --wan-express, --wan-express-renew and --wan-resume-within on every gateway",
+			h.LinkCount, h.Features, g.numLinks(), g.features(), g.trunkSaid())
 	case i >= 0 && int(h.LinkIndex) != i:
 		return fmt.Errorf("peer link index %d, want %d", h.LinkIndex, i)
 	}

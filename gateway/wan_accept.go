@@ -109,11 +109,14 @@ func (g *Gateway) acceptWAN(tc *net.TCPConn, stranger bool) {
 				ph.Gateway, ph.SiteID, cands[0].site.Name, len(cands[0].site.Gateways))
 		case p == nil:
 			return header.Hello{}, fmt.Errorf("HELLO claims gateway %d of site id %d, which does not have WAN address %v", ph.Gateway, ph.SiteID, remote.Addr())
-		case i >= g.numLinks():
-			return header.Hello{}, fmt.Errorf("link index %d with %d links per site pair", ph.LinkIndex, g.numLinks())
 		}
+		// checkHello first: a peer with another link count learns which
+		// flags differ, not only that its index is out of range.
 		if err := g.checkHello(ph, p, i); err != nil {
 			return header.Hello{}, err
+		}
+		if i >= g.numLinks() {
+			return header.Hello{}, fmt.Errorf("link index %d with %d links per site pair", ph.LinkIndex, g.numLinks())
 		}
 		if ph.Resume {
 			l, err := g.resumable(p, i, ph.Session, ph.Renew)
