@@ -244,11 +244,17 @@ func waitReady(ctx context.Context, gws []*gateway, timeout time.Duration) error
 			return nil
 		}
 		if time.Now().After(deadline) {
+			// The logs' last lines say why (a peer that refuses the
+			// links names the flags that differ).
 			names := make([]string, len(pending))
+			var tails strings.Builder
 			for i, g := range pending {
 				names[i] = fmt.Sprintf("%s (gateway %s, %s)", g.site.Name, g.hostName(), g.metrics)
+				if t := g.logTail(); t != "" {
+					fmt.Fprintf(&tails, "\nsite %s's gateway log (%s) ends:\n%s", g.site.Name, g.logPath, t)
+				}
 			}
-			return fmt.Errorf("gateways not ready after %v: site %s", timeout, strings.Join(names, ", site "))
+			return fmt.Errorf("gateways not ready after %v: site %s%s", timeout, strings.Join(names, ", site "), tails.String())
 		}
 		select {
 		case <-ctx.Done():
