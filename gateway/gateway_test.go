@@ -580,19 +580,26 @@ func TestExpressCC(t *testing.T) {
 	}
 }
 
+// neverReady fails if either gateway comes up within half a second: each
+// must refuse the other's links, given as what.
+func neverReady(t *testing.T, a, b *testGW, what string) {
+	t.Helper()
+	select {
+	case <-a.Ready():
+		t.Fatalf("a came up with %s", what)
+	case <-b.Ready():
+		t.Fatalf("b came up with %s", what)
+	case <-time.After(500 * time.Millisecond):
+	}
+}
+
 // TestTrunkMismatch: gateways that disagree on the express link refuse each
 // other's links with an error naming the flags, and never come up.
 func TestTrunkMismatch(t *testing.T) {
 	m := testMap(t)
 	a := startGW(t, m, "a", nil)
 	b := startGW(t, m, "b", func(c *Config) { c.Express = false })
-	select {
-	case <-a.Ready():
-		t.Fatal("a came up with a peer that has no express link")
-	case <-b.Ready():
-		t.Fatal("b came up with a peer that has an express link")
-	case <-time.After(500 * time.Millisecond):
-	}
+	neverReady(t, a, b, "a peer whose express link differs")
 	if err := b.checkHello(a.hello(0), b.peers[peerID{1, 0}], 0); err == nil || !strings.Contains(err.Error(), "--wan-express") {
 		t.Fatalf("mismatched HELLO: %v", err)
 	}
@@ -608,13 +615,7 @@ func TestTrunkPresetMismatch(t *testing.T) {
 		c.TrunkCC = "bbr"
 	})
 	b := startGW(t, m, "b", nil)
-	select {
-	case <-a.Ready():
-		t.Fatal("a parallel gateway came up with a shared peer")
-	case <-b.Ready():
-		t.Fatal("a shared gateway came up with a parallel peer")
-	case <-time.After(500 * time.Millisecond):
-	}
+	neverReady(t, a, b, "a peer of the other --wan-trunk preset")
 	for _, tc := range []struct {
 		self, other *testGW
 		want        string
