@@ -56,16 +56,17 @@ type wrappedJob struct {
 	work, hf string
 }
 
-// startWrapped starts `mpi5k run` of m's chaos job for secs seconds; tag
-// names its files in dir.
-func startWrapped(t *testing.T, l *testbed.Lab, m chaosMPI, bin, dir, tag, secs string) *wrappedJob {
+// startWrapped starts `mpi5k run` of m's chaos job for secs seconds, with
+// the wrapper's flags given; tag names its files in dir.
+func startWrapped(t *testing.T, l *testbed.Lab, m chaosMPI, bin, dir, tag, secs string, flags ...string) *wrappedJob {
 	t.Helper()
 	w := &wrappedJob{out: &lockedBuffer{}, exited: make(chan struct{}),
 		work: filepath.Join(dir, tag+".work"), hf: filepath.Join(dir, tag+".hosts")}
 	if err := os.WriteFile(w.hf, []byte(m.hostfile), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return w.start(t, l, dir, append([]string{wrapScript(t), "--shared-fs", "--workdir", w.work}, m.argv(bin, w.hf, secs)...))
+	argv := append([]string{wrapScript(t), "--shared-fs", "--workdir", w.work}, flags...)
+	return w.start(t, l, dir, append(argv, m.argv(bin, w.hf, secs)...))
 }
 
 // start runs argv (`mpi5k run …`) on node-1.site1 in dir; the test's end

@@ -23,17 +23,8 @@ func TestLabWANTrunk(t *testing.T) {
 	m := chaosMPIs[0]
 	bin := buildMPI(t, m.mpicc, "chaos_mpi")
 	dir := t.TempDir()
-	hf := filepath.Join(dir, "hosts")
-	if err := os.WriteFile(hf, []byte(m.hostfile), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	run := func(tag string, flags ...string) *wrappedJob {
-		work := filepath.Join(dir, tag)
-		argv := append(append([]string{wrapScript(t), "--shared-fs", "--keep", "--workdir", work}, flags...), m.argv(bin, hf, "2")...)
-		return (&wrappedJob{out: &lockedBuffer{}, exited: make(chan struct{}), work: work, hf: hf}).start(t, l, dir, argv)
-	}
 
-	w := run("auto", "--wan-trunk", "auto")
+	w := startWrapped(t, l, m, bin, dir, "auto", "2", "--keep", "--wan-trunk", "auto")
 	w.finish(t, m, 90*time.Second)
 	for _, site := range []string{"site1", "site2"} {
 		b, err := os.ReadFile(filepath.Join(w.work, "gateway-"+site+".log"))
@@ -57,7 +48,7 @@ func TestLabWANTrunk(t *testing.T) {
 		t.Fatalf("gw.site2 to reno: %v\n%s", err, out)
 	}
 	t.Cleanup(func() { l.Command("gw.site2", "sysctl", "-w", "net.ipv4.tcp_congestion_control=bbr").Run() })
-	w = run("mixed", "--wan-trunk", "auto", "--ready-timeout", "10s")
+	w = startWrapped(t, l, m, bin, dir, "mixed", "2", "--keep", "--wan-trunk", "auto", "--ready-timeout", "10s")
 	if !w.waitExit(60 * time.Second) {
 		t.Fatalf("mpi5k run with refused links still runs 60 s on:\n%s", w.out.String())
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -132,8 +133,10 @@ type WANConfig struct {
 // the flags keep them for experiments.
 type TuningConfig struct {
 	// Trunk names the preset these settings started from (--wan-trunk):
-	// TrunkShared (DefaultConfig) or TrunkParallel; it is what the
-	// gateway logs and names when a peer's links differ from its own.
+	// TrunkShared (DefaultConfig) or TrunkParallel, or TrunkAuto in the
+	// settings `mpi5k run` checks for remote gateways, which resolve it on
+	// their hosts; it is what the gateway logs and names when a peer's
+	// links differ from its own.
 	Trunk string
 	// TrunkCC is the host's default congestion control that chose Trunk
 	// for --wan-trunk auto ("" when the preset was given).
@@ -254,9 +257,7 @@ func DefaultConfig() Config {
 // reads nothing from the kernel, so `mpi5k run` checks the remote
 // gateways' settings with it before it starts any.
 func (c *Config) Validate() error {
-	switch c.Trunk {
-	case "", TrunkShared, TrunkParallel, TrunkAuto:
-	default:
+	if c.Trunk != "" && !slices.Contains(trunkWords, c.Trunk) {
 		return fmt.Errorf("--wan-trunk %q: want %s", c.Trunk, strings.Join(trunkWords, ", "))
 	}
 	switch c.LANTransport {
