@@ -85,6 +85,12 @@ const (
 	// (docs/wire-format.md, "Resumable streams"), which a rank could not
 	// read.
 	ExtResume uint16 = 4 | ExtCritical
+	// ExtTrunk (HELLO): the sender's --wan-trunk preset (TrunkShared or
+	// TrunkParallel) and whether it runs auto, which takes whatever preset
+	// the site pair agrees on (docs/wire-format.md, "Trunk agreement").
+	// Not critical: a receiver that does not know it checks the link
+	// count and features, as before.
+	ExtTrunk uint16 = 5
 	// MaxGatewayIndex is the highest gateway index (sitemap.MaxGateways - 1).
 	MaxGatewayIndex = 15
 	MaxLabel        = 64
@@ -164,6 +170,14 @@ const (
 	knownFeatures           = FeatureTrunk | FeatureExpress | FeatureClamp | FeatureRenew | FeaturePad | FeatureResume | FeatureQuiet | FeatureNodeResume
 )
 
+// The presets of ExtTrunk's value, whose bit trunkAutoBit says the
+// sender runs --wan-trunk auto.
+const (
+	TrunkShared   uint8 = 1
+	TrunkParallel uint8 = 2
+	trunkAutoBit  uint8 = 0x80
+)
+
 // sessionLen is the size of the ExtSession value: u64 session, u64 bytes
 // received, u8 flags (bit 0: resume, bit 1: renew).
 const sessionLen = 17
@@ -192,6 +206,13 @@ type Hello struct {
 	// Gateway (extension ExtGateway, sent when not 0): the sender's index
 	// among its site's gateway hosts (sitemap.Site.Gateways).
 	Gateway uint8
+	// Trunk (extension ExtTrunk, sent when not 0): the sender's preset,
+	// TrunkShared or TrunkParallel; with TrunkAuto the one its
+	// --wan-trunk auto picked, and it takes the preset the pair agrees
+	// on. LinkCount and Features are the links of the preset the sender
+	// runs with this peer now.
+	Trunk     uint8
+	TrunkAuto bool
 }
 
 // AppendHello appends the encoded body of h to b.
@@ -218,6 +239,13 @@ func AppendHello(b []byte, h *Hello) ([]byte, error) {
 	}
 	if h.Gateway != 0 {
 		b = appendExt(b, ExtGateway, []byte{h.Gateway})
+	}
+	if h.Trunk != 0 {
+		v := h.Trunk
+		if h.TrunkAuto {
+			v |= trunkAutoBit
+		}
+		b = appendExt(b, ExtTrunk, []byte{v})
 	}
 	return b, nil
 }
@@ -246,6 +274,8 @@ func (h *Hello) check() error {
 		return fmt.Errorf("%w: HELLO renewal without resume or feature RENEW", ErrPayload)
 	case h.Gateway > MaxGatewayIndex:
 		return fmt.Errorf("%w: HELLO gateway index %d (want 0..%d)", ErrPayload, h.Gateway, MaxGatewayIndex)
+	case h.Trunk > TrunkParallel || h.Trunk == 0 && h.TrunkAuto:
+		return fmt.Errorf("%w: HELLO trunk preset %d auto %v (want 1 or 2, auto only with one)", ErrPayload, h.Trunk, h.TrunkAuto)
 	}
 	return nil
 }
@@ -274,6 +304,13 @@ func ParseHello(p []byte) (Hello, error) {
 				return fmt.Errorf("%w: HELLO gateway extension %x (want one byte 1..%d)", ErrPayload, v, MaxGatewayIndex)
 			}
 			h.Gateway = v[0]
+			return nil
+		}
+		if typ == ExtTrunk {
+			if len(v) != 1 || v[0]&^trunkAutoBit != TrunkShared && v[0]&^trunkAutoBit != TrunkParallel {
+				return fmt.Errorf("%w: HELLO trunk extension %x (want one byte: 1 or 2, with bit 0x80 for auto)", ErrPayload, v)
+			}
+			h.Trunk, h.TrunkAuto = v[0]&^trunkAutoBit, v[0]&trunkAutoBit != 0
 			return nil
 		}
 		if typ != ExtSession {

@@ -28,6 +28,10 @@ func FuzzDecode(f *testing.F) {
 	second.Gateway = 1 // a site's second gateway host (ExtGateway)
 	hb, _ = AppendHello(nil, &second)
 	f.Add(AppendFrame(nil, TypeHello, 0, hb))
+	auto := second
+	auto.Trunk, auto.TrunkAuto = TrunkParallel, true // ExtTrunk
+	hb, _ = AppendHello(nil, &auto)
+	f.Add(AppendFrame(nil, TypeHello, 0, hb))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := Decode(b)
 		if err == nil {

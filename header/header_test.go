@@ -252,6 +252,28 @@ func TestHello(t *testing.T) {
 	if _, err := AppendHello(nil, &Hello{SiteID: 1, LinkCount: 1, MaxPayload: 1, Window: 1, Name: "a", Gateway: MaxGatewayIndex + 1}); !errors.Is(err, ErrPayload) {
 		t.Errorf("gateway index %d: %v", MaxGatewayIndex+1, err)
 	}
+	// The trunk extension: each preset, fixed and auto, and malformed.
+	for _, th := range []Hello{{Trunk: TrunkShared}, {Trunk: TrunkParallel}, {Trunk: TrunkShared, TrunkAuto: true}, {Trunk: TrunkParallel, TrunkAuto: true}} {
+		th.SiteID, th.LinkCount, th.MaxPayload, th.Window, th.Name = 2, 1, 1, 1, "lyon"
+		tb, err := AppendHello(nil, &th)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := ParseHello(tb); err != nil || got != th {
+			t.Fatalf("trunk: got %+v %v, want %+v", got, err, th)
+		}
+	}
+	for _, v := range [][]byte{{0}, {3}, {0x80}, {0x81, 0}, {0x41}, nil} {
+		if _, err := ParseHello(appendExt(bytes.Clone(b), ExtTrunk, v)); !errors.Is(err, ErrPayload) {
+			t.Errorf("trunk extension %x: %v", v, err)
+		}
+	}
+	for _, th := range []Hello{{Trunk: 3}, {TrunkAuto: true}} {
+		th.SiteID, th.LinkCount, th.MaxPayload, th.Window, th.Name = 1, 1, 1, 1, "a"
+		if _, err := AppendHello(nil, &th); !errors.Is(err, ErrPayload) {
+			t.Errorf("trunk %d auto %v: %v", th.Trunk, th.TrunkAuto, err)
+		}
+	}
 	zero := appendExt(bytes.Clone(b), ExtSession, make([]byte, sessionLen))
 	if _, err := ParseHello(zero); !errors.Is(err, ErrPayload) {
 		t.Fatalf("session 0: %v", err)
