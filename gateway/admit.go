@@ -93,7 +93,7 @@ func (g *Gateway) admitPending(src netip.Addr) (wanSlot, string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.reserveOf != m {
-		a.reserveOf, a.reserve = m, reservedFor(m, g.site, g.numLinks())
+		a.reserveOf, a.reserve = m, reservedFor(m, g.site, g.maxLinks())
 	}
 	if n := a.own[src]; n < a.reserve[src] {
 		a.own[src] = n + 1

@@ -141,6 +141,12 @@ type TuningConfig struct {
 	// TrunkCC is the host's default congestion control that chose Trunk
 	// for --wan-trunk auto ("" when the preset was given).
 	TrunkCC string
+	// TrunkAlt, with --wan-trunk auto resolved (Flags.Config), is the
+	// settings under the preset auto did not pick, of which the gateway
+	// takes the trunk's (WANConns and TuningConfig): the site pairs that
+	// agree on that preset run them (trunk.go, agree). nil: every pair
+	// runs Trunk, and a peer that runs another preset is refused.
+	TrunkAlt *Config
 
 	Chunk  int    // DATA chunk (default 128 KiB)
 	Window uint32 // per-stream receive window (default 4 MiB)

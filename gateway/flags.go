@@ -49,7 +49,7 @@ func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
 	// What a user sets: the WAN's congestion control, how many
 	// connections share it, how much a stream may have in flight, a rate cap.
 	add(cli.Choice{P: &f.trunk, Words: trunkWords}, "wan-trunk",
-		"how a site pair's streams share the WAN: shared (one warm aggregated link plus an express link for messages; wins on CUBIC hosts and idle WANs), parallel (a BBR link per stream, up to 8, as the ranks' own connections; wins on BBR hosts beside BBR flows), auto (parallel where the gateway host's default TCP is bbr, else shared); flags given with it win (the same on every gateway)")
+		"how a site pair's streams share the WAN: shared (one warm aggregated link plus an express link for messages; wins on CUBIC hosts and idle WANs), parallel (a BBR link per stream, up to 8, as the ranks' own connections; wins on BBR hosts beside other flows), auto (picks parallel where the gateway host's default TCP is bbr, else shared, and agrees with each peer gateway: a peer's shared or parallel is taken, two auto picks that differ take shared); flags given with it win. Gateways that give shared and parallel refuse each other")
 	add(cc(&c.WAN.CC), "wan-cc", "TCP congestion control of the WAN links (default: bbr if the kernel has it, else the system's)")
 	add(cli.IntRange{P: &c.WANConns, Min: 1, Max: maxWANConns, What: "bulk WAN connections"}, "wan-conns",
 		"parallel bulk WAN connections per site pair, large writes striped over them (the same on every gateway)")
@@ -114,8 +114,10 @@ func (f *Flags) Has(name string) bool { return slices.Contains(f.names, name) }
 // Config returns the settings parsed, started from the --wan-trunk
 // preset and checked together (Validate); the caller adds Map, Site and
 // the rest. A local gateway resolves auto by its host's congestion
-// control (TrunkCC says which); for remote gateways, which resolve it
-// on their own hosts, both outcomes are checked and Trunk stays auto.
+// control (TrunkCC says which) and keeps the other preset's settings in
+// TrunkAlt for the site pairs that agree on it; for remote gateways,
+// which resolve it on their own hosts, both outcomes are checked and
+// Trunk stays auto.
 func (f *Flags) Config() (Config, error) {
 	c := f.cfg
 	c.Window = uint32(f.window)
@@ -135,8 +137,17 @@ func (f *Flags) Config() (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
+	base := c
 	applyTrunk(&c, preset, given)
 	c.TrunkCC = cc
+	if cc != "" {
+		alt := base
+		applyTrunk(&alt, otherTrunk(preset), given)
+		if err := alt.Validate(); err != nil {
+			return Config{}, fmt.Errorf("%w (with --wan-trunk auto, where a site pair agrees on %s)", err, alt.Trunk)
+		}
+		c.TrunkAlt = &alt
+	}
 	return c, c.Validate()
 }
 

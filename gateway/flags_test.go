@@ -169,7 +169,7 @@ func TestFlagsTrunkParallel(t *testing.T) {
 		t.Errorf("--wan-trunk parallel beside --wan-conns 4 --wan-express: conns %d, express %v, stripe %v, trunk %q", c.WANConns, c.Express, c.Stripe, c.Trunk)
 	}
 	// It is the flag set measured as tlst in bench/figures/competing.
-	tlst, err := parseFlags(t, false, "--poll-thread=false", "--wan-express=false", "--wan-conns", "8", "--wan-stripe=false",
+	tlst, err := parseFlags(t, false, "--wan-trunk=shared", "--poll-thread=false", "--wan-express=false", "--wan-conns", "8", "--wan-stripe=false",
 		"--wan-prime=false", "--wan-queue", "0", "--wan-skip-probe-rtt=false").Config()
 	if err != nil {
 		t.Fatal(err)
@@ -198,6 +198,19 @@ func TestFlagsTrunkAuto(t *testing.T) {
 		if c.Trunk != preset || c.TrunkCC != cc || (preset == TrunkParallel) != (c.WANConns == parallelLinks) {
 			t.Errorf("auto on a %s host: trunk %q (by %q), %d links; want %s", cc, c.Trunk, c.TrunkCC, c.WANConns, preset)
 		}
+		// The other preset, for the site pairs that agree on it.
+		if a := c.TrunkAlt; a == nil || a.Trunk != otherTrunk(preset) || (preset == TrunkShared) != (a.WANConns == parallelLinks) || a.TrunkAlt != nil {
+			t.Errorf("auto on a %s host: the other preset %+v", cc, a)
+		}
+	}
+	// Flags given win in both presets.
+	hostCC = func() (string, error) { return "bbr", nil }
+	if c, err := parseFlags(t, false, "--wan-trunk", "auto", "--wan-conns", "3").Config(); err != nil || c.WANConns != 3 || c.TrunkAlt == nil || c.TrunkAlt.WANConns != 3 || !c.TrunkAlt.Express {
+		t.Errorf("auto with --wan-conns 3: %v, %+v", err, c)
+	}
+	hostCC = func() (string, error) { return "", nil }
+	if _, err := parseFlags(t, false, "--wan-trunk", "auto").Config(); err == nil || !strings.Contains(err.Error(), "(it reads empty)") {
+		t.Errorf("auto, empty: %v", err)
 	}
 	hostCC = func() (string, error) {
 		return "", errors.New("open /proc/sys/net/ipv4/tcp_congestion_control: no such file or directory")

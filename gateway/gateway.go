@@ -57,19 +57,21 @@ import (
 
 	"github.com/mpi5k/mpi5k/gateway/degraded"
 	"github.com/mpi5k/mpi5k/internal/ratelog"
-	"github.com/mpi5k/mpi5k/relay"
 	"github.com/mpi5k/mpi5k/sitemap"
 	"github.com/mpi5k/mpi5k/tuning"
 )
 
 // Gateway is one site's gateway.
 type Gateway struct {
-	cfg   Config
-	site  *sitemap.Site
-	log   *slog.Logger
-	rcfg  relay.Config
-	lan   LANTransport
-	peers map[peerID]*peer // by site id and gateway index
+	cfg  Config
+	site *sitemap.Site
+	log  *slog.Logger
+	// mine is the layout of the gateway's preset, alt under --wan-trunk
+	// auto the other preset's (nil otherwise): each peer runs one of them
+	// (trunk.go).
+	mine, alt *layout
+	lan       LANTransport
+	peers     map[peerID]*peer // by site id and gateway index
 	// gw is which of its site's gateway hosts this is (site.Gateways), me
 	// its listeners.
 	gw int
@@ -138,6 +140,9 @@ func New(cfg Config) (*Gateway, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
+	if cfg.Trunk == TrunkAuto {
+		return nil, errors.New("gateway: --wan-trunk auto is resolved on the gateway's host: start from the Config that Flags.Config returns there")
+	}
 	cfg.fillDefaults()
 	without, err := cfg.checkKernel()
 	if err != nil {
@@ -151,8 +156,10 @@ func New(cfg Config) (*Gateway, error) {
 	g := newGateway(cfg, site, gw)
 	// The links take their settings as they are (relay.Config): a value
 	// out of their range fails here, not at the first link.
-	if err := g.rcfg.Validate(); err != nil {
-		return nil, fmt.Errorf("gateway: %w", err)
+	for _, l := range g.layouts() {
+		if err := l.rcfg.Validate(); err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
 	}
 	g.degraded = without
 	if err := g.initLAN(); err != nil {
@@ -185,9 +192,17 @@ func newGateway(cfg Config, site *sitemap.Site, gw int) *Gateway {
 	g.guard = tuning.NewProbeGuard()
 	g.sources.m = map[netip.Addr]int{}
 	g.admit.own, g.admit.other = map[netip.Addr]int{}, map[netip.Addr]int{}
-	g.rcfg = cfg.relayConfig(g.log, func(reason, peer string, err error) {
+	limited := func(reason, peer string, err error) {
 		g.refused(reason, "WAN peer hit a limit", "peer", peer, "err", err)
-	})
+	}
+	g.mine = newLayout(&cfg, cfg.relayConfig(g.log, limited))
+	if a := cfg.TrunkAlt; a != nil {
+		alt := cfg
+		alt.WANConns, alt.TuningConfig = a.WANConns, a.TuningConfig
+		alt.TrunkAlt = nil
+		alt.fillDefaults()
+		g.alt = newLayout(&alt, alt.relayConfig(g.log, limited))
+	}
 	g.records.m = map[recordKey]record{}
 	g.listens.m = map[netip.AddrPort]int{}
 	g.records.locals = map[netip.AddrPort]int{}
@@ -242,7 +257,11 @@ func (g *Gateway) Run(ctx context.Context) error {
 		go srv.Serve(newLimitListener(ln, maxMetricsConns))
 	}
 	keepWarmState := "not checked (--wan-keep-warm=false)"
-	if g.cfg.KeepWarm && !tuning.RestartsAfterIdle(g.cfg.WAN.CC, g.cfg.ExpressCC, g.cfg.Express) {
+	express, guard := false, false
+	for _, l := range g.layouts() {
+		express, guard = express || l.express, guard || l.guard
+	}
+	if g.cfg.KeepWarm && !tuning.RestartsAfterIdle(g.cfg.WAN.CC, g.cfg.ExpressCC, express) {
 		keepWarmState = "not needed: every WAN socket runs BBR, which Linux never restarts after idle"
 	} else if g.cfg.KeepWarm {
 		warm, state, err := tuning.WarmState()
@@ -261,7 +280,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		}
 	}
 	g.log.Info("gateway up", "id", g.site.ID, "lan", g.lanLn.Addr().String(), "wan", g.wanLn.Addr().String(),
-		"peers", len(g.peerList()), "trunk", g.cfg.Trunk, "trunk_by_host_cc", g.cfg.TrunkCC, "wan_conns", g.cfg.WANConns, "express", g.cfg.Express, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
+		"peers", len(g.peerList()), "trunk", g.cfg.Trunk, "trunk_by_host_cc", g.cfg.TrunkCC, "trunk_agreed_per_pair", g.alt != nil, "wan_conns", g.cfg.WANConns, "express", g.cfg.Express, "chunk", g.cfg.Chunk, "window", g.cfg.Window,
 		"wan_pace_bps", g.cfg.WANPace, "wan_queue", g.cfg.WANQueue.String(), "probe_rtt_guard", g.cfg.ProbeRTTGuard,
 		"express_cc", g.cfg.ExpressCC, "prime", g.cfg.Prime, "keep_warm", keepWarmState,
 		"wan_auth", g.auth != nil, "wan_encrypt", g.auth != nil && !g.cfg.WANIntegrityOnly, "wan_allow_ports", g.cfg.AllowPorts.String(), "lan_listen_ports", g.listenPorts().String(),
@@ -270,7 +289,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	go g.serveLAN()
 	go g.serveWAN()
 	go g.sampleWAN()
-	if g.cfg.ProbeRTTGuard {
+	if guard {
 		g.wg.Add(1)
 		go func() {
 			defer g.wg.Done()

@@ -85,8 +85,9 @@ type testGW struct {
 // real WAN timings: keep-warm (a host-wide sysctl), queue control and the
 // WAN timer floors, which these loopback tests have always run without.
 // Their destinations are test servers, not ranks that register: every
-// port is allowed.
-var testFlags = []string{"--wan-keep-warm=false", "--wan-queue=0", "--wan-rto-min=0", "--wan-delack-max=0", "--wan-allow-ports=any"}
+// port is allowed. They run the shared trunk whatever the machine's TCP
+// (auto would pick parallel on a BBR host); trunk_test.go runs the rest.
+var testFlags = []string{"--wan-trunk=shared", "--wan-keep-warm=false", "--wan-queue=0", "--wan-rto-min=0", "--wan-delack-max=0", "--wan-allow-ports=any"}
 
 // testConfig is the Config of the tests' gateways: testFlags, then flags.
 func testConfig(m *sitemap.Map, site string, flags ...string) (Config, error) {
@@ -600,35 +601,32 @@ func TestTrunkMismatch(t *testing.T) {
 	a := startGW(t, m, "a", nil)
 	b := startGW(t, m, "b", func(c *Config) { c.Express = false })
 	neverReady(t, a, b, "a peer whose express link differs")
-	if err := b.checkHello(a.hello(0), b.peers[peerID{1, 0}], 0); err == nil || !strings.Contains(err.Error(), "--wan-express") {
+	if _, err := b.checkHello(a.helloIn(a.mine, 0), b.peers[peerID{1, 0}], 0); err == nil || !strings.Contains(err.Error(), "--wan-express") {
 		t.Fatalf("mismatched HELLO: %v", err)
 	}
 }
 
-// TestTrunkPresetMismatch: a parallel gateway and a shared one refuse
-// each other, each naming its own --wan-trunk preset (and, for auto, the
-// host's TCP that chose it), and never come up.
+// TestTrunkPresetMismatch: a parallel gateway and a shared one, neither
+// on auto, refuse each other, each naming the peer's preset and its own,
+// and never come up.
 func TestTrunkPresetMismatch(t *testing.T) {
 	m := testMap(t)
-	a := startGW(t, m, "a", func(c *Config) {
-		applyTrunk(c, TrunkParallel, func(string) bool { return false })
-		c.TrunkCC = "bbr"
-	})
+	a := startGW(t, m, "a", func(c *Config) { applyTrunk(c, TrunkParallel, func(string) bool { return false }) })
 	b := startGW(t, m, "b", nil)
 	neverReady(t, a, b, "a peer of the other --wan-trunk preset")
 	for _, tc := range []struct {
 		self, other *testGW
 		want        string
 	}{
-		{a, b, "--wan-trunk auto chose parallel: this host's TCP is bbr"},
-		{b, a, "--wan-trunk shared"},
+		{a, b, "peer runs --wan-trunk shared, we run --wan-trunk parallel"},
+		{b, a, "peer runs --wan-trunk parallel, we run --wan-trunk shared"},
 	} {
 		if len(tc.self.peers) != 1 {
 			t.Fatalf("%d peers", len(tc.self.peers))
 		}
 		for _, p := range tc.self.peers {
-			err := tc.self.checkHello(tc.other.hello(0), p, 0)
-			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "the same --wan-trunk") {
+			_, err := tc.self.checkHello(tc.other.helloIn(tc.other.mine, 0), p, 0)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "the same --wan-trunk, or auto") {
 				t.Errorf("mismatched HELLO: %v, want %q", err, tc.want)
 			}
 		}

@@ -36,6 +36,12 @@ func fakePeer(t *testing.T, g *testGW, index, rcvbuf int) (*net.TCPConn, header.
 // that refuses the HELLO resets the connection without answering.
 func fakeHello(t *testing.T, g *testGW, index, rcvbuf int) (*net.TCPConn, header.Hello, error) {
 	t.Helper()
+	return sendHello(t, g, g.helloIn(g.mine, index), rcvbuf)
+}
+
+// sendHello sends h, as site a's gateway, to g's WAN listener.
+func sendHello(t *testing.T, g *testGW, h header.Hello, rcvbuf int) (*net.TCPConn, header.Hello, error) {
+	t.Helper()
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: gwA.AsSlice()}, Control: func(_, _ string, rc syscall.RawConn) error {
 		if rcvbuf > 0 {
 			rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, rcvbuf) })
@@ -47,7 +53,6 @@ func fakeHello(t *testing.T, g *testGW, index, rcvbuf int) (*net.TCPConn, header
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	h := g.hello(index)
 	h.SiteID, h.Name = 1, "a"
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -289,8 +294,8 @@ func TestHelloInUse(t *testing.T) {
 	}
 	echo("before")
 	old := b.allLinks()
-	for i := range b.numLinks() {
-		if b.isExpress(i) {
+	for i := range b.mine.numLinks() {
+		if b.mine.isExpress(i) {
 			continue // a working express link may be renewed: it retires without resetting streams
 		}
 		fake, _, err := fakeHello(t, b, i, 0)

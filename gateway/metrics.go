@@ -156,14 +156,17 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	var renewed []prometheus.Metric
 	m.g.peersMu.Lock()
 	for _, p := range m.g.peers {
-		if m.g.cfg.Express {
+		if p.lay.Load().express {
 			renewed = append(renewed, prometheus.MustNewConstMetric(m.renewals, prometheus.CounterValue, float64(p.renewed.Load()), p.name),
 				prometheus.MustNewConstMetric(m.yields, prometheus.CounterValue, float64(p.yields.Load()), p.name))
 		}
 		renewed = append(renewed, prometheus.MustNewConstMetric(m.peerStreams, prometheus.GaugeValue, float64(p.streamsIn.Load()), p.name),
 			prometheus.MustNewConstMetric(m.early, prometheus.GaugeValue, float64(p.trunk.EarlyBytes()), p.name))
+		n := p.lay.Load().numLinks()
 		for i, l := range p.links {
-			rows = append(rows, row{p.name, strconv.Itoa(i), l, p.pastCounts(i)})
+			if i < n || l != nil || p.pastCounts(i) != (linkCounts{}) {
+				rows = append(rows, row{p.name, strconv.Itoa(i), l, p.pastCounts(i)})
+			}
 		}
 	}
 	m.g.peersMu.Unlock()

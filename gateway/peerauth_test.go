@@ -204,7 +204,7 @@ func TestReplayedHandshake(t *testing.T) {
 	if err != nil {
 		t.Fatalf("honest handshake: %v", err)
 	}
-	h := b.hello(0)
+	h := b.helloIn(b.mine, 0)
 	h.SiteID, h.Name = 1, "a"
 	if _, err := relay.Handshake(ctx, sc, h); err != nil {
 		t.Fatalf("honest HELLO: %v", err)

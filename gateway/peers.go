@@ -38,6 +38,11 @@ type peer struct {
 	dialer bool           // we dial (sitemap.Dials: the peer is behind NAT, or our id is lower)
 	trunk  *relay.Trunk   // the links' shared streams
 	links  []*relay.Link  // by link index (bulk links, then the express link); nil while down
+	// lay is the pair's layout (trunk.go): the gateway's own until a
+	// HELLO agrees on another; layoutc (under peersMu) is closed when it
+	// changes, which wakes the dial loops it parked.
+	lay     atomic.Pointer[layout]
+	layoutc chan struct{}
 	// renew wakes the dialer's express dialLoop to replace a working
 	// express link; renewed counts renewals (both sides).
 	renew   chan struct{}
@@ -68,9 +73,11 @@ type peer struct {
 // newPeer makes the peer state for gateway gw of site s (not started).
 // Who dials is the sites' rule (sitemap.Dials) for every gateway pair.
 func (g *Gateway) newPeer(s *sitemap.Site, gw int) *peer {
+	n := g.maxLinks()
 	p := &peer{site: s, gw: gw, wan: s.Gateways[gw].WAN, name: peerName(s.Name, gw),
-		dialer: sitemap.Dials(g.site, s), links: make([]*relay.Link, g.numLinks()), renew: make(chan struct{}, 1),
-		past: make([]linkCounts, g.numLinks()), leaving: make([][]*relay.Link, g.numLinks())}
+		dialer: sitemap.Dials(g.site, s), links: make([]*relay.Link, n), renew: make(chan struct{}, 1),
+		past: make([]linkCounts, n), leaving: make([][]*relay.Link, n), layoutc: make(chan struct{})}
+	p.lay.Store(g.mine)
 	p.trunk = relay.NewTrunk(p.dialer, relay.HandlerFunc(g.openFromWAN))
 	p.trunk.OnRenew(func() { kickRenew(p) })
 	return p
@@ -85,16 +92,19 @@ func peerName(site string, gw int) string {
 	return fmt.Sprintf("%s/%d", site, gw)
 }
 
-// numLinks is the links per site pair: the bulk ones and the express one.
-func (g *Gateway) numLinks() int {
-	if !g.cfg.Express {
-		return g.cfg.WANConns
-	}
-	return g.cfg.WANConns + 1
-}
+// isExpress tells whether p's link index i is the express link.
+func (p *peer) isExpress(i int) bool { return p.lay.Load().isExpress(i) }
 
-// isExpress tells whether link index i is the express link.
-func (g *Gateway) isExpress(i int) bool { return g.cfg.Express && i == g.cfg.WANConns }
+// inLayout is p's links of its layout (caller holds peersMu): the slots
+// past it are empty.
+func (p *peer) inLayout() []*relay.Link { return p.links[:p.lay.Load().numLinks()] }
+
+// wake closes layoutc (caller holds peersMu): the parked dial loops look
+// again.
+func (p *peer) wake() {
+	close(p.layoutc)
+	p.layoutc = make(chan struct{})
+}
 
 // linkCounts are the counters of relay.Stats that the metrics carry over
 // from one link of a slot to the next.
@@ -270,10 +280,12 @@ func (g *Gateway) pickLink(ps []*peer) *relay.Link {
 		var best *relay.Link
 		bestN, bestDown := 0, false
 		g.peersMu.Lock()
-		nl := len(ps) * g.cfg.WANConns
-		for k := range nl {
-			j := (start + k) % nl
-			l := ps[j/g.cfg.WANConns].links[j%g.cfg.WANConns] // bulk links come first
+		var bulk []*relay.Link // bulk links come first
+		for _, p := range ps {
+			bulk = append(bulk, p.links[:p.lay.Load().conns]...)
+		}
+		for k := range bulk {
+			l := bulk[(start+k)%len(bulk)]
 			if l == nil {
 				continue
 			}
@@ -343,7 +355,7 @@ func (g *Gateway) allUpLocked() bool {
 		return false
 	}
 	for _, p := range g.peers {
-		for _, l := range p.links {
+		for _, l := range p.inLayout() {
 			if l == nil {
 				return false
 			}
@@ -381,7 +393,7 @@ func siteUpLocked(ps []*peer) error {
 	var err error
 	for _, p := range ps {
 		err = nil
-		for i, l := range p.links {
+		for i, l := range p.inLayout() {
 			if l == nil {
 				err = fmt.Errorf("WAN link %d to %s is down", i, p.name)
 				break

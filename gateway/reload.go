@@ -106,6 +106,7 @@ func (g *Gateway) Reload(m *sitemap.Map) (ReloadResult, error) {
 			continue
 		}
 		p.removed.Store(true)
+		p.wake() // its parked dial loops end
 		delete(g.peers, id)
 		gone = append(gone, p)
 	}

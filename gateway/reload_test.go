@@ -420,11 +420,11 @@ func TestReloadKeys(t *testing.T) {
 				proved++
 			}
 		}
-		if up == b.numLinks() && proved == up {
+		if up == b.mine.numLinks() && proved == up {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("b: %d links up, %d of them made with a's new key; want all %d", up, proved, b.numLinks())
+			t.Fatalf("b: %d links up, %d of them made with a's new key; want all %d", up, proved, b.mine.numLinks())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -80,8 +80,8 @@ func TestWANResume(t *testing.T) {
 		t.Fatalf("%v resumes for %d resets", resumes, kills)
 	}
 	for _, g := range []*testGW{a, b} {
-		if n := len(g.allLinks()); n != g.numLinks() {
-			t.Fatalf("%d links up after the test, want %d", n, g.numLinks())
+		if n := len(g.allLinks()); n != g.mine.numLinks() {
+			t.Fatalf("%d links up after the test, want %d", n, g.mine.numLinks())
 		}
 	}
 }

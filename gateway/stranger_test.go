@@ -226,6 +226,7 @@ func TestEarlyDrop(t *testing.T) {
 	site, _ := m.Site("b")
 	g := &Gateway{site: site, cfg: Config{LimitsConfig: LimitsConfig{MaxPendingWAN: 16, MaxSourcePendingWAN: 1 << 20},
 		WANConfig: WANConfig{WANConns: 1}, TuningConfig: TuningConfig{Express: true}}}
+	g.mine = newLayout(&g.cfg, relay.Config{})
 	g.smap.Store(m)
 	g.admit.own, g.admit.other = map[netip.Addr]int{}, map[netip.Addr]int{}
 	fill := func(n int) {

@@ -8,7 +8,9 @@ package gateway
 //  2. dialLoop: dial, then redial after a failure, with backoff;
 //  3. dialOnce, dialHello, dialSecure: TCP from the map address, then TLS
 //     when the map has keys (secureDial, peerauth.go);
-//  4. helloOn: the HELLO exchange (hello, checkHello);
+//  4. helloOn: the HELLO exchange (hello, checkHello), which agrees on
+//     the pair's layout (trunk.go: agree; adopt; a link index the layout
+//     does not have parks its dialLoop);
 //  5. addLink: the link joins the peer's trunk and its slot (setLink,
 //     peers.go), tuned (wan_tune.go);
 //  6. resumeLoop, when its connection breaks: redial and resume the link
@@ -30,7 +32,8 @@ import (
 	"github.com/mpi5k/mpi5k/relay"
 )
 
-func (g *Gateway) features() uint8 {
+// features is what the HELLO of a link of layout l says.
+func (g *Gateway) features(l *layout) uint8 {
 	f := header.FeatureTrunk | header.FeatureClamp | header.FeaturePad | header.FeatureQuiet
 	if _, ok := g.lan.(*MXTransport); ok {
 		f |= header.FeatureNodeResume
@@ -38,21 +41,26 @@ func (g *Gateway) features() uint8 {
 	if g.cfg.ResumeWithin > 0 {
 		f |= header.FeatureResume
 	}
-	if g.cfg.Express {
+	if l.express {
 		f |= header.FeatureExpress
-		if g.cfg.Renew {
+		if l.renew {
 			f |= header.FeatureRenew
 		}
 	}
 	return f
 }
 
-// hello is the HELLO of a new link i; a resuming link gets a fresh
-// session (never 0).
-func (g *Gateway) hello(i int) header.Hello {
-	h := g.rcfg.Hello(g.site.ID, g.site.Name, uint8(i), uint8(g.numLinks()))
-	h.Features = g.features()
+// hello is the HELLO of a new link i to p, in p's layout; a resuming
+// link gets a fresh session (never 0).
+func (g *Gateway) hello(p *peer, i int) header.Hello {
+	return g.helloIn(p.lay.Load(), i)
+}
+
+func (g *Gateway) helloIn(l *layout, i int) header.Hello {
+	h := l.rcfg.Hello(g.site.ID, g.site.Name, uint8(i), uint8(l.numLinks()))
+	h.Features = g.features(l)
 	h.Gateway = uint8(g.gw)
+	h.Trunk, h.TrunkAuto = l.wire(), g.alt != nil
 	if h.Features&header.FeatureResume != 0 {
 		h.Session = rand.Uint64() | 1
 	}
@@ -60,10 +68,10 @@ func (g *Gateway) hello(i int) header.Hello {
 }
 
 // trunkSaid names the gateway's --wan-trunk preset and, for auto, what
-// chose it: a peer whose links differ may have resolved auto otherwise.
+// it picked and why.
 func (g *Gateway) trunkSaid() string {
 	if g.cfg.TrunkCC != "" {
-		return fmt.Sprintf("--wan-trunk auto chose %s: this host's TCP is %s", g.cfg.Trunk, g.cfg.TrunkCC)
+		return fmt.Sprintf("--wan-trunk auto, which picked %s: this host's TCP is %s", g.cfg.Trunk, g.cfg.TrunkCC)
 	}
 	if g.cfg.Trunk == "" {
 		return "no --wan-trunk preset"
@@ -71,24 +79,34 @@ func (g *Gateway) trunkSaid() string {
 	return "--wan-trunk " + g.cfg.Trunk
 }
 
-func (g *Gateway) checkHello(h header.Hello, p *peer, i int) error {
+// checkHello checks the HELLO h of p's gateway and returns the layout
+// the pair agrees on (agree). i >= 0: h is a dialer's for link i, whose
+// links may be those of the layout it leaves when it runs auto (it takes
+// the agreed one from our answer); i < 0: h is the acceptor's answer,
+// which states the agreed layout.
+func (g *Gateway) checkHello(h header.Hello, p *peer, i int) (*layout, error) {
 	switch {
 	case h.SiteID != p.site.ID:
-		return fmt.Errorf("peer says it is site id %d, want %d", h.SiteID, p.site.ID)
+		return nil, fmt.Errorf("peer says it is site id %d, want %d", h.SiteID, p.site.ID)
 	case h.Name != p.site.Name:
-		return fmt.Errorf("peer says it is site %q, want %q", h.Name, p.site.Name)
+		return nil, fmt.Errorf("peer says it is site %q, want %q", h.Name, p.site.Name)
 	case int(h.Gateway) != p.gw:
-		return fmt.Errorf("peer says it is gateway %d of site %s, want %d (%v)", h.Gateway, p.site.Name, p.gw, p.wan)
-	case int(h.LinkCount) != g.numLinks() || h.Features&^header.FeatureNodeResume != g.features()&^header.FeatureNodeResume:
+		return nil, fmt.Errorf("peer says it is gateway %d of site %s, want %d (%v)", h.Gateway, p.site.Name, p.gw, p.wan)
+	case i >= 0 && int(h.LinkIndex) != i:
+		return nil, fmt.Errorf("peer link index %d, want %d", h.LinkIndex, i)
+	}
+	l, err := g.agree(h)
+	if err != nil {
+		return nil, err
+	}
+	if !g.states(l, h) && (i < 0 || !h.TrunkAuto) {
 		// NODE_RESUME says what the sender's LAN is, which differs
 		// between sites.
-		return fmt.Errorf("peer has %d links per site pair (features %#x), we have %d (features %#x, %s): "+
+		return nil, fmt.Errorf("peer has %d links per site pair (features %#x) for the %s trunk, we have %d (features %#x, %s): "+
 			"run the same mpi5k build with the same --wan-trunk, --wan-conns, --wan-express, --wan-express-renew and --wan-resume-within on every gateway",
-			h.LinkCount, h.Features, g.numLinks(), g.features(), g.trunkSaid())
-	case i >= 0 && int(h.LinkIndex) != i:
-		return fmt.Errorf("peer link index %d, want %d", h.LinkIndex, i)
+			h.LinkCount, h.Features, l.preset, l.numLinks(), g.features(l), g.trunkSaid())
 	}
-	return nil
+	return l, nil
 }
 
 // startPeer starts dialing p's links if this side dials. Callers hold
@@ -97,7 +115,7 @@ func (g *Gateway) startPeer(p *peer) {
 	if !p.dialer {
 		return
 	}
-	for i := range p.links {
+	for i := range p.links { // every index of every layout: parked() holds those not in p's
 		g.wg.Add(1)
 		go g.dialLoop(p, i)
 	}
@@ -110,7 +128,19 @@ func (g *Gateway) dialLoop(p *peer, i int) {
 	backoff := 50 * time.Millisecond
 	log := g.log.With("peer", p.name, "link", i)
 	for g.ctx.Err() == nil && !p.removed.Load() {
+		if wait := g.parked(p, i); wait != nil {
+			select {
+			case <-wait:
+			case <-g.ctx.Done():
+				return
+			}
+			continue
+		}
 		l, err := g.dialOnce(p, i)
+		if errors.Is(err, errParked) {
+			log.Debug("WAN link not in the agreed layout: parked", "trunk", p.lay.Load().preset)
+			continue
+		}
 		if err != nil {
 			// The first failures are normal while peers start up.
 			lvl := slog.LevelDebug
@@ -136,7 +166,7 @@ func (g *Gateway) dialLoop(p *peer, i int) {
 		var lastRenew time.Time
 		var later <-chan time.Time
 		var renew chan struct{} // only the express link's loop renews
-		if g.isExpress(i) {
+		if p.isExpress(i) {
 			renew = p.renew
 		}
 		for l != nil {
@@ -190,28 +220,38 @@ func kickRenew(p *peer) {
 }
 
 func (g *Gateway) dialOnce(p *peer, i int) (*relay.Link, error) {
-	h := g.hello(i)
-	c, ph, since, err := g.dialHello(p, h)
+	h := g.hello(p, i)
+	c, ph, l, since, err := g.dialHello(p, h)
+	if err == nil {
+		err = g.adopt(p, l)
+	}
+	if err == nil && i >= l.numLinks() {
+		err = errParked
+	}
 	if err != nil {
+		if c != nil {
+			c.Close()
+		}
 		return nil, err
 	}
 	return g.addLink(p, i, c, ph, since, h.Session), nil
 }
 
 // dialHello connects to p's gateway, runs TLS over the connection when
-// the map has keys, and exchanges HELLOs, ours h; since is a time before
-// the connection was established.
-func (g *Gateway) dialHello(p *peer, h header.Hello) (net.Conn, header.Hello, time.Time, error) {
+// the map has keys, and exchanges HELLOs, ours h: the peer's HELLO, and
+// the layout the pair agrees on; since is a time before the connection
+// was established.
+func (g *Gateway) dialHello(p *peer, h header.Hello) (net.Conn, header.Hello, *layout, time.Time, error) {
 	c, since, err := g.dialSecure(p)
 	if err != nil {
-		return nil, header.Hello{}, since, err
+		return nil, header.Hello{}, nil, since, err
 	}
-	ph, err := g.helloOn(c, p, h)
+	ph, l, err := g.helloOn(c, p, h)
 	if err != nil {
 		c.Close()
-		return nil, ph, since, err
+		return nil, ph, nil, since, err
 	}
-	return c, ph, since, nil
+	return c, ph, l, since, nil
 }
 
 // dialSecure connects to p's gateway and runs TLS over the connection when
@@ -247,17 +287,19 @@ func (g *Gateway) dialSecure(p *peer) (net.Conn, time.Time, error) {
 	return c, since, nil
 }
 
-// helloOn exchanges HELLOs, ours h, on c, a connection to p's gateway.
-func (g *Gateway) helloOn(c net.Conn, p *peer, h header.Hello) (header.Hello, error) {
+// helloOn exchanges HELLOs, ours h, on c, a connection to p's gateway,
+// and returns the layout the pair agrees on.
+func (g *Gateway) helloOn(c net.Conn, p *peer, h header.Hello) (header.Hello, *layout, error) {
 	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
 	defer cancel()
 	ph, err := relay.Handshake(ctx, c, h)
-	if err == nil {
-		// The acceptor's index is informational: only the dialer's is
-		// meaningful.
-		err = g.checkHello(ph, p, -1)
+	if err != nil {
+		return ph, nil, err
 	}
-	return ph, err
+	// The acceptor's index is informational: only the dialer's is
+	// meaningful.
+	l, err := g.checkHello(ph, p, -1)
+	return ph, l, err
 }
 
 // addLink joins conn to p's trunk as link i; local is the session our
@@ -266,20 +308,20 @@ func (g *Gateway) helloOn(c net.Conn, p *peer, h header.Hello) (header.Hello, er
 // since is a time before the TCP connection was established: the PROBE_RTT
 // guard starts its BBR min_rtt clock there.
 func (g *Gateway) addLink(p *peer, i int, c net.Conn, ph header.Hello, since time.Time, local uint64) *relay.Link {
-	x := g.isExpress(i)
+	lay := p.lay.Load() // adopted before: it changes only while the pair has no link
+	x := lay.isExpress(i)
 	g.tuneLink(p, i, c)
-	rcfg := g.rcfg
 	var l *relay.Link
 	if local != 0 && ph.Session != 0 {
-		l = p.trunk.AddResumable(c, rcfg, ph, i, x, local)
+		l = p.trunk.AddResumable(c, lay.rcfg, ph, i, x, local)
 	} else {
-		l = p.trunk.Add(c, rcfg, ph, i, x)
+		l = p.trunk.Add(c, lay.rcfg, ph, i, x)
 	}
-	if !x && g.cfg.ProbeRTTGuard {
+	if !x && lay.guard {
 		g.guard.Begin(l, since) // before setLink publishes l to the guard
 	}
-	g.setLink(p, i, l, g.cfg.Prime)
-	if g.cfg.Prime {
+	g.setLink(p, i, l, lay.prime)
+	if lay.prime {
 		go g.primeLink(p, i, x, l)
 	}
 	return l
@@ -293,7 +335,7 @@ func (g *Gateway) resumed(p *peer, i int, l *relay.Link, c net.Conn, ph header.H
 	if err := l.Resume(c, ph); err != nil {
 		return err
 	}
-	if !g.isExpress(i) && g.cfg.ProbeRTTGuard {
+	if lay := p.lay.Load(); !lay.isExpress(i) && lay.guard {
 		g.guard.Begin(l, since)
 	}
 	return nil
@@ -346,7 +388,7 @@ func (g *Gateway) resumeLoop(p *peer, i int, l *relay.Link, log *slog.Logger, fi
 			}
 			backoff = min(max(2*backoff, 20*time.Millisecond), time.Second)
 		}
-		h, err := l.ResumeHello(g.hello(i))
+		h, err := l.ResumeHello(g.hello(p, i))
 		if err != nil {
 			if first != nil {
 				first.Close()
@@ -356,14 +398,15 @@ func (g *Gateway) resumeLoop(p *peer, i int, l *relay.Link, log *slog.Logger, fi
 		h.Renew = renew
 		var c net.Conn
 		var ph header.Hello
+		var lay *layout
 		var since time.Time
 		if first != nil {
 			c, since, first = first, firstSince, nil
-			if ph, err = g.helloOn(c, p, h); err != nil {
+			if ph, lay, err = g.helloOn(c, p, h); err != nil {
 				c.Close()
 			}
 		} else {
-			c, ph, since, err = g.dialHello(p, h)
+			c, ph, lay, since, err = g.dialHello(p, h)
 		}
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			// The peer's host answers and no gateway listens: it has
@@ -390,6 +433,12 @@ func (g *Gateway) resumeLoop(p *peer, i int, l *relay.Link, log *slog.Logger, fi
 			// there. Fail it here too and make the connection a new link.
 			log.Warn("WAN link could not resume: the peer gateway has no state for it (restarted?); its streams are reset")
 			l.Close()
+			if lay != p.lay.Load() {
+				// The restarted peer agrees on another layout: the
+				// dialLoop adopts it once the pair's old links are gone.
+				c.Close()
+				return nil
+			}
 			return g.addLink(p, i, c, ph, since, h.Session)
 		}
 		if err := g.resumed(p, i, l, c, ph, since); err != nil {

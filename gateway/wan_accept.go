@@ -95,6 +95,7 @@ func (g *Gateway) acceptWAN(tc *net.TCPConn, stranger bool) {
 	var p *peer
 	var resume *relay.Link // the link the HELLO resumes, if any
 	var local uint64       // the session our HELLO gives a new link
+	parked := false        // the link is not in the agreed layout: we answer and close
 	reason = "wan_hello"
 	ph, err := relay.Answer(ctx, c, func(ph header.Hello) (header.Hello, error) {
 		for _, q := range cands {
@@ -112,11 +113,22 @@ func (g *Gateway) acceptWAN(tc *net.TCPConn, stranger bool) {
 		}
 		// checkHello first: a peer with another link count learns which
 		// flags differ, not only that its index is out of range.
-		if err := g.checkHello(ph, p, i); err != nil {
+		lay, err := g.checkHello(ph, p, i)
+		if err != nil {
 			return header.Hello{}, err
 		}
-		if i >= g.numLinks() {
-			return header.Hello{}, fmt.Errorf("link index %d with %d links per site pair", ph.LinkIndex, g.numLinks())
+		if err := g.adopt(p, lay); err != nil {
+			reason = "wan_trunk_change"
+			return header.Hello{}, err
+		}
+		if i >= lay.numLinks() {
+			if !ph.TrunkAuto {
+				return header.Hello{}, fmt.Errorf("link index %d with %d links per site pair", ph.LinkIndex, lay.numLinks())
+			}
+			// An auto dialer learns the agreed layout from our answer,
+			// and parks the link.
+			parked = true
+			return g.hello(p, 0), nil
 		}
 		if ph.Resume {
 			l, err := g.resumable(p, i, ph.Session, ph.Renew)
@@ -125,7 +137,7 @@ func (g *Gateway) acceptWAN(tc *net.TCPConn, stranger bool) {
 				return header.Hello{}, err
 			}
 			if l != nil {
-				if h, err := l.ResumeHello(g.hello(i)); err == nil {
+				if h, err := l.ResumeHello(g.hello(p, i)); err == nil {
 					resume = l
 					return h, nil
 				}
@@ -136,7 +148,7 @@ func (g *Gateway) acceptWAN(tc *net.TCPConn, stranger bool) {
 			reason = "wan_link_in_use"
 			return header.Hello{}, err
 		}
-		h := g.hello(i)
+		h := g.hello(p, i)
 		local = h.Session
 		return h, nil
 	})
@@ -148,6 +160,11 @@ func (g *Gateway) acceptWAN(tc *net.TCPConn, stranger bool) {
 		return
 	}
 	i := int(ph.LinkIndex)
+	if parked {
+		g.log.Debug("WAN link not in the agreed layout: answered and closed", "peer", p.name, "link", i, "trunk", p.lay.Load().preset)
+		c.Close()
+		return
+	}
 	if resume != nil {
 		if err := g.resumed(p, i, resume, c, ph, since); err != nil {
 			g.log.Warn("WAN link resume failed", "peer", p.name, "link", i, "remote", remote.String(), "err", err)
@@ -243,7 +260,7 @@ func (g *Gateway) resumable(p *peer, i int, session uint64, renew bool) (*relay.
 // two, so more are a peer gone wrong, and each costs the link a HELLO
 // exchange.
 func (g *Gateway) renewAllowed(p *peer, i int) error {
-	if !g.isExpress(i) || !g.cfg.Renew {
+	if lay := p.lay.Load(); !lay.isExpress(i) || !lay.renew {
 		return fmt.Errorf("renewal of link %d, which is not an express link that renews", i)
 	}
 	now := time.Now().UnixNano()
@@ -277,7 +294,7 @@ func (g *Gateway) linkInUse(p *peer, i int) error {
 	if old.Down() {
 		return nil // broken, and the peer starts afresh instead of resuming it
 	}
-	if g.isExpress(i) && g.cfg.Renew {
+	if lay := p.lay.Load(); lay.isExpress(i) && lay.renew {
 		return g.renewAllowed(p, i)
 	}
 	wait := max(probeWait, 4*time.Duration(old.Stats.RTT.Load()))

@@ -38,7 +38,7 @@ func (g *Gateway) wanCreate() tuning.SockOpts {
 // only messages, and they must not wait for a pacing slot) and may have
 // its own congestion control.
 func (g *Gateway) tuneLink(p *peer, i int, c net.Conn) {
-	x := g.isExpress(i)
+	x := p.isExpress(i)
 	var err error
 	switch {
 	case x && g.cfg.WAN.MaxPacingRate > 0:
@@ -85,7 +85,7 @@ func (g *Gateway) primeLink(p *peer, i int, express bool, l *relay.Link) {
 // relay.Config.ExpressControl) on the TCP_INFO samples the WAN sampler has
 // just taken (sampleWAN), and counts and logs the holds it starts.
 func (g *Gateway) stepExpress() {
-	if g.rcfg.ExpressControl == nil {
+	if g.mine.rcfg.ExpressControl == nil && (g.alt == nil || g.alt.rcfg.ExpressControl == nil) {
 		return
 	}
 	now := time.Now()

@@ -93,7 +93,7 @@ func startGrid(t testing.TB, nodeCfg func(*Config)) *grid {
 				Resolve: func(netip.Addr) (mx.Addr, error) { return nodeEP.Addr(), nil }}
 			fs := pflag.NewFlagSet("gateway", pflag.ContinueOnError)
 			f := gateway.NewFlags(fs, false)
-			if err := fs.Parse([]string{"--wan-keep-warm=false", "--wan-queue=0", "--wan-rto-min=0", "--wan-delack-max=0", "--wan-allow-ports=any"}); err != nil {
+			if err := fs.Parse([]string{"--wan-trunk=shared", "--wan-keep-warm=false", "--wan-queue=0", "--wan-rto-min=0", "--wan-delack-max=0", "--wan-allow-ports=any"}); err != nil {
 				t.Fatal(err)
 			}
 			cfg, err := f.Config()
