@@ -326,7 +326,10 @@ func run(t *testing.T, ctx context.Context, l *testbed.Lab, host string, args ..
 
 // startLabGateways runs bin/mpi5k-gateway in every site's gateway host,
 // waits until all are ready, and returns a function that stops them
-// (SIGINT: drain and exit).
+// (SIGINT: drain and exit). The gateways run the shared trunk, whose
+// express link, yield and keep-warm these tests measure, whatever the
+// machine's TCP (the default auto picks a link per stream on BBR hosts);
+// a --wan-trunk in gwArgs comes later and wins.
 func startLabGateways(t *testing.T, ctx context.Context, l *testbed.Lab, gwArgs ...string) (stop func()) {
 	bin := gatewayBinary(t)
 	dir := t.TempDir()
@@ -345,7 +348,7 @@ func startLabGateways(t *testing.T, ctx context.Context, l *testbed.Lab, gwArgs 
 		gw := l.Gateway(site)
 		ready := filepath.Join(dir, site+".ready")
 		args := append([]string{"--map", l.SiteMapPath(), "--site", site, "--ready-file", ready, "--log-level", "warn",
-			"--wan-allow-ports", helperPorts}, gwArgs...)
+			"--wan-allow-ports", helperPorts, "--wan-trunk", "shared"}, gwArgs...)
 		g := l.CommandContext(ctx, gw, bin, args...)
 		g.Stderr = os.Stderr
 		if err := g.Start(); err != nil {

@@ -234,8 +234,9 @@ type ServiceConfig struct {
 }
 
 // DefaultConfig is the configuration the measurements settled on (package
-// relay's figures, bench/figures): the defaults of mpi5k-gateway and of
-// `mpi5k run`'s gateways. Map, Site and Logger are the caller's.
+// relay's figures, bench/figures): the shared preset, the defaults of
+// mpi5k-gateway and of `mpi5k run`'s gateways on a host whose TCP is not
+// BBR (their --wan-trunk is auto). Map, Site and Logger are the caller's.
 func DefaultConfig() Config {
 	return Config{
 		LANConfig: LANConfig{

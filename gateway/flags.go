@@ -26,12 +26,12 @@ type Flags struct {
 }
 
 // NewFlags registers the gateway's settings on fs, defaults from
-// DefaultConfig. remote: the gateways run on other hosts (`mpi5k run`),
+// DefaultConfig but --wan-trunk, whose default is auto. remote: the gateways run on other hosts (`mpi5k run`),
 // whose kernels decide which congestion controls exist, so names are
 // checked against Linux's list; otherwise against this kernel's.
 func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
 	f := &Flags{cfg: DefaultConfig(), fs: fs, remote: remote}
-	f.window, f.trunk = int(f.cfg.Window), f.cfg.Trunk
+	f.window, f.trunk = int(f.cfg.Window), TrunkAuto
 	checkCC := tuning.CheckCC
 	if remote {
 		checkCC = tuning.CheckCCName

@@ -20,18 +20,34 @@ func parseFlags(t *testing.T, remote bool, args ...string) *Flags {
 	return f
 }
 
-// No flag: DefaultConfig, and nothing to pass on.
+// onCC makes hostCC read cc until the test ends.
+func onCC(t *testing.T, cc string) {
+	f := hostCC
+	t.Cleanup(func() { hostCC = f })
+	hostCC = func() (string, error) { return cc, nil }
+}
+
+// No flag: --wan-trunk auto, which on a CUBIC host is DefaultConfig with
+// the parallel preset beside it and on a BBR host the other way round,
+// and nothing to pass on.
 func TestFlagsDefaults(t *testing.T) {
-	f := parseFlags(t, false)
-	c, err := f.Config()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(c, DefaultConfig()) {
-		t.Errorf("flag defaults\n%+v\nwant DefaultConfig\n%+v", c, DefaultConfig())
-	}
-	if a := f.Args(); len(a) != 0 {
-		t.Errorf("Args without flags: %q", a)
+	parallel := DefaultConfig()
+	applyTrunk(&parallel, TrunkParallel, func(string) bool { return false })
+	for cc, want := range map[string]struct{ mine, alt Config }{"cubic": {DefaultConfig(), parallel}, "bbr": {parallel, DefaultConfig()}} {
+		onCC(t, cc)
+		f := parseFlags(t, false)
+		c, err := f.Config()
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := want.mine
+		w.TrunkCC, w.TrunkAlt = cc, &want.alt
+		if !reflect.DeepEqual(c, w) {
+			t.Errorf("flag defaults on a %s host\n%+v\nwant\n%+v", cc, c, w)
+		}
+		if a := f.Args(); len(a) != 0 {
+			t.Errorf("Args without flags: %q", a)
+		}
 	}
 }
 
@@ -50,10 +66,16 @@ func TestFlagsRoundTrip(t *testing.T) {
 		"--wan-express-renew=false --express-max=16KiB --wan-queue=2ms --wan-rto-min=0s --poll-thread=false" {
 		t.Errorf("Args: %s", got)
 	}
+	onCC(t, "cubic")
 	got, err := parseFlags(t, false, args...).Config()
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got.Trunk != TrunkShared || got.TrunkCC != "cubic" || got.TrunkAlt == nil || got.TrunkAlt.WANConns != 3 {
+		t.Errorf("gateway on a CUBIC host: trunk %q by %q, alt %+v", got.Trunk, got.TrunkCC, got.TrunkAlt)
+	}
+	// The gateway resolves the default auto on its host.
+	got.Trunk, got.TrunkCC, got.TrunkAlt = TrunkAuto, "", nil
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("gateway parsed\n%+v\nwant\n%+v", got, want)
 	}
