@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -197,4 +198,31 @@ func TestTrunkParkedAnswer(t *testing.T) {
 	if _, ph, err := sendHello(t, b, h, 0); err == nil {
 		t.Errorf("fixed parallel dialer's HELLO: answered %+v, want a refusal", ph)
 	}
+}
+
+// TestTrunkChangeRefused: a HELLO that would change a working pair's
+// trunk, forged or from a peer restarted with another preset before its
+// old links failed, is refused (wan_trunk_change) without an answer, and
+// the pair keeps its layout, its links and its streams.
+func TestTrunkChangeRefused(t *testing.T) {
+	m := testMap(t)
+	b := startGW(t, m, "b", onHost(t, TrunkAuto, "cubic"))
+	a := startGW(t, m, "a", onHost(t, TrunkShared, "cubic"))
+	pairLayout(t, a)
+	if l := pairLayout(t, b); l.preset != TrunkShared || b.alt.preset != TrunkParallel {
+		t.Fatalf("b runs %s beside %v", l.preset, b.alt.preset)
+	}
+	old := b.allLinks()
+	h := b.helloIn(b.alt, 0) // a fixed parallel peer's HELLO, from a's address
+	h.TrunkAuto = false
+	if _, ph, err := sendHello(t, b, h, 0); err == nil {
+		t.Fatalf("HELLO changing a working pair's trunk: answered %+v", ph)
+	}
+	if n := refusedFor(t, b, "wan_trunk_change"); n != 1 {
+		t.Errorf("%v wan_trunk_change refusals, want 1", n)
+	}
+	if l := b.peerList()[0].lay.Load(); l.preset != TrunkShared || !slices.Equal(b.allLinks(), old) {
+		t.Errorf("after the refusal b runs %s with links %v, was %v", l.preset, b.allLinks(), old)
+	}
+	checkStream(t, a, 3)
 }
