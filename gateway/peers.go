@@ -43,6 +43,9 @@ type peer struct {
 	// changes, which wakes the dial loops it parked.
 	lay     atomic.Pointer[layout]
 	layoutc chan struct{}
+	// adding (under peersMu) counts the links being added under lay
+	// (adopt): it holds lay as a link does.
+	adding int
 	// renew wakes the dialer's express dialLoop to replace a working
 	// express link; renewed counts renewals (both sides).
 	renew   chan struct{}

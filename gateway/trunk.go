@@ -219,25 +219,34 @@ func (g *Gateway) states(l *layout, h header.Hello) bool {
 // dial loop waits for the layout to change.
 var errParked = errors.New("link index not in the agreed layout")
 
-// adopt makes l the layout of p's site pair. A pair changes layouts only
-// while it has no link: a peer that restarted with another preset is
-// taken once the links of the old one have failed.
-func (g *Gateway) adopt(p *peer, l *layout) error {
+// adopt makes l the layout of p's site pair and holds it there until the
+// caller, which adds a link of it, calls done. A pair changes layouts only
+// while it has no link and none being added: a peer that restarted with
+// another preset is taken once the links of the old one have failed, and
+// a HELLO of another layout cannot slip in between another's adopt and
+// its link.
+func (g *Gateway) adopt(p *peer, l *layout) (done func(), err error) {
 	g.peersMu.Lock()
 	defer g.peersMu.Unlock()
-	old := p.lay.Load()
-	if old == l {
-		return nil
-	}
-	for i, x := range p.links {
-		if x != nil {
-			return fmt.Errorf("the pair with %s takes the %s trunk once its %s trunk's link %d has failed", p.name, l.preset, old.preset, i)
+	if old := p.lay.Load(); old != l {
+		if p.adding > 0 {
+			return nil, fmt.Errorf("the pair with %s takes the %s trunk once the %s trunk's links being added have failed", p.name, l.preset, old.preset)
 		}
+		for i, x := range p.links {
+			if x != nil {
+				return nil, fmt.Errorf("the pair with %s takes the %s trunk once its %s trunk's link %d has failed", p.name, l.preset, old.preset, i)
+			}
+		}
+		p.lay.Store(l)
+		p.wake()
+		g.log.Info("site pair trunk agreed", "peer", p.name, "trunk", l.preset, "was", old.preset, "links", l.numLinks(), "express", l.express)
 	}
-	p.lay.Store(l)
-	p.wake()
-	g.log.Info("site pair trunk agreed", "peer", p.name, "trunk", l.preset, "was", old.preset, "links", l.numLinks(), "express", l.express)
-	return nil
+	p.adding++
+	return func() {
+		g.peersMu.Lock()
+		p.adding--
+		g.peersMu.Unlock()
+	}, nil
 }
 
 // parked returns a channel closed when p's layout changes if link i is

@@ -222,16 +222,18 @@ func kickRenew(p *peer) {
 func (g *Gateway) dialOnce(p *peer, i int) (*relay.Link, error) {
 	h := g.hello(p, i)
 	c, ph, l, since, err := g.dialHello(p, h)
-	if err == nil {
-		err = g.adopt(p, l)
+	if err != nil {
+		return nil, err
 	}
-	if err == nil && i >= l.numLinks() {
-		err = errParked
+	done, err := g.adopt(p, l)
+	if err == nil {
+		defer done()
+		if i >= l.numLinks() {
+			err = errParked
+		}
 	}
 	if err != nil {
-		if c != nil {
-			c.Close()
-		}
+		c.Close()
 		return nil, err
 	}
 	return g.addLink(p, i, c, ph, since, h.Session), nil
@@ -433,12 +435,17 @@ func (g *Gateway) resumeLoop(p *peer, i int, l *relay.Link, log *slog.Logger, fi
 			// there. Fail it here too and make the connection a new link.
 			log.Warn("WAN link could not resume: the peer gateway has no state for it (restarted?); its streams are reset")
 			l.Close()
-			if lay != p.lay.Load() {
+			done, err := g.adopt(p, lay)
+			if err != nil || i >= lay.numLinks() {
 				// The restarted peer agrees on another layout: the
 				// dialLoop adopts it once the pair's old links are gone.
+				if done != nil {
+					done()
+				}
 				c.Close()
 				return nil
 			}
+			defer done()
 			return g.addLink(p, i, c, ph, since, h.Session)
 		}
 		if err := g.resumed(p, i, l, c, ph, since); err != nil {

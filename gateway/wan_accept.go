@@ -96,6 +96,7 @@ func (g *Gateway) acceptWAN(tc *net.TCPConn, stranger bool) {
 	var resume *relay.Link // the link the HELLO resumes, if any
 	var local uint64       // the session our HELLO gives a new link
 	parked := false        // the link is not in the agreed layout: we answer and close
+	var adopted func()     // holds the pair's layout until the link is in (adopt)
 	reason = "wan_hello"
 	ph, err := relay.Answer(ctx, c, func(ph header.Hello) (header.Hello, error) {
 		for _, q := range cands {
@@ -117,7 +118,7 @@ func (g *Gateway) acceptWAN(tc *net.TCPConn, stranger bool) {
 		if err != nil {
 			return header.Hello{}, err
 		}
-		if err := g.adopt(p, lay); err != nil {
+		if adopted, err = g.adopt(p, lay); err != nil {
 			reason = "wan_trunk_change"
 			return header.Hello{}, err
 		}
@@ -152,6 +153,9 @@ func (g *Gateway) acceptWAN(tc *net.TCPConn, stranger bool) {
 		local = h.Session
 		return h, nil
 	})
+	if adopted != nil {
+		defer adopted()
+	}
 	if err != nil {
 		g.refused(reason, "WAN connection refused", "remote", remote.String(), "err", err)
 		g.m.wanRefused.Inc()
