@@ -26,9 +26,10 @@ type Flags struct {
 }
 
 // NewFlags registers the gateway's settings on fs, defaults from
-// DefaultConfig but --wan-trunk, whose default is auto. remote: the gateways run on other hosts (`mpi5k run`),
-// whose kernels decide which congestion controls exist, so names are
-// checked against Linux's list; otherwise against this kernel's.
+// DefaultConfig but --wan-trunk, whose default is auto. remote: the
+// gateways run on other hosts (`mpi5k run`), whose kernels decide which
+// congestion controls exist, so names are checked against Linux's list;
+// otherwise against this kernel's.
 func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
 	f := &Flags{cfg: DefaultConfig(), fs: fs, remote: remote}
 	f.window, f.trunk = int(f.cfg.Window), TrunkAuto
@@ -122,11 +123,15 @@ func (f *Flags) Config() (Config, error) {
 	c := f.cfg
 	c.Window = uint32(f.window)
 	given := func(name string) bool { return f.fs.Lookup(name).Changed }
+	// at is c started from preset, and what Validate says of it.
+	at := func(preset string) (Config, error) {
+		p := c
+		applyTrunk(&p, preset, given)
+		return p, p.Validate()
+	}
 	if f.trunk == TrunkAuto && f.remote {
 		for _, preset := range []string{TrunkShared, TrunkParallel} {
-			p := c
-			applyTrunk(&p, preset, given)
-			if err := p.Validate(); err != nil {
+			if _, err := at(preset); err != nil {
 				return Config{}, fmt.Errorf("%w (with --wan-trunk auto, where it picks %s)", err, preset)
 			}
 		}
@@ -137,18 +142,16 @@ func (f *Flags) Config() (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
-	base := c
-	applyTrunk(&c, preset, given)
-	c.TrunkCC = cc
+	mine, err := at(preset)
+	mine.TrunkCC = cc
 	if cc != "" {
-		alt := base
-		applyTrunk(&alt, otherTrunk(preset), given)
-		if err := alt.Validate(); err != nil {
-			return Config{}, fmt.Errorf("%w (with --wan-trunk auto, where a site pair agrees on %s)", err, alt.Trunk)
+		alt, aerr := at(otherTrunk(preset))
+		if aerr != nil {
+			return Config{}, fmt.Errorf("%w (with --wan-trunk auto, where a site pair agrees on %s)", aerr, alt.Trunk)
 		}
-		c.TrunkAlt = &alt
+		mine.TrunkAlt = &alt
 	}
-	return c, c.Validate()
+	return mine, err
 }
 
 // Args renders the settings the user gave as gateway arguments, in the

@@ -257,10 +257,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		go srv.Serve(newLimitListener(ln, maxMetricsConns))
 	}
 	keepWarmState := "not checked (--wan-keep-warm=false)"
-	express, guard := false, false
-	for _, l := range g.layouts() {
-		express, guard = express || l.express, guard || l.guard
-	}
+	express := g.anyLayout(func(l *layout) bool { return l.express })
 	if g.cfg.KeepWarm && !tuning.RestartsAfterIdle(g.cfg.WAN.CC, g.cfg.ExpressCC, express) {
 		keepWarmState = "not needed: every WAN socket runs BBR, which Linux never restarts after idle"
 	} else if g.cfg.KeepWarm {
@@ -289,7 +286,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	go g.serveLAN()
 	go g.serveWAN()
 	go g.sampleWAN()
-	if guard {
+	if g.anyLayout(func(l *layout) bool { return l.guard }) {
 		g.wg.Add(1)
 		go func() {
 			defer g.wg.Done()

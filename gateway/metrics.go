@@ -164,8 +164,8 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 			prometheus.MustNewConstMetric(m.early, prometheus.GaugeValue, float64(p.trunk.EarlyBytes()), p.name))
 		n := p.lay.Load().numLinks()
 		for i, l := range p.links {
-			if i < n || l != nil || p.pastCounts(i) != (linkCounts{}) {
-				rows = append(rows, row{p.name, strconv.Itoa(i), l, p.pastCounts(i)})
+			if past := p.pastCounts(i); i < n || l != nil || past != (linkCounts{}) {
+				rows = append(rows, row{p.name, strconv.Itoa(i), l, past})
 			}
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/mpi5k/mpi5k/header"
@@ -176,6 +177,11 @@ func (g *Gateway) layouts() []*layout {
 	return []*layout{g.mine, g.alt}
 }
 
+// anyLayout tells whether f holds for one of the gateway's layouts.
+func (g *Gateway) anyLayout(f func(*layout) bool) bool {
+	return slices.ContainsFunc(g.layouts(), f)
+}
+
 // maxLinks is the most links a site pair can have under the layouts.
 func (g *Gateway) maxLinks() int {
 	n := 0
@@ -201,13 +207,10 @@ func (g *Gateway) agree(h header.Hello) (*layout, error) {
 		return nil, fmt.Errorf("peer runs --wan-trunk %s, we run %s: give every gateway the same --wan-trunk, or auto, which takes the preset of a peer that gives one", theirs, g.trunkSaid())
 	case !h.TrunkAuto:
 		return g.alt, nil // we follow
+	case g.mine.preset == TrunkShared: // both auto, picks differ
+		return g.mine, nil
 	}
-	for _, l := range g.layouts() {
-		if l.preset == TrunkShared {
-			return l, nil
-		}
-	}
-	return g.mine, nil // unreachable: auto's two layouts are the two presets
+	return g.alt, nil
 }
 
 // states tells whether h's links are those of layout l.
@@ -220,26 +223,29 @@ func (g *Gateway) states(l *layout, h header.Hello) bool {
 var errParked = errors.New("link index not in the agreed layout")
 
 // adopt makes l the layout of p's site pair and holds it there until the
-// caller, which adds a link of it, calls done. A pair changes layouts only
-// while it has no link and none being added: a peer that restarted with
-// another preset is taken once the links of the old one have failed, and
-// a HELLO of another layout cannot slip in between another's adopt and
-// its link.
-func (g *Gateway) adopt(p *peer, l *layout) (done func(), err error) {
+// caller, which adds link i of it, calls done; errParked (nothing held)
+// when l has no link i. A pair changes layouts only while it has no link
+// and none being added: a peer that restarted with another preset is
+// taken once the links of the old one have failed, and a HELLO of another
+// layout cannot slip in between another's adopt and its link.
+func (g *Gateway) adopt(p *peer, l *layout, i int) (done func(), err error) {
 	g.peersMu.Lock()
 	defer g.peersMu.Unlock()
 	if old := p.lay.Load(); old != l {
 		if p.adding > 0 {
 			return nil, fmt.Errorf("the pair with %s takes the %s trunk once the %s trunk's links being added have failed", p.name, l.preset, old.preset)
 		}
-		for i, x := range p.links {
+		for j, x := range p.links {
 			if x != nil {
-				return nil, fmt.Errorf("the pair with %s takes the %s trunk once its %s trunk's link %d has failed", p.name, l.preset, old.preset, i)
+				return nil, fmt.Errorf("the pair with %s takes the %s trunk once its %s trunk's link %d has failed", p.name, l.preset, old.preset, j)
 			}
 		}
 		p.lay.Store(l)
 		p.wake()
 		g.log.Info("site pair trunk agreed", "peer", p.name, "trunk", l.preset, "was", old.preset, "links", l.numLinks(), "express", l.express)
+	}
+	if i >= l.numLinks() {
+		return nil, errParked
 	}
 	p.adding++
 	return func() {

@@ -225,17 +225,12 @@ func (g *Gateway) dialOnce(p *peer, i int) (*relay.Link, error) {
 	if err != nil {
 		return nil, err
 	}
-	done, err := g.adopt(p, l)
-	if err == nil {
-		defer done()
-		if i >= l.numLinks() {
-			err = errParked
-		}
-	}
+	done, err := g.adopt(p, l, i)
 	if err != nil {
 		c.Close()
 		return nil, err
 	}
+	defer done()
 	return g.addLink(p, i, c, ph, since, h.Session), nil
 }
 
@@ -435,13 +430,10 @@ func (g *Gateway) resumeLoop(p *peer, i int, l *relay.Link, log *slog.Logger, fi
 			// there. Fail it here too and make the connection a new link.
 			log.Warn("WAN link could not resume: the peer gateway has no state for it (restarted?); its streams are reset")
 			l.Close()
-			done, err := g.adopt(p, lay)
-			if err != nil || i >= lay.numLinks() {
+			done, err := g.adopt(p, lay, i)
+			if err != nil {
 				// The restarted peer agrees on another layout: the
 				// dialLoop adopts it once the pair's old links are gone.
-				if done != nil {
-					done()
-				}
 				c.Close()
 				return nil
 			}

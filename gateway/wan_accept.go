@@ -118,18 +118,18 @@ func (g *Gateway) acceptWAN(tc *net.TCPConn, stranger bool) {
 		if err != nil {
 			return header.Hello{}, err
 		}
-		if adopted, err = g.adopt(p, lay); err != nil {
-			reason = "wan_trunk_change"
-			return header.Hello{}, err
-		}
-		if i >= lay.numLinks() {
-			if !ph.TrunkAuto {
-				return header.Hello{}, fmt.Errorf("link index %d with %d links per site pair", ph.LinkIndex, lay.numLinks())
-			}
+		adopted, err = g.adopt(p, lay, i)
+		switch {
+		case errors.Is(err, errParked) && ph.TrunkAuto:
 			// An auto dialer learns the agreed layout from our answer,
 			// and parks the link.
 			parked = true
 			return g.hello(p, 0), nil
+		case errors.Is(err, errParked):
+			return header.Hello{}, fmt.Errorf("link index %d with %d links per site pair", ph.LinkIndex, lay.numLinks())
+		case err != nil:
+			reason = "wan_trunk_change"
+			return header.Hello{}, err
 		}
 		if ph.Resume {
 			l, err := g.resumable(p, i, ph.Session, ph.Renew)

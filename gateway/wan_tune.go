@@ -85,7 +85,7 @@ func (g *Gateway) primeLink(p *peer, i int, express bool, l *relay.Link) {
 // relay.Config.ExpressControl) on the TCP_INFO samples the WAN sampler has
 // just taken (sampleWAN), and counts and logs the holds it starts.
 func (g *Gateway) stepExpress() {
-	if g.mine.rcfg.ExpressControl == nil && (g.alt == nil || g.alt.rcfg.ExpressControl == nil) {
+	if !g.anyLayout(func(l *layout) bool { return l.rcfg.ExpressControl != nil }) {
 		return
 	}
 	now := time.Now()
