@@ -69,9 +69,9 @@ func TestLabWANTrunk(t *testing.T) {
 	if a := line(two, "site pair trunk agreed"); a != "" {
 		t.Errorf("site2 changed from its own shared pick:\n%s", a)
 	}
-	for _, log := range []string{one, two} {
+	for site, log := range map[string]string{"site1": one, "site2": two} {
 		if strings.Contains(log, "WAN connection refused") {
-			t.Errorf("a gateway refused its peer:\n%s", lastLines(log, 20))
+			t.Errorf("%s refused its peer; site1's log:\n%s\nsite2's log:\n%s", site, lastLines(one, 40), lastLines(two, 40))
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/mpi5k/mpi5k/internal/testnet"
+	"github.com/mpi5k/mpi5k/relay"
 )
 
 // resetConn resets a WAN link's connection from this side, as `ss -K` or
@@ -83,5 +85,61 @@ func TestWANResume(t *testing.T) {
 		if n := len(g.allLinks()); n != g.mine.numLinks() {
 			t.Fatalf("%d links up after the test, want %d", n, g.mine.numLinks())
 		}
+	}
+}
+
+// scriptedLink is a link whose breaks and resumes follow a script of
+// times after start: down from each breaks[k] until resumes[k].
+type scriptedLink struct {
+	start           time.Time
+	breaks, resumes []time.Duration
+	done            chan struct{}
+}
+
+func (s *scriptedLink) ResumeStats() relay.ResumeStats {
+	now := time.Since(s.start)
+	for k, b := range s.breaks {
+		if now >= b && (k >= len(s.resumes) || now < s.resumes[k]) {
+			return relay.ResumeStats{Enable: true, Down: true, DownFor: now - b}
+		}
+	}
+	return relay.ResumeStats{Enable: true}
+}
+
+func (s *scriptedLink) Done() <-chan struct{} { return s.done }
+
+// TestDownForRenewals: the acceptor probes a dialer only once a link has
+// been down for the whole wait since its last break. An express link
+// renewed once a relay.RenewGap goes down for a moment each time; a
+// check that lands in the next renewal's moment is no reason to probe
+// (it showed as a refused connection in the dialer's log).
+func TestDownForRenewals(t *testing.T) {
+	g := &Gateway{ctx: context.Background()}
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+
+	// Renewals at 0 and 1000 ms, each down for 30 ms: a check at 1 s sees
+	// the second down, and must not take it for a second of down.
+	l := &scriptedLink{start: time.Now(), breaks: []time.Duration{0, ms(990)}, resumes: []time.Duration{ms(30), ms(1020)}, done: make(chan struct{})}
+	if g.downFor(l, time.Second) {
+		t.Fatalf("downFor(1s) held after %v for a link down 30 ms at a time", time.Since(l.start))
+	}
+	if el := time.Since(l.start); el > ms(2500) {
+		t.Errorf("downFor returned after %v, want by 2 s (its look 1 s after the second break)", el)
+	}
+
+	// Down for good from 200 ms, after a resume at 100 ms: held at 1.2 s.
+	l = &scriptedLink{start: time.Now(), breaks: []time.Duration{0, ms(200)}, resumes: []time.Duration{ms(100)}, done: make(chan struct{})}
+	if !g.downFor(l, time.Second) {
+		t.Fatal("downFor(1s) false for a link down from 200 ms on")
+	}
+	if el := time.Since(l.start); el < ms(1200) || el > ms(1900) {
+		t.Errorf("downFor held after %v, want 1.2 s (1 s after the last break)", el)
+	}
+
+	// A link that ends while down.
+	l = &scriptedLink{start: time.Now(), breaks: []time.Duration{0}, done: make(chan struct{})}
+	time.AfterFunc(ms(100), func() { close(l.done) })
+	if g.downFor(l, time.Second) {
+		t.Fatal("downFor held for a link that ended")
 	}
 }

@@ -202,15 +202,12 @@ func (g *Gateway) watchDown(p *peer, l *relay.Link) {
 		case <-g.ctx.Done():
 			return
 		}
-		for wait := time.Second; l.Down(); wait = 5 * time.Second {
-			select {
-			case <-time.After(wait):
-			case <-l.Done():
-				return
-			case <-g.ctx.Done():
-				return
-			}
-			if !l.Down() {
+		// Probe once the link has been down for a second without a
+		// resume, then every 5 s: an express link's renewal takes it down
+		// for one HELLO exchange once per relay.RenewGap, so a link that
+		// is merely down at the moment of a check proves nothing.
+		for probeAt := time.Second; ; probeAt += 5 * time.Second {
+			if !g.downFor(l, probeAt) {
 				break
 			}
 			d := net.Dialer{Timeout: 2 * time.Second}
@@ -230,6 +227,34 @@ func (g *Gateway) watchDown(p *peer, l *relay.Link) {
 				c.(*net.TCPConn).SetLinger(0)
 				c.Close()
 			}
+		}
+	}
+}
+
+// downLink is what downFor reads of a link.
+type downLink interface {
+	ResumeStats() relay.ResumeStats
+	Done() <-chan struct{}
+}
+
+// downFor waits until link l has been down for d since its last break,
+// and reports whether it has; false: it resumed, or it or the gateway
+// ended.
+func (g *Gateway) downFor(l downLink, d time.Duration) bool {
+	for {
+		st := l.ResumeStats()
+		if !st.Down {
+			return false
+		}
+		if st.DownFor >= d {
+			return true
+		}
+		select {
+		case <-time.After(d - st.DownFor):
+		case <-l.Done():
+			return false
+		case <-g.ctx.Done():
+			return false
 		}
 	}
 }
