@@ -12,8 +12,8 @@ import (
 
 // TestLabWANTrunk: on BBR hosts, `mpi5k run` with its default
 // --wan-trunk auto carries the chaos job over a link per stream: each
-// gateway logs the parallel preset, picked by its host's bbr, with 8 bulk
-// links and the express link. With one site's gateway host switched to reno the
+// gateway logs the parallel preset, picked by its host's bbr, with 8 links
+// and no express link. With one site's gateway host switched to reno the
 // two gateways pick differently and agree on the shared trunk: the job
 // runs, the BBR site's gateway logs the agreement (2 links, the express
 // link among them), and the reno site's keeps its own pick.
@@ -50,7 +50,7 @@ func TestLabWANTrunk(t *testing.T) {
 	w.finish(t, m, 90*time.Second)
 	for _, site := range []string{"site1", "site2"} {
 		log := logOf(w, site)
-		want(site+"'s gateway up line", line(log, "gateway up"), " trunk=parallel ", " trunk_by_host_cc=bbr ", " trunk_agreed_per_pair=true ", " wan_conns=8 ", " express=true ")
+		want(site+"'s gateway up line", line(log, "gateway up"), " trunk=parallel ", " trunk_by_host_cc=bbr ", " trunk_agreed_per_pair=true ", " wan_conns=8 ", " express=false ")
 		if a := line(log, "site pair trunk agreed"); a != "" {
 			t.Errorf("%s changed its layout beside a peer of the same pick:\n%s", site, a)
 		}

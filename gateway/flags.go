@@ -50,7 +50,7 @@ func NewFlags(fs *pflag.FlagSet, remote bool) *Flags {
 	// What a user sets: the WAN's congestion control, how many
 	// connections share it, how much a stream may have in flight, a rate cap.
 	add(cli.Choice{P: &f.trunk, Words: trunkWords}, "wan-trunk",
-		"how a site pair's streams share the WAN: shared (one warm aggregated link plus an express link for messages; wins on CUBIC hosts and idle WANs), parallel (a BBR link per stream, up to 8, as the ranks' own connections, and the express link for messages; wins on BBR hosts beside other flows), auto (picks parallel where the gateway host's default TCP is bbr, else shared, and agrees with each peer gateway: a peer's shared or parallel is taken, two auto picks that differ take shared); flags given with it win. Gateways that give shared and parallel refuse each other")
+		"how a site pair's streams share the WAN: shared (one warm aggregated link plus an express link for messages; wins on CUBIC hosts and idle WANs), parallel (a BBR link per stream, up to 8, as the ranks' own connections; wins on BBR hosts beside other flows), auto (picks parallel where the gateway host's default TCP is bbr, else shared, and agrees with each peer gateway: a peer's shared or parallel is taken, two auto picks that differ take shared); flags given with it win. Gateways that give shared and parallel refuse each other")
 	add(cc(&c.WAN.CC), "wan-cc", "TCP congestion control of the WAN links (default: bbr if the kernel has it, else the system's)")
 	add(cli.IntRange{P: &c.WANConns, Min: 1, Max: maxWANConns, What: "bulk WAN connections"}, "wan-conns",
 		"parallel bulk WAN connections per site pair, large writes striped over them (the same on every gateway)")

@@ -175,7 +175,7 @@ func TestFlagsTrunkParallel(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := DefaultConfig()
-	want.Trunk, want.WANConns, want.Stripe, want.Prime = TrunkParallel, parallelLinks, false, false
+	want.Trunk, want.WANConns, want.Stripe, want.Express, want.Prime = TrunkParallel, parallelLinks, false, false, false
 	want.WANQueue, want.ProbeRTTGuard, want.PollThread = 0, false, false
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("--wan-trunk parallel\n%+v\nwant\n%+v", c, want)
@@ -183,16 +183,15 @@ func TestFlagsTrunkParallel(t *testing.T) {
 	if c.WAN.RTOMin != DefaultConfig().WAN.RTOMin || c.WAN.DelackMax != DefaultConfig().WAN.DelackMax {
 		t.Errorf("parallel changed the WAN timers: rto-min %v, delack-max %v", c.WAN.RTOMin, c.WAN.DelackMax)
 	}
-	c, err = parseFlags(t, false, "--wan-conns", "4", "--wan-trunk=parallel", "--wan-express=false").Config()
+	c, err = parseFlags(t, false, "--wan-conns", "4", "--wan-trunk=parallel", "--wan-express").Config()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.WANConns != 4 || c.Express || c.Stripe || c.Trunk != TrunkParallel {
-		t.Errorf("--wan-trunk parallel beside --wan-conns 4 --wan-express=false: conns %d, express %v, stripe %v, trunk %q", c.WANConns, c.Express, c.Stripe, c.Trunk)
+	if c.WANConns != 4 || !c.Express || c.Stripe || c.Trunk != TrunkParallel {
+		t.Errorf("--wan-trunk parallel beside --wan-conns 4 --wan-express: conns %d, express %v, stripe %v, trunk %q", c.WANConns, c.Express, c.Stripe, c.Trunk)
 	}
-	// It is the flag set measured as tlst in bench/figures/competing, with
-	// the express link kept (px there).
-	tlst, err := parseFlags(t, false, "--wan-trunk=shared", "--poll-thread=false", "--wan-conns", "8", "--wan-stripe=false",
+	// It is the flag set measured as tlst in bench/figures/competing.
+	tlst, err := parseFlags(t, false, "--wan-trunk=shared", "--poll-thread=false", "--wan-express=false", "--wan-conns", "8", "--wan-stripe=false",
 		"--wan-prime=false", "--wan-queue", "0", "--wan-skip-probe-rtt=false").Config()
 	if err != nil {
 		t.Fatal(err)

@@ -4,10 +4,7 @@ package gateway
 // bench/figures/competing holds the measurements that chose them: the
 // shared trunk wins where the site's hosts run CUBIC (beside any
 // neighbour) and on an idle WAN; a BBR connection per stream, with none
-// of the trunk's bulk controls, wins on BBR hosts beside BBR flows, and
-// keeps the express link, without which an unprimed BBR link paces a
-// message at the rate of the last few (bench/figures/competing,
-// "messages on the parallel trunk").
+// of the trunk's controls, wins on BBR hosts beside BBR flows.
 //
 // Each site pair agrees on one preset (agree): the HELLO says which the
 // sender runs and whether it runs auto (header.ExtTrunk). A pair keeps
@@ -33,11 +30,10 @@ const (
 	TrunkShared = "shared"
 	// TrunkParallel homes each stream on one of parallelLinks bulk links
 	// of its own congestion control (--wan-cc, BBR where the kernel has
-	// it), as the rank pair's own connection would be, with no striping,
-	// queue control, priming or PROBE_RTT guard, and Go's network poller
-	// in place of the poll thread. Its messages take the express link,
-	// as the shared trunk's do. It keeps the WAN sockets' short timers
-	// (--wan-rto-min, --wan-delack-max).
+	// it), as the rank pair's own connection would be, with no express
+	// link, no striping, queue control, priming or PROBE_RTT guard, and
+	// Go's network poller in place of the poll thread. It keeps the WAN
+	// sockets' short timers (--wan-rto-min, --wan-delack-max).
 	TrunkParallel = "parallel"
 	// TrunkAuto picks TrunkParallel on a gateway whose host runs BBR by
 	// default (net.ipv4.tcp_congestion_control), TrunkShared elsewhere
@@ -62,6 +58,7 @@ var parallelTrunk = []struct {
 }{
 	{"wan-conns", func(c *Config) { c.WANConns = parallelLinks }},
 	{"wan-stripe", func(c *Config) { c.Stripe = false }},
+	{"wan-express", func(c *Config) { c.Express = false }},
 	{"wan-prime", func(c *Config) { c.Prime = false }},
 	{"wan-queue", func(c *Config) { c.WANQueue = 0 }},
 	{"wan-skip-probe-rtt", func(c *Config) { c.ProbeRTTGuard = false }},

@@ -98,19 +98,19 @@ func TestTrunkAgree(t *testing.T) {
 			a := startGW(t, m, "a", onHost(t, tc.aTrunk, tc.aCC))
 			b := startGW(t, m, "b", onHost(t, tc.bTrunk, tc.bCC))
 			la, lb := pairLayout(t, a), pairLayout(t, b)
-			wantLinks, wantExpress := 2, 1 // bulk links and the express link, at index conns
+			wantLinks := 2
 			if tc.want == TrunkParallel {
-				wantLinks, wantExpress = parallelLinks+1, parallelLinks
+				wantLinks = parallelLinks
 			}
 			for site, l := range map[string]*layout{"a": la, "b": lb} {
-				if l.preset != tc.want || l.numLinks() != wantLinks || !l.express {
+				if l.preset != tc.want || l.numLinks() != wantLinks || l.express != (tc.want == TrunkShared) {
 					t.Errorf("site %s: %s trunk of %d links (express %v), want %s of %d", site, l.preset, l.numLinks(), l.express, tc.want, wantLinks)
 				}
 			}
 			checkStream(t, a, 7)
 			for name, g := range map[string]*testGW{"a": a, "b": b} {
 				for _, l := range g.allLinks() {
-					if l.Express() != (l.Index() == wantExpress) {
+					if l.Express() != (tc.want == TrunkShared && l.Index() == 1) {
 						t.Errorf("site %s: link %d express %v", name, l.Index(), l.Express())
 					}
 				}
@@ -128,7 +128,7 @@ func TestTrunkAgreeFlags(t *testing.T) {
 	neverReady(t, a, b, "a peer whose parallel trunk has 4 links")
 	for _, p := range a.peerList() {
 		_, err := a.checkHello(b.helloIn(b.mine, 0), p, -1)
-		if err == nil || !strings.Contains(err.Error(), "peer has 5 links per site pair") || !strings.Contains(err.Error(), "--wan-conns") {
+		if err == nil || !strings.Contains(err.Error(), "peer has 4 links per site pair") || !strings.Contains(err.Error(), "--wan-conns") {
 			t.Errorf("a answer of 4 links: %v", err)
 		}
 	}
@@ -177,7 +177,8 @@ func TestTrunkParkedAnswer(t *testing.T) {
 	m := testMap(t)
 	b := startGW(t, m, "b", onHost(t, TrunkShared, "bbr"))
 	h := b.helloIn(b.mine, 0)
-	h.LinkIndex, h.LinkCount = 5, parallelLinks+1
+	h.LinkIndex, h.LinkCount = 5, parallelLinks
+	h.Features &^= header.FeatureExpress | header.FeatureRenew
 	h.Trunk, h.TrunkAuto = header.TrunkParallel, true
 	c, ph, err := sendHello(t, b, h, 0)
 	if err != nil {
