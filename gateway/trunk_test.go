@@ -78,11 +78,10 @@ func checkStream(t *testing.T, a *testGW, seed uint64) {
 // hosts' TCPs differ. Site a dials.
 func TestTrunkAgree(t *testing.T) {
 	for _, tc := range []struct {
-		name           string
-		aTrunk, aCC    string
-		bTrunk, bCC    string
-		want           string
-		links, express bool
+		name        string
+		aTrunk, aCC string
+		bTrunk, bCC string
+		want        string
 	}{
 		{name: "auto on two BBR hosts", aTrunk: TrunkAuto, aCC: "bbr", bTrunk: TrunkAuto, bCC: "bbr", want: TrunkParallel},
 		{name: "auto on BBR dials auto on CUBIC", aTrunk: TrunkAuto, aCC: "bbr", bTrunk: TrunkAuto, bCC: "cubic", want: TrunkShared},
